@@ -1,0 +1,60 @@
+"""The request record that flows from the workload through a scheduler into the metrics.
+
+Requests are plain mutable records, never SimPy processes. A scheduler advances `num_computed` and
+`num_generated` and stamps token times through `emit`; nothing per token is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+NAN = math.nan
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    id: int
+    arrival: float
+    prompt_len: int
+    max_tokens: int
+    # Tokens this request generates before it stops (EOS / stop string), capped at max_tokens.
+    output_len: int
+    n: int = 1
+    prefix_group: int = -1
+    prefix_len: int = 0
+    # --- progress, owned by the scheduler ---
+    num_computed: int = 0  # tokens (prompt + generated) whose KV is computed
+    num_generated: int = 0  # output tokens emitted (per sequence when n > 1)
+    scheduled_at: float = NAN  # first time any of its tokens were scheduled
+    first_token_at: float = NAN
+    last_token_at: float = NAN
+    finished_at: float = NAN
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    itl_sum: float = 0.0
+    itl_max: float = 0.0
+    reject_reason: str | None = None
+
+    @property
+    def length(self) -> int:
+        """Current sequence length: prompt plus tokens generated so far."""
+        return self.prompt_len + self.num_generated
+
+    @property
+    def done(self) -> bool:
+        return self.num_generated >= self.output_len
+
+    def emit(self, now: float) -> None:
+        """Record one output token per sequence emitted at `now` (a step emits at most one)."""
+        if self.num_generated == 0:
+            self.first_token_at = now
+        else:
+            gap = now - self.last_token_at
+            self.itl_sum += gap
+            if gap > self.itl_max:
+                self.itl_max = gap
+        self.last_token_at = now
+        self.num_generated += 1
+        if self.num_generated >= self.output_len:
+            self.finished_at = now

@@ -1,0 +1,1 @@
+"""Scheduling policies, chosen by name from a registry (see `registry.py`)."""
