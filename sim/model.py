@@ -1,0 +1,463 @@
+"""Model specs read from Hugging Face decoder config.json files: parameters, KV bytes per token, FLOPs.
+
+Parameter groups are kept apart because the cost model treats them differently:
+`embedding_params` are gathered (a few rows read per token), `lm_head_params` are 0 when tied to the
+embedding (the logits matmul still costs 2·vocab·hidden FLOPs per row), `routed_expert_params` are
+read only for the experts a batch touches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.errors import SimError
+
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8": "fp8",
+}
+# HF defaults for `tie_word_embeddings` when a config omits it.
+_TIED_BY_DEFAULT = {"gemma2", "opt"}
+SUPPORTED = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "yi",
+    "phi3",
+    "gemma2",
+    "opt",
+    "mixtral",
+    "qwen3_moe",
+    "llama4",
+    "deepseek_v2",
+    "deepseek_v3",
+)
+
+
+def normalize_dtype(dtype: str) -> str:
+    """Canonical dtype name (fp32, bf16, fp16, fp8, int8, int4); SimError if unknown."""
+    d = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if d not in DTYPE_BYTES:
+        raise SimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    return d
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per value of a dtype (int4 is 0.5)."""
+    return DTYPE_BYTES[normalize_dtype(dtype)]
+
+
+def causal_pairs(new: np.ndarray | int, cached: np.ndarray | int, window: int | None = None) -> np.ndarray:
+    """(query, key) pairs attended by `new` tokens placed after `cached` ones, keys capped at `window`.
+
+    Token j (1-based position) sees min(j, window) keys, so pairs = S(cached+new) - S(cached),
+    with S(n) = sum_{j<=n} min(j, W).
+    """
+    c = np.asarray(new, dtype=np.float64)
+    q = np.asarray(cached, dtype=np.float64)
+    return _cum_keys(q + c, window) - _cum_keys(q, window)
+
+
+def _cum_keys(n: np.ndarray, window: int | None) -> np.ndarray:
+    full = n * (n + 1) / 2
+    if window is None:
+        return full
+    w = float(window)
+    return np.where(n <= w, full, w * (w + 1) / 2 + (n - w) * w)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, with parameter counts grouped by how they are used."""
+
+    name: str
+    hf_id: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # 1 for MLA (one shared latent)
+    head_dim: int  # query/key width per head (qk_nope + qk_rope for MLA)
+    v_head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    attention: str  # "MHA", "GQA", "MQA" or "MLA"
+    kv_lora_rank: int  # MLA only, else 0
+    qk_rope_head_dim: int  # MLA only, else 0
+    sliding_window: int | None
+    num_sliding_layers: int
+    num_experts: int  # routed experts per MoE layer; 0 for dense models
+    experts_per_token: int
+    num_moe_layers: int
+    expert_params: int  # one routed expert in one layer
+    embedding_params: int  # token (and learned position) embeddings
+    lm_head_params: int  # 0 when tied to the embedding
+    attention_params: int  # all layers
+    dense_params: int  # dense MLPs, shared experts, routers, projections: all layers
+    routed_expert_params: int  # all routed experts of all layers
+    norm_params: int
+    torch_dtype: str  # 16-bit dtype the weights are served in by default
+    default_weight_dtype: str
+
+    @property
+    def is_moe(self) -> bool:
+        """True for mixture-of-experts models."""
+        return self.num_experts > 0
+
+    @property
+    def params_total(self) -> int:
+        """All parameters of the language model."""
+        return (
+            self.embedding_params
+            + self.lm_head_params
+            + self.attention_params
+            + self.dense_params
+            + self.routed_expert_params
+            + self.norm_params
+        )
+
+    @property
+    def params_active(self) -> int:
+        """Parameters used per token: everything except the routed experts not chosen."""
+        chosen = self.num_moe_layers * self.experts_per_token * self.expert_params
+        return self.params_total - self.routed_expert_params + chosen
+
+    def weight_bytes(self, dtype: str | None = None) -> float:
+        """Bytes of all weights in `dtype` (default: the model's default weight dtype)."""
+        return self.params_total * dtype_bytes(dtype or self.default_weight_dtype)
+
+    @property
+    def kv_values_per_token_layer(self) -> int:
+        """Values cached per token per layer: K and V heads, or the MLA latent plus its rope key."""
+        if self.attention == "MLA":
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str | None = None) -> float:
+        """KV-cache bytes per token over all layers (sliding layers counted at full size)."""
+        return self.num_layers * self.kv_values_per_token_layer * dtype_bytes(kv_dtype or self.torch_dtype)
+
+    @property
+    def linear_flops_per_token(self) -> float:
+        """Matmul FLOPs per token in the layers (no embedding gather, no logits)."""
+        chosen = self.num_moe_layers * self.experts_per_token * self.expert_params
+        return 2.0 * (self.attention_params + self.dense_params + chosen)
+
+    @property
+    def lm_head_flops(self) -> float:
+        """FLOPs of the logits for one position (one per row and step)."""
+        return 2.0 * self.vocab_size * self.hidden_size
+
+    @property
+    def attn_flops_per_pair(self) -> float:
+        """Score and value FLOPs per (query, key) pair in one layer, all heads."""
+        return 2.0 * self.num_heads * (self.head_dim + self.v_head_dim)
+
+    def attention_pairs(self, new: np.ndarray | int, cached: np.ndarray | int) -> np.ndarray:
+        """(query, key) pairs summed over layers, sliding layers capped at the window."""
+        full = self.num_layers - self.num_sliding_layers
+        out = full * causal_pairs(new, cached)
+        if self.num_sliding_layers:
+            out = out + self.num_sliding_layers * causal_pairs(new, cached, self.sliding_window)
+        return out
+
+    def prefill_flops(self, c: np.ndarray | int, q: np.ndarray | int) -> np.ndarray:
+        """FLOPs of a chunk of `c` new tokens after `q` cached ones (logits for one position)."""
+        c_arr = np.asarray(c, dtype=np.float64)
+        lin = self.linear_flops_per_token * c_arr + self.lm_head_flops * (c_arr > 0)
+        return lin + self.attn_flops_per_pair * self.attention_pairs(c_arr, q)
+
+    def decode_flops(self, q: np.ndarray | int) -> np.ndarray:
+        """FLOPs of one decode token at context `q`."""
+        return self.prefill_flops(np.ones_like(np.asarray(q)), q)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _catalog() -> dict[str, str]:
+    text = (resources.files("sim") / "catalog" / "models.toml").read_text()
+    return dict(tomllib.loads(text)["models"])
+
+
+def catalog_names() -> list[str]:
+    """Short names of the shipped model configs."""
+    return sorted(_catalog())
+
+
+def resolve(name_or_path: str) -> tuple[str, str, Any]:
+    """(short name, HF id, config file) for a catalog short name, HF id, or path."""
+    cat = _catalog()
+    key = name_or_path.strip()
+    by_id = {hf.lower(): short for short, hf in cat.items()}
+    short = key.lower() if key.lower() in cat else by_id.get(key.lower())
+    if short is not None:
+        ref = resources.files("sim") / "catalog" / "models" / f"{short}.json"
+        return short, cat[short], ref
+    path = Path(key)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return path.parent.name or path.stem, str(path), path
+    choices = list(cat) + list(cat.values())
+    close = difflib.get_close_matches(key, choices, n=4, cutoff=0.4)
+    hint = f"; closest: {', '.join(close)}" if close else f"; known: {', '.join(sorted(cat))}"
+    raise SimError(f"unknown model {name_or_path!r} (not a catalog name, HF id or config.json path){hint}")
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """Load a ModelSpec from a catalog short name, an HF id (any case) or a config.json path."""
+    short, hf_id, ref = resolve(name_or_path)
+    try:
+        cfg = json.loads(ref.read_text())
+    except json.JSONDecodeError as exc:
+        raise SimError(f"{ref}: not valid JSON ({exc})") from exc
+    return from_config(cfg, name=short, hf_id=hf_id, source=str(ref))
+
+
+class _Cfg:
+    """Config dict with field access that names the missing field and the file."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data, self.source = data, source
+
+    def req(self, key: str) -> Any:
+        val = self.data.get(key)
+        if val is None:
+            raise SimError(f"{self.source}: missing field {key!r}")
+        return val
+
+    def get(self, key: str, default: Any = None) -> Any:
+        val = self.data.get(key)
+        return default if val is None else val
+
+
+def _weight_dtype(cfg: dict[str, Any], torch_dtype: str) -> str:
+    q = cfg.get("quantization_config") or {}
+    if q.get("quant_method") == "fp8":
+        return "fp8"
+    if q.get("format") == "float-quantized":
+        groups = (q.get("config_groups") or {}).values()
+        if any((g.get("weights") or {}).get("num_bits") == 8 for g in groups):
+            return "fp8"
+    return torch_dtype
+
+
+def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> ModelSpec:
+    """Build a ModelSpec from a parsed HF config dict."""
+    model_type = str(raw.get("model_type", "")).lower()
+    data = raw.get("text_config") if model_type == "llama4" and raw.get("text_config") else raw
+    if model_type not in SUPPORTED:
+        archs = ", ".join(raw.get("architectures") or []) or "?"
+        raise SimError(
+            f"{source}: unsupported architecture {model_type or '?'} ({archs}); "
+            f"supported model_type values: {', '.join(SUPPORTED)}"
+        )
+    c = _Cfg(data, source)
+    td = normalize_dtype(str(raw.get("torch_dtype") or c.get("torch_dtype", "bfloat16")))
+    torch_dtype = td if td in ("bf16", "fp16") else "bf16"
+    shape = _parse(model_type, c)
+    tied = c.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
+    H, V = shape["hidden_size"], shape["vocab_size"]
+    lm_head = 0 if tied else V * shape.get("lm_head_in", H)
+    return ModelSpec(
+        name=name,
+        hf_id=hf_id,
+        model_type=model_type,
+        lm_head_params=lm_head,
+        torch_dtype=torch_dtype,
+        default_weight_dtype=_weight_dtype(raw, torch_dtype),
+        **{k: v for k, v in shape.items() if k != "lm_head_in"},
+    )
+
+
+def _attention_kind(nh: int, nkv: int) -> str:
+    return "MHA" if nkv == nh else ("MQA" if nkv == 1 else "GQA")
+
+
+def _parse(model_type: str, c: _Cfg) -> dict[str, Any]:
+    if model_type == "opt":
+        return _parse_opt(c)
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        return _parse_deepseek(c)
+    return _parse_llama_like(model_type, c)
+
+
+def _base(c: _Cfg) -> dict[str, Any]:
+    H, L, nh = c.req("hidden_size"), c.req("num_hidden_layers"), c.req("num_attention_heads")
+    return {
+        "hidden_size": H,
+        "num_layers": L,
+        "num_heads": nh,
+        "vocab_size": c.req("vocab_size"),
+        "max_position_embeddings": c.get("max_position_embeddings", 0),
+    }
+
+
+def _parse_llama_like(mt: str, c: _Cfg) -> dict[str, Any]:
+    s = _base(c)
+    H, L, nh = s["hidden_size"], s["num_layers"], s["num_heads"]
+    nkv = c.get("num_key_value_heads", nh)
+    hd = c.get("head_dim", H // nh)
+    q, kv = nh * hd, nkv * hd
+    attn = H * q + 2 * H * kv + q * H
+    if mt == "qwen2" or c.get("attention_bias", False):
+        attn += q + 2 * kv
+    if mt == "qwen3" or mt == "qwen3_moe":
+        attn += 2 * hd  # q_norm, k_norm
+    norms_per_layer = 4 if mt == "gemma2" else 2
+    window, n_sliding = _sliding(mt, c, L)
+    moe = _moe_layout(mt, c, H, L)
+    s.update(
+        num_kv_heads=nkv,
+        head_dim=hd,
+        v_head_dim=hd,
+        attention=_attention_kind(nh, nkv),
+        kv_lora_rank=0,
+        qk_rope_head_dim=0,
+        sliding_window=window,
+        num_sliding_layers=n_sliding,
+        embedding_params=s["vocab_size"] * H,
+        attention_params=L * attn,
+        norm_params=L * norms_per_layer * H + H,
+        **moe,
+    )
+    return s
+
+
+def _sliding(mt: str, c: _Cfg, L: int) -> tuple[int | None, int]:
+    window = c.get("sliding_window")
+    if mt == "gemma2" and window:
+        return int(window), (L + 1) // 2  # even layers are sliding
+    if mt in ("mistral", "phi3", "mixtral") and window:
+        return int(window), L
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and window and c.get("use_sliding_window", False):
+        return int(window), max(0, L - int(c.get("max_window_layers", L)))
+    if mt == "llama4" and c.get("attention_chunk_size"):
+        # Chunked local attention on RoPE layers (3 of every 4), approximated as a sliding window.
+        nope = c.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(L)]
+        return int(c.req("attention_chunk_size")), int(sum(1 for x in nope if x))
+    return None, 0
+
+
+def _moe_layout(mt: str, c: _Cfg, H: int, L: int) -> dict[str, int]:
+    """Dense MLP, shared experts, routers and routed experts for the llama-like families."""
+    inter = c.req("intermediate_size")
+    if mt == "mixtral":
+        n, k, moe_layers = c.req("num_local_experts"), c.req("num_experts_per_tok"), L
+        expert, dense_layer_mlp, shared = 3 * H * inter, 0, 0
+    elif mt == "qwen3_moe":
+        n, k = c.req("num_experts"), c.req("num_experts_per_tok")
+        step, only = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers", []))
+        moe_layers = sum(1 for i in range(L) if i not in only and (i + 1) % step == 0)
+        expert, dense_layer_mlp, shared = 3 * H * c.req("moe_intermediate_size"), 3 * H * inter, 0
+    elif mt == "llama4":
+        n, k = c.req("num_local_experts"), c.req("num_experts_per_tok")
+        step = c.get("interleave_moe_layer_step", 1)
+        moe_layers = len(c.get("moe_layers") or range(step - 1, L, step)) if step else 0
+        expert = 3 * H * inter  # intermediate_size is per expert; the shared expert has the same width
+        dense_layer_mlp, shared = 3 * H * c.req("intermediate_size_mlp"), expert
+    else:
+        return {
+            "num_experts": 0,
+            "experts_per_token": 0,
+            "num_moe_layers": 0,
+            "expert_params": 0,
+            "routed_expert_params": 0,
+            "dense_params": L * 3 * H * inter,
+        }
+    dense = (L - moe_layers) * dense_layer_mlp + moe_layers * (shared + H * n)
+    return {
+        "num_experts": n,
+        "experts_per_token": k,
+        "num_moe_layers": moe_layers,
+        "expert_params": expert,
+        "routed_expert_params": moe_layers * n * expert,
+        "dense_params": dense,
+    }
+
+
+def _parse_opt(c: _Cfg) -> dict[str, Any]:
+    s = _base(c)
+    H, L, nh, V = s["hidden_size"], s["num_layers"], s["num_heads"], s["vocab_size"]
+    ffn = c.req("ffn_dim")
+    proj = c.get("word_embed_proj_dim", H)
+    bias = c.get("enable_bias", True)
+    attn = 4 * H * H + (4 * H if bias else 0)
+    mlp = 2 * H * ffn + ((ffn + H) if bias else 0)
+    project = 2 * H * proj if proj != H else 0
+    s.update(
+        num_kv_heads=nh,
+        head_dim=H // nh,
+        v_head_dim=H // nh,
+        attention="MHA",
+        kv_lora_rank=0,
+        qk_rope_head_dim=0,
+        sliding_window=None,
+        num_sliding_layers=0,
+        num_experts=0,
+        experts_per_token=0,
+        num_moe_layers=0,
+        expert_params=0,
+        routed_expert_params=0,
+        embedding_params=V * proj + (s["max_position_embeddings"] + 2) * H,
+        attention_params=L * attn,
+        dense_params=L * mlp + project,
+        norm_params=L * 4 * H + 2 * H,  # layer norms carry a bias
+        lm_head_in=proj,
+    )
+    return s
+
+
+def _parse_deepseek(c: _Cfg) -> dict[str, Any]:
+    s = _base(c)
+    H, L, nh = s["hidden_size"], s["num_layers"], s["num_heads"]
+    kvl, rope = c.req("kv_lora_rank"), c.req("qk_rope_head_dim")
+    nope, vd = c.req("qk_nope_head_dim"), c.req("v_head_dim")
+    qlr = c.get("q_lora_rank")
+    qk = nope + rope
+    q_proj = (H * qlr + qlr + qlr * nh * qk) if qlr else H * nh * qk
+    attn = q_proj + H * (kvl + rope) + kvl + kvl * nh * (nope + vd) + nh * vd * H
+    n, k = c.req("n_routed_experts"), c.req("num_experts_per_tok")
+    first_dense, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+    moe_layers = sum(1 for i in range(L) if i >= first_dense and i % freq == 0)
+    expert = 3 * H * c.req("moe_intermediate_size")
+    shared = c.get("n_shared_experts", 0) * expert
+    router = H * n + (n if c.get("topk_method") == "noaux_tc" else 0)
+    dense = (L - moe_layers) * 3 * H * c.req("intermediate_size") + moe_layers * (shared + router)
+    s.update(
+        num_kv_heads=1,
+        head_dim=qk,
+        v_head_dim=vd,
+        attention="MLA",
+        kv_lora_rank=kvl,
+        qk_rope_head_dim=rope,
+        sliding_window=None,
+        num_sliding_layers=0,
+        num_experts=n,
+        experts_per_token=k,
+        num_moe_layers=moe_layers,
+        expert_params=expert,
+        routed_expert_params=moe_layers * n * expert,
+        embedding_params=s["vocab_size"] * H,
+        attention_params=L * attn,
+        dense_params=dense,
+        norm_params=L * 2 * H + H,
+    )
+    return s
