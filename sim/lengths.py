@@ -1,0 +1,238 @@
+"""Distributions for token lengths and think times: pydantic configs and numpy samplers.
+
+Each kind is one config class (a `kind` literal tag) and one `DISTRIBUTIONS` entry mapping the tag to
+its class and a factory `build(config, base_dir) -> Sampler`. A sampler draws `n` floats from a numpy
+Generator; `LengthSampler` rounds them to whole tokens and clamps them to `[max(min, 1), max]`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.errors import SimError
+
+Sampler = Callable[[np.random.Generator, int], np.ndarray]
+
+
+class _Dist(BaseModel):
+    """Fields shared by every distribution: optional clamps applied after sampling."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: float | None = Field(None, ge=0, description="lower clamp (lengths: at least 1)")
+    max: float | None = Field(None, ge=0, description="upper clamp")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> _Dist:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) must be <= max ({self.max:g})")
+        return self
+
+
+class FixedDist(_Dist):
+    """Always `value`."""
+
+    kind: Literal["fixed"] = "fixed"
+    value: float = Field(ge=0)
+
+
+class UniformDist(_Dist):
+    """Uniform on [low, high] (lengths round to the nearest integer)."""
+
+    kind: Literal["uniform"] = "uniform"
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _low_le_high(self) -> UniformDist:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) must be <= high ({self.high:g})")
+        return self
+
+
+class NormalDist(_Dist):
+    """Normal(mean, std), clipped at zero (and at min/max)."""
+
+    kind: Literal["normal"] = "normal"
+    mean: float = Field(ge=0)
+    std: float = Field(ge=0)
+
+
+class LogNormalDist(_Dist):
+    """Log-normal given by its mean and coefficient of variation (std / mean)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0)
+    cv: float = Field(gt=0)
+
+
+class GammaDist(_Dist):
+    """Gamma given by its mean and coefficient of variation (cv=1 is exponential)."""
+
+    kind: Literal["gamma"] = "gamma"
+    mean: float = Field(gt=0)
+    cv: float = Field(gt=0)
+
+
+class ExponentialDist(_Dist):
+    """Exponential with the given mean."""
+
+    kind: Literal["exponential"] = "exponential"
+    mean: float = Field(gt=0)
+
+
+class GeometricDist(_Dist):
+    """Geometric on 1, 2, 3, ... with the given mean (p = 1 / mean)."""
+
+    kind: Literal["geometric"] = "geometric"
+    mean: float = Field(ge=1)
+
+
+class EmpiricalDist(_Dist):
+    """Values of one CSV column, resampled with replacement."""
+
+    kind: Literal["empirical"] = "empirical"
+    path: str = Field(min_length=1)
+    column: str = Field(min_length=1)
+
+
+def _fixed(c: FixedDist, _: Path) -> Sampler:
+    return lambda rng, n: np.full(n, c.value)
+
+
+def _uniform(c: UniformDist, _: Path) -> Sampler:
+    return lambda rng, n: rng.uniform(c.low, c.high, n)
+
+
+def _normal(c: NormalDist, _: Path) -> Sampler:
+    return lambda rng, n: np.maximum(rng.normal(c.mean, c.std, n), 0.0)
+
+
+def _lognormal(c: LogNormalDist, _: Path) -> Sampler:
+    sigma = math.sqrt(math.log1p(c.cv**2))
+    mu = math.log(c.mean) - sigma**2 / 2
+    return lambda rng, n: rng.lognormal(mu, sigma, n)
+
+
+def _gamma(c: GammaDist, _: Path) -> Sampler:
+    shape = 1.0 / c.cv**2
+    return lambda rng, n: rng.gamma(shape, c.mean / shape, n)
+
+
+def _exponential(c: ExponentialDist, _: Path) -> Sampler:
+    return lambda rng, n: rng.exponential(c.mean, n)
+
+
+def _geometric(c: GeometricDist, _: Path) -> Sampler:
+    return lambda rng, n: rng.geometric(1.0 / c.mean, n).astype(np.float64)
+
+
+def _empirical(c: EmpiricalDist, base_dir: Path) -> Sampler:
+    values = read_column(resolve(c.path, base_dir), c.column)
+    if values.size == 0:
+        raise SimError(f"{c.path}: column {c.column!r} has no values")
+    return lambda rng, n: values[rng.integers(0, values.size, n)]
+
+
+@dataclass(frozen=True, slots=True)
+class DistKind:
+    config: type[_Dist]
+    build: Callable[[Any, Path], Sampler]
+
+
+DISTRIBUTIONS: dict[str, DistKind] = {
+    "fixed": DistKind(FixedDist, _fixed),
+    "uniform": DistKind(UniformDist, _uniform),
+    "normal": DistKind(NormalDist, _normal),
+    "lognormal": DistKind(LogNormalDist, _lognormal),
+    "gamma": DistKind(GammaDist, _gamma),
+    "exponential": DistKind(ExponentialDist, _exponential),
+    "geometric": DistKind(GeometricDist, _geometric),
+    "empirical": DistKind(EmpiricalDist, _empirical),
+}
+
+# The TOML shape: a table tagged by `kind`, one of the registered distributions.
+DistConfig = Annotated[
+    Union[tuple(k.config for k in DISTRIBUTIONS.values())],  # type: ignore[valid-type]  # noqa: UP007
+    Field(discriminator="kind"),
+]
+
+
+def resolve(path: str, base_dir: Path) -> Path:
+    """A config path, relative to the scenario file's folder unless absolute."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base_dir / p
+
+
+def read_table(path: Path, fmt: str | None = None) -> Any:
+    """Read a CSV or JSON-lines file (`fmt`, else by suffix) as a polars DataFrame; SimError if unreadable."""
+    import polars as pl
+
+    if not path.is_file():
+        raise SimError(f"{path}: file not found")
+    if fmt is None:
+        fmt = "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson", ".json") else "csv"
+    try:
+        return pl.read_ndjson(path) if fmt == "jsonl" else pl.read_csv(path)
+    except Exception as e:  # polars raises several error types for malformed files
+        raise SimError(f"{path}: cannot read as {'JSON lines' if fmt == 'jsonl' else 'CSV'}: {e}") from e
+
+
+def read_column(path: Path, column: str) -> np.ndarray:
+    """One numeric column of a CSV / JSON-lines file as float64, with SimErrors naming file and column."""
+    df = read_table(path)
+    if column not in df.columns:
+        raise SimError(f"{path}: no column {column!r} (columns: {', '.join(df.columns)})")
+    return column_values(df, column, path)
+
+
+def column_values(df: Any, column: str, path: Path) -> np.ndarray:
+    """A numeric, null-free column of a polars frame as float64."""
+    col = df[column]
+    if col.null_count():
+        raise SimError(f"{path}: column {column!r} has {col.null_count()} empty values")
+    try:
+        values = col.cast(float).to_numpy().astype(np.float64)
+    except Exception as e:
+        raise SimError(f"{path}: column {column!r} is not numeric") from e
+    if not np.all(np.isfinite(values)):
+        raise SimError(f"{path}: column {column!r} has non-finite values")
+    return values
+
+
+def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
+    """The raw (unclamped) sampler for a distribution config."""
+    return DISTRIBUTIONS[config.kind].build(config, base_dir)  # type: ignore[attr-defined]
+
+
+class TimeSampler:
+    """Draws non-negative floats (seconds), clamped to the config's min/max."""
+
+    def __init__(self, config: _Dist, base_dir: Path) -> None:
+        self._sample = build_sampler(config, base_dir)
+        self._lo = max(config.min or 0.0, 0.0)
+        self._hi = math.inf if config.max is None else config.max
+
+    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.clip(self._sample(rng, n), self._lo, self._hi)
+
+
+class LengthSampler:
+    """Draws token counts: rounded to integers, clamped to [max(min, 1), max]."""
+
+    def __init__(self, config: _Dist, base_dir: Path) -> None:
+        self._sample = build_sampler(config, base_dir)
+        self.low = max(1, math.ceil(config.min or 1))
+        self.high = None if config.max is None else math.floor(config.max)
+        if self.high is not None and self.high < self.low:
+            raise SimError(f"length clamps allow no value: min {config.min}, max {config.max}")
+
+    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.rint(self._sample(rng, n))
+        return np.clip(x, self.low, self.high).astype(np.int64)
