@@ -1,0 +1,211 @@
+"""Step-level replay of the `vllm` scheduler against vLLM v1 conformance logs (no cost model).
+
+The loop is the oracle's stand-in runner: add the requests that arrived by this step, schedule, emit one token
+for each sequence whose computed tokens reach its length, finish those that reached `max_tokens`, next step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.errors import SimError
+from sim.request import Request
+from sim.schedulers.registry import KvBudget
+from sim.schedulers.vllm import VllmConfig, VllmScheduler
+
+KEYS = (
+    "step",
+    "arrived",
+    "scheduled",
+    "new",
+    "resumed",
+    "total_tokens",
+    "preempted",
+    "finished",
+    "free_blocks_after_schedule",
+    "free_blocks_end",
+    "num_running",
+    "num_waiting",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """Scheduler settings of one replay, named as in the oracle's config line."""
+
+    block_size: int = 16
+    num_blocks: int = 1000
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    watermark_blocks: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    name: str
+    arrival_step: int
+    request: Request
+
+
+def load_trace(path: Path) -> list[TraceRequest]:
+    """Read a JSON list of requests (`id`, `arrival_step`, `prompt_len`, `max_tokens`, prefix fields)."""
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SimError(f"{path}: cannot read trace: {exc}") from exc
+    if not isinstance(rows, list):
+        raise SimError(f"{path}: a trace is a JSON list of requests")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SimError(f"{path}: request {i} is not an object")
+        name = str(_field(path, i, row, "id", (str, int)))
+        arrival = _field(path, i, row, "arrival_step", int)
+        prompt = _field(path, i, row, "prompt_len", int)
+        max_tokens = _field(path, i, row, "max_tokens", int)
+        group = _field(path, i, row, "prefix_group", int, -1)
+        prefix = _field(path, i, row, "prefix_len", int, 0)
+        if arrival < 0 or prompt < 1 or max_tokens < 1 or prefix < 0:
+            raise SimError(f"{path}: request {i} ({name}): arrival_step, prompt_len, max_tokens out of range")
+        req = Request(
+            i, float(arrival), prompt, max_tokens, max_tokens, prefix_group=group, prefix_len=prefix
+        )
+        out.append(TraceRequest(name, arrival, req))
+    return out
+
+
+def _field(path: Path, i: int, row: dict[str, Any], key: str, kind: Any, default: Any = None) -> Any:
+    if key not in row:
+        if default is None:
+            raise SimError(f"{path}: request {i} lacks field '{key}'")
+        return default
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise SimError(f"{path}: request {i}: field '{key}' has a bad value {value!r}")
+    return value
+
+
+def build(config: ReplayConfig) -> VllmScheduler:
+    knobs = VllmConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        enable_prefix_caching=config.enable_prefix_caching,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+    )
+    budget = KvBudget(config.num_blocks, config.block_size, config.max_model_len)
+    return VllmScheduler(knobs, budget, watermark_blocks=config.watermark_blocks)
+
+
+def replay(
+    trace: list[TraceRequest], config: ReplayConfig, max_steps: int = 10_000_000
+) -> list[dict[str, Any]]:
+    """Run the trace step by step until a step starts with every request finished; one record per step."""
+    sched = build(config)
+    pending = sorted(trace, key=lambda t: t.arrival_step)
+    names = {t.request.id: t.name for t in trace}
+    open_count = 0
+    head = 0
+    steps: list[dict[str, Any]] = []
+    step = 0
+    while True:
+        idle = head == len(pending) and not open_count  # the oracle logs this last, empty step too
+        if step >= max_steps:
+            raise SimError(f"replay did not finish within {max_steps} steps")
+        arrived = []
+        while head < len(pending) and pending[head].arrival_step <= step:
+            t = pending[head]
+            head += 1
+            if not sched.add(t.request, float(step)):
+                raise SimError(f"request {t.name} rejected: {t.request.reject_reason}")
+            arrived.append(t.name)
+            open_count += 1
+        plan = sched.schedule(float(step))
+        info = sched.last
+        free_after = sched.kv.num_free
+        finished = sched.update(plan, float(step)) if plan is not None else []
+        open_count -= len(finished)
+        steps.append(
+            {
+                "step": step,
+                "arrived": arrived,
+                "scheduled": [[names[s.req.id], n] for s, n in info.rows],
+                "new": [names[s.req.id] for s in info.new],
+                "resumed": [names[s.req.id] for s in info.resumed],
+                "total_tokens": sum(n for _, n in info.rows),
+                "preempted": [names[s.req.id] for s in info.preempted],
+                "finished": [names[r.id] for r in finished],
+                "free_blocks_after_schedule": free_after,
+                "free_blocks_end": sched.kv.num_free,
+                "num_running": len(sched.running),
+                "num_waiting": len(sched.waiting),
+            }
+        )
+        step += 1
+        if idle:
+            return steps
+
+
+def write_steps(path: Path, config: ReplayConfig, steps: list[dict[str, Any]]) -> None:
+    with path.open("w") as f:
+        f.write(json.dumps({"config": config.as_dict()}) + "\n")
+        for rec in steps:
+            f.write(json.dumps(rec) + "\n")
+
+
+def read_steps(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a steps log (`.jsonl` or `.jsonl.gz`): its config and its step records."""
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise SimError(f"{path}: cannot read steps log: {exc}") from exc
+    if not lines or "config" not in lines[0]:
+        raise SimError(f'{path}: the first line must be {{"config": {{...}}}}')
+    return lines[0]["config"], lines[1:]
+
+
+def config_from(expected: dict[str, Any], **overrides: Any) -> ReplayConfig:
+    """Settings from an oracle config line, with explicitly given values taking precedence."""
+    names = ReplayConfig.__slots__  # type: ignore[attr-defined]
+    values = {k: expected[k] for k in names if k in expected}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ReplayConfig(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    identical: int
+    total: int
+    first_diff: tuple[dict[str, Any] | None, dict[str, Any] | None] | None
+
+    @property
+    def share(self) -> float:
+        return self.identical / self.total if self.total else 1.0
+
+
+def compare(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> Comparison:
+    """Count identical steps (on the oracle's keys) and keep the first pair that differs."""
+    total = max(len(expected), len(actual))
+    identical = 0
+    first = None
+    for i in range(total):
+        e = expected[i] if i < len(expected) else None
+        a = actual[i] if i < len(actual) else None
+        if e is not None and a is not None and all(e.get(k) == a.get(k) for k in KEYS):
+            identical += 1
+        elif first is None:
+            first = (e, a)
+    return Comparison(identical, total, first)
