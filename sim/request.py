@@ -1,7 +1,8 @@
 """The request record that flows from the workload through a scheduler into the metrics.
 
 Requests are plain mutable records, never SimPy processes. A scheduler advances `num_computed` and
-`num_generated` and stamps token times through `emit`; nothing per token is stored.
+`num_generated` and stamps token times through `emit` (or sets them in bulk when it knows them, as the batching
+policies do); nothing per token is stored. The mean inter-token gap is (last − first token time) / (tokens − 1).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class Request:
     finished_at: float = NAN
     preemptions: int = 0
     prefix_hit_tokens: int = 0
-    itl_sum: float = 0.0
     itl_max: float = 0.0
     reject_reason: str | None = None
 
@@ -49,11 +49,8 @@ class Request:
         """Record one output token per sequence emitted at `now` (a step emits at most one)."""
         if self.num_generated == 0:
             self.first_token_at = now
-        else:
-            gap = now - self.last_token_at
-            self.itl_sum += gap
-            if gap > self.itl_max:
-                self.itl_max = gap
+        elif now - self.last_token_at > self.itl_max:
+            self.itl_max = now - self.last_token_at
         self.last_token_at = now
         self.num_generated += 1
         if self.num_generated >= self.output_len:
