@@ -1,0 +1,220 @@
+"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads.
+
+A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
+(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import SimError
+from sim.hardware import Gpu
+from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+
+ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies and overheads; defaults and their rationale live in sim/catalog/calibration.toml."""
+
+    compute_eff_prefill: float = 0.55
+    compute_eff_decode: float = 0.35
+    bandwidth_eff: float = 0.8
+    step_overhead_s: float = 4.0e-4
+    layer_overhead_s: float = 1.0e-5
+    per_row_overhead_s: float = 5.0e-6
+    allreduce_eff: float = 0.7
+    allreduce_latency_s: float = 1.0e-5
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Calibration:
+        """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
+        if path is None:
+            text = (resources.files("sim") / "catalog" / "calibration.toml").read_text()
+        else:
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                raise SimError(f"cannot read calibration file {path}: {exc}") from exc
+        table = tomllib.loads(text).get("calibration", {})
+        known = {f.name for f in fields(cls)}
+        unknown = set(table) - known
+        if unknown:
+            raise SimError(f"unknown calibration keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: float(v) for k, v in table.items()})
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Breakdown of one step (per GPU)."""
+
+    seconds: float
+    bound: str  # "compute" or "memory"
+    compute_s: float
+    memory_s: float
+    allreduce_s: float
+    overhead_s: float
+    flops_linear: float
+    flops_attention: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    tokens: int
+    rows: int
+    experts_touched: float  # expected distinct routed experts per MoE layer
+
+
+def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts hit by `tokens` tokens each routing to `top_k` of `n_experts` uniformly."""
+    if n_experts <= 0 or tokens <= 0:
+        return 0.0
+    return n_experts * (1.0 - ((n_experts - top_k) / n_experts) ** tokens)
+
+
+class CostModel:
+    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: Gpu,
+        tp: int = 1,
+        weight_dtype: str | None = None,
+        kv_dtype: str | None = None,
+        calibration: Calibration | None = None,
+    ) -> None:
+        if tp < 1:
+            raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
+        self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
+        self.cal = cal = calibration or Calibration()
+        self.peak_flops, self.note = gpu.peak_flops(self.weight_dtype)
+        wb = dtype_bytes(self.weight_dtype)
+        m = model
+        # Weights read every step: all but the routed experts and a gathered (untied) input embedding.
+        gathered = m.embedding_params if m.lm_head_params > 0 else 0
+        self.static_weight_bytes = (m.params_total - m.routed_expert_params - gathered) * wb / tp
+        self.expert_bytes_per_layer = m.expert_params * wb / tp
+        # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head
+        # per GPU); the MLA latent is replicated on every GPU.
+        kvb = dtype_bytes(self.kv_dtype)
+        if m.attention == "MLA":
+            self.kv_layer_bytes = m.kv_values_per_token_layer * kvb
+        else:
+            self.kv_layer_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * kvb
+        self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
+        self.full_layers = m.num_layers - m.num_sliding_layers
+        self.window = float(m.sliding_window or 0)
+        self.lin_flops_tok = m.linear_flops_per_token / tp
+        self.head_flops_row = m.lm_head_flops / tp
+        self.attn_flops_pair = m.attn_flops_per_pair / tp
+        self.achievable_bw = gpu.hbm_bandwidth * cal.bandwidth_eff
+        self.layer_overhead = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
+        if tp > 1:
+            ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
+            self.ar_per_token = 2 * m.num_layers * ring / (gpu.interconnect_bandwidth * cal.allreduce_eff)
+            self.ar_fixed = 2 * m.num_layers * cal.allreduce_latency_s
+        else:
+            self.ar_per_token = self.ar_fixed = 0.0
+
+    def _weights(self, tokens: float) -> tuple[float, float]:
+        m = self.model
+        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        return self.static_weight_bytes + m.num_moe_layers * touched * self.expert_bytes_per_layer, touched
+
+    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
+        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens).
+
+        Full layers: a row adds c·q + c(c+1)/2 pairs, so the sums need only c·q and c·c.
+        """
+        tokens = float(c.sum())
+        cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
+        pairs = self.full_layers * (cq + 0.5 * (cc + tokens))
+        kv_tokens = self.full_layers * float(q.sum())
+        prefill = tokens - float(np.count_nonzero(c == 1))
+        ns = self.model.num_sliding_layers
+        if ns and float((q + c).max()) <= self.window:  # no row reaches the window
+            pairs += ns * (cq + 0.5 * (cc + tokens))
+            kv_tokens += ns * float(q.sum())
+        elif ns:
+            w = self.window
+            end, start = (q + c).astype(np.float64), q.astype(np.float64)
+            s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
+            s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
+            pairs += ns * float((s_end - s_start).sum())
+            kv_tokens += ns * float(np.minimum(start, w).sum())
+        return tokens, pairs, kv_tokens, prefill
+
+    def _eff(self, prefill_tokens: float, tokens: float) -> float:
+        share = prefill_tokens / tokens
+        return share * self.cal.compute_eff_prefill + (1.0 - share) * self.cal.compute_eff_decode
+
+    def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
+        """Full breakdown of one step."""
+        c, q = _arrays(new_tokens, context)
+        rows = int(c.size)
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
+        if tokens <= 0:
+            return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
+        flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
+        flops_attn = self.attn_flops_pair * pairs
+        weight_bytes, touched = self._weights(tokens)
+        kv_read = self.kv_layer_bytes * kv_tokens
+        kv_write = self.kv_token_bytes * tokens
+        compute_s = (flops_lin + flops_attn) / (self.peak_flops * self._eff(prefill, tokens))
+        memory_s = (weight_bytes + kv_read + kv_write) / self.achievable_bw
+        allreduce_s = self.ar_fixed + self.ar_per_token * tokens
+        overhead_s = self.layer_overhead + self.cal.per_row_overhead_s * rows
+        seconds = max(compute_s, memory_s) + allreduce_s + overhead_s
+        return StepCost(
+            seconds=seconds,
+            bound="compute" if compute_s > memory_s else "memory",
+            compute_s=compute_s,
+            memory_s=memory_s,
+            allreduce_s=allreduce_s,
+            overhead_s=overhead_s,
+            flops_linear=flops_lin,
+            flops_attention=flops_attn,
+            weight_bytes=weight_bytes,
+            kv_read_bytes=kv_read,
+            kv_write_bytes=kv_write,
+            tokens=int(tokens),
+            rows=rows,
+            experts_touched=touched,
+        )
+
+    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        """(seconds, compute_bound) of one step: the engine's fast path, same maths as `step`."""
+        c, q = _arrays(new_tokens, context)
+        if c.size == 0:
+            return 0.0, False
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
+        if tokens <= 0:
+            return 0.0, False
+        rows = c.size
+        flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        weight_bytes = self._weights(tokens)[0] if self.model.num_experts else self.static_weight_bytes
+        compute_s = flops / (self.peak_flops * self._eff(prefill, tokens))
+        memory_s = (weight_bytes + self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens) / (
+            self.achievable_bw
+        )
+        extra = self.ar_fixed + self.ar_per_token * tokens + self.layer_overhead
+        seconds = max(compute_s, memory_s) + extra + self.cal.per_row_overhead_s * rows
+        return seconds, compute_s > memory_s
+
+
+def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer or float ndarrays as given (no copy); other sequences converted once."""
+    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
+    q = context if isinstance(context, np.ndarray) else np.asarray(context)
+    if c.shape != q.shape:
+        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
+    return c, q
