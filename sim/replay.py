@@ -177,12 +177,29 @@ def read_steps(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return lines[0]["config"], lines[1:]
 
 
-def config_from(expected: dict[str, Any], **overrides: Any) -> ReplayConfig:
-    """Settings from an oracle config line, with explicitly given values taking precedence."""
+def overrides(**given: Any) -> dict[str, Any]:
+    """The settings given explicitly (not None)."""
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def config_from(expected: dict[str, Any], **given: Any) -> ReplayConfig:
+    """Settings from an oracle config line, with explicitly given values taking precedence.
+
+    `watermark` (a fraction of `num_blocks`, as in the `vllm` policy) sets `watermark_blocks`.
+    """
     names = ReplayConfig.__slots__  # type: ignore[attr-defined]
     values = {k: expected[k] for k in names if k in expected}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return ReplayConfig(**values)
+    values.update(overrides(**given))
+    fraction = values.pop("watermark", None)
+    unknown = set(values) - set(names)
+    if unknown:
+        raise SimError(f"unknown replay settings: {sorted(unknown)}")
+    config = ReplayConfig(**values)
+    if fraction is not None:
+        if not 0.0 <= fraction < 1.0:
+            raise SimError(f"--watermark must be a fraction in [0, 1), got {fraction}")
+        config = ReplayConfig(**{**config.as_dict(), "watermark_blocks": int(fraction * config.num_blocks)})
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,3 +226,29 @@ def compare(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> Com
         elif first is None:
             first = (e, a)
     return Comparison(identical, total, first)
+
+
+def run(
+    trace_path: Path, out: Path | None, expected_path: Path | None, overrides: dict[str, Any]
+) -> tuple[str, int]:
+    """The `replay-steps` command: replay, write, compare with an expected log; (report, exit code)."""
+    expected: list[dict[str, Any]] | None = None
+    base: dict[str, Any] = {}
+    if expected_path is not None:
+        base, expected = read_steps(expected_path)
+    config = config_from(base, **overrides)
+    steps = replay(load_trace(trace_path), config)
+    lines = [f"{len(steps)} steps replayed"]
+    if out is not None:
+        write_steps(out, config, steps)
+        lines[0] += f", written to {out}"
+    if expected is None:
+        return "\n".join(lines), 0
+    result = compare(expected, steps)
+    lines.append(f"identical steps: {result.identical}/{result.total} ({100 * result.share:.2f}%)")
+    if result.first_diff is not None:
+        exp, act = result.first_diff
+        lines.append(f"first difference at step {(exp or act or {}).get('step')}:")
+        lines.append(f"  expected: {json.dumps(exp)}")
+        lines.append(f"  actual:   {json.dumps(act)}")
+    return "\n".join(lines), 0 if result.first_diff is None else 1
