@@ -6,6 +6,20 @@ requests: `open_loop()` yields them lazily in numpy chunks; `closed_loop` serves
 
 Random streams are independent children of the seed (arrivals, prompt, output, prefix, think time), so
 changing one distribution does not shift the draws of the others.
+
+Example::
+
+    [workload]
+    max_tokens = 512                 # cap on generated tokens (default 1024; traces: the trace's own)
+    arrival = { kind = "poisson", rate = 12.0 }
+    prompt = { kind = "lognormal", mean = 450, cv = 0.8, max = 4000 }   # the question after any prefix
+    output = { kind = "exponential", mean = 200 }                       # stop length, capped at max_tokens
+    prefix = { groups = 9, prefix_len = 100, users_per_group = 5 }
+
+Other arrivals: `gamma {rate, cv}`, `deterministic {rate}`, `staged {stages = [[rate, s], ...],
+exact_count}`, `closed_loop {users, think_time_s, ramp_s}`, `trace {path, format, time_scale}`.
+`shared_prefix = {system_prompt_len, question_len, output_len, num_unique_system_prompts,
+num_users_per_system_prompt}` replaces prompt, output and prefix with the calibration runs' profile.
 """
 
 from __future__ import annotations
@@ -372,11 +386,17 @@ _STREAMS = ("arrival", "prompt", "output", "prefix", "think")
 class _Draws:
     """Per-request attributes (lengths, prefix groups) drawn in batches from independent streams."""
 
-    def __init__(self, c: WorkloadConfig, seeds: dict[str, np.random.SeedSequence], base_dir: Path) -> None:
+    def __init__(
+        self,
+        c: WorkloadConfig,
+        seeds: dict[str, np.random.SeedSequence],
+        prompt: LengthSampler | None,
+        output: LengthSampler | None,
+    ) -> None:
         self.c = c
         self.rng = {k: np.random.default_rng(s) for k, s in seeds.items()}
-        self.prompt = None if c.prompt is None else LengthSampler(c.prompt, base_dir)
-        self.output = None if c.output is None else LengthSampler(c.output, base_dir)
+        self.prompt = prompt
+        self.output = output
 
     def draw(self, n: int, cols: Mapping[str, np.ndarray], first_user: int | None = None) -> dict[str, Any]:
         """Arrays of length n: prompt, output, max_tokens, group, prefix_len (trace columns win)."""
@@ -470,15 +490,19 @@ class Workload:
         self.config = config
         self._seeds = _child_seeds(seed)
         self._base_dir = Path(base_dir)
+        # Samplers load their files (empirical) now, so errors surface before the run.
+        self._prompt = None if config.prompt is None else LengthSampler(config.prompt, self._base_dir)
+        self._output = None if config.output is None else LengthSampler(config.output, self._base_dir)
         kind = ARRIVALS[config.arrival.kind]
         self._process = None if kind.build is None else kind.build(config.arrival, self._base_dir)
         self._check_trace_columns()
         self.closed_loop: ClosedLoop | None = None
         if isinstance(config.arrival, ClosedLoopArrival):
-            draws = _Draws(config, self._seeds, self._base_dir)
+            draws = self._draws()
             self.closed_loop = ClosedLoop(config.arrival, draws, self._seeds["think"], self._base_dir)
-        else:
-            _Draws(config, self._seeds, self._base_dir)  # load empirical files now: errors surface early
+
+    def _draws(self) -> _Draws:
+        return _Draws(self.config, self._seeds, self._prompt, self._output)
 
     def _check_trace_columns(self) -> None:
         if not isinstance(self._process, _Trace):
@@ -517,7 +541,7 @@ class Workload:
     def _generate(
         self, proc: ArrivalProcess, max_requests: int | None, horizon_s: float | None
     ) -> Iterator[Request]:
-        draws = _Draws(self.config, self._seeds, self._base_dir)
+        draws = self._draws()
         arrival_rng = np.random.default_rng(self._seeds["arrival"])
         left = math.inf if max_requests is None else max_requests
         horizon = math.inf if horizon_s is None else horizon_s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tomllib
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -368,3 +369,20 @@ def test_runtime_errors(tmp_path: Path) -> None:
     (tmp_path / "frac.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,1.5,3\n")
     with pytest.raises(SimError, match=r"frac\.csv: column 'prompt_tokens' must hold whole numbers"):
         make({"kind": "trace", "path": "frac.csv"}, base_dir=tmp_path)
+
+
+def test_toml_example_parses() -> None:
+    doc = tomllib.loads(
+        """
+        [workload]
+        max_tokens = 512
+        arrival = { kind = "closed_loop", users = 16, think_time_s = { kind = "exponential", mean = 1.5 } }
+        prompt = { kind = "lognormal", mean = 450, cv = 0.8, max = 4000 }
+        output = { kind = "geometric", mean = 200, min = 2 }
+        prefix = { groups = 9, prefix_len = 100, users_per_group = 5 }
+        """
+    )
+    w = Workload(parse_workload(doc["workload"], "example.toml"), 0, Path("."))
+    assert w.closed_loop is not None and w.closed_loop.users == 16
+    r = w.closed_loop.new_request(0.0)
+    assert 101 <= r.prompt_len <= 4100 and 2 <= r.output_len <= 512 and r.prefix_len == 100
