@@ -97,13 +97,20 @@ def _field(path: Path, i: int, row: dict[str, Any], key: str, kind: Any, default
 
 
 def build(config: ReplayConfig) -> VllmScheduler:
-    knobs = VllmConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        enable_prefix_caching=config.enable_prefix_caching,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-    )
+    """A `vllm` scheduler with the replay's settings."""
+    c = config
+    if c.block_size < 1 or c.num_blocks < 2 or c.max_model_len < 2 or c.watermark_blocks < 0:
+        raise SimError(f"bad replay settings: {config.as_dict()}")
+    try:
+        knobs = VllmConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            enable_prefix_caching=config.enable_prefix_caching,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+        )
+    except ValueError as exc:
+        raise SimError(f"bad replay settings: {exc}") from exc
     budget = KvBudget(config.num_blocks, config.block_size, config.max_model_len)
     return VllmScheduler(knobs, budget, watermark_blocks=config.watermark_blocks)
 
