@@ -25,6 +25,7 @@ num_users_per_system_prompt}` replaces prompt, output and prefix with the calibr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,6 +365,10 @@ def format_validation_error(err: ValidationError, data: Any, source: str, root: 
                 parts.append(item)
                 cur = cur.get(item) if isinstance(cur, Mapping) else None
         msg = e["msg"].removeprefix("Value error, ")
+        key = re.match(r"([a-z_]+(?:\.[a-z_]+)*): (.*)", msg) if e["type"] == "value_error" else None
+        if key:  # a model-level check that names its own sub-key
+            parts.append(key[1])
+            msg = key[2]
         if e["type"] not in ("missing", "extra_forbidden") and not isinstance(e.get("input"), Mapping):
             msg += f" (got {e.get('input')!r})"
         lines.append(f"{source}: {'.'.join(parts)}: {msg}")

@@ -340,7 +340,10 @@ def test_determinism_and_independent_streams() -> None:
             {"prompt": {"kind": "normal", "mean": 9, "std": 3, "min": 9, "max": 3}},
             r"min \(9\) must be <= max",
         ),
-        ({"prompt": {"kind": "fixed", "value": 0}}, r"prompt\.value: a length must be >= 1"),
+        (
+            {"prompt": {"kind": "fixed", "value": 0}},
+            r"test\.toml: workload\.prompt\.value: a length must be >= 1",
+        ),
         ({"max_tokens": 0}, r"workload\.max_tokens"),
         ({"prefix": {"groups": 2}}, r"workload\.prefix\.prefix_len: Field required"),
     ],
@@ -352,7 +355,7 @@ def test_config_errors_name_the_key(table: dict[str, Any], message: str) -> None
 
 
 def test_missing_distributions() -> None:
-    with pytest.raises(SimError, match="prompt: a length distribution is required"):
+    with pytest.raises(SimError, match=r"workload\.prompt: a length distribution is required"):
         parse_workload({"arrival": {"kind": "poisson", "rate": 1}})
     with pytest.raises(SimError, match="output: .*ignore_eos"):
         parse_workload({"arrival": {"kind": "poisson", "rate": 1}, "prompt": {"kind": "fixed", "value": 1}})
