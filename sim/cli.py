@@ -62,3 +62,38 @@ def replay_steps(
     report, code = replay.run(trace, out, compare, overrides)
     typer.echo(report)
     raise typer.Exit(code)
+
+
+@app.command("capacity")
+def capacity(
+    models: list[str] = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. A100-80GB, H100."),
+    tp: int = typer.Option(1, "--tp", help="Tensor parallel degree."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="fp32 bf16 fp16 fp8 int8 int4"),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Default: the model's."),
+    typical_len: int = typer.Option(1024, "--typical-len", help="Typical prompt + output tokens."),
+    compare: bool = typer.Option(False, "--compare", help="Several models side by side."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
+    from sim.capacity import capacity_report
+
+    try:
+        if len(models) > 1 and not compare:
+            raise SimError("several models given: add --compare to show them side by side")
+        capacity_report(
+            models,
+            gpu,
+            tp=tp,
+            gpu_memory_utilization=gpu_memory_utilization,
+            weight_dtype=weight_dtype,
+            kv_dtype=kv_dtype,
+            max_model_len=max_model_len,
+            typical_len=typical_len,
+            as_json=as_json,
+        )
+    except SimError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc

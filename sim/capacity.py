@@ -1,0 +1,311 @@
+"""KV-cache capacity of one replica: memory for weights, a reserve, and KV blocks.
+
+The seed identity: max concurrent sequences = KV bytes available / KV bytes per token / sequence length
+(in whole blocks of `block_size` tokens, as vLLM allocates them).
+
+Reserve rule (vLLM-like profile of the non-KV memory besides weights), fitted to the KV block counts
+of real vLLM runs on H100 (reference/ground-truth/calibration-experiments.csv, 8 runs: within 1.5%):
+  0.15 GiB                                      CUDA context, cuBLAS workspaces, allocator slack
+  + profile_tokens x 2 B x (hidden + 2 x MLP width / tp)   activation peak of the profile forward pass
+  + 256 x vocab x 32 B                           sampler: fp32 logits/probs and sort buffers for 256 seqs
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from sim.errors import SimError
+from sim.hardware import Gpu
+from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+
+GB = 1e9
+FIXED_RESERVE = int(0.15 * 2**30)
+PROFILE_TOKENS = 2048  # vLLM's default max_num_batched_tokens for online serving
+SAMPLER_SEQS = 256  # vLLM's default max_num_seqs
+SAMPLER_BYTES_PER_VOCAB = 32  # per sequence: ~8 fp32-sized buffers per logit
+
+
+@dataclass(frozen=True)
+class KvMemory:
+    """Memory budget of one GPU of a replica (all byte counts per GPU)."""
+
+    model: str
+    gpu: str
+    tp: int
+    weight_dtype: str
+    kv_dtype: str
+    gpu_memory_utilization: float
+    memory_bytes: int  # device total reported by the driver
+    budget_bytes: int  # memory_bytes x gpu_memory_utilization
+    weight_bytes: int
+    reserve_bytes: int
+    kv_bytes_available: int
+    kv_bytes_per_token: int
+    block_size: int
+    block_bytes: int
+    num_blocks: int
+
+    @property
+    def token_capacity(self) -> int:
+        """Tokens the KV cache holds (whole blocks)."""
+        return self.num_blocks * self.block_size
+
+    def blocks_per_seq(self, length: int) -> int:
+        """Blocks one sequence of `length` tokens occupies."""
+        return math.ceil(length / self.block_size)
+
+    def max_seqs(self, length: int) -> int:
+        """Sequences of `length` tokens that fit at once."""
+        return self.num_blocks // max(1, self.blocks_per_seq(length))
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict with integer byte counts."""
+        return {**asdict(self), "token_capacity": self.token_capacity}
+
+
+def reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
+    """Non-KV, non-weight memory per GPU (see the module docstring)."""
+    linear_per_layer = model.linear_flops_per_token / 2 - model.attention_params
+    mlp_width = linear_per_layer / model.num_layers / (3 * model.hidden_size)
+    activation = PROFILE_TOKENS * 2 * (model.hidden_size + 2 * mlp_width / tp)
+    sampler = SAMPLER_SEQS * model.vocab_size * SAMPLER_BYTES_PER_VOCAB
+    return int(FIXED_RESERVE + activation + sampler)
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str) -> int:
+    """KV bytes per token on one GPU: KV heads sharded over tp (one head at least); MLA replicated."""
+    if model.attention == "MLA":
+        return int(model.kv_bytes_per_token(kv_dtype))
+    heads = max(1, model.num_kv_heads // tp)
+    return int(model.num_layers * 2 * heads * model.head_dim * dtype_bytes(kv_dtype))
+
+
+def _check_tp(model: ModelSpec, tp: int) -> None:
+    if tp < 1 or model.num_heads % tp:
+        raise SimError(
+            f"tensor parallel degree {tp} must divide the {model.num_heads} attention heads of {model.name}"
+        )
+
+
+def _usable(model: ModelSpec, gpu: Gpu, tp: int, util: float, wdtype: str) -> float:
+    """Bytes left for KV per GPU (negative when weights and reserve do not fit)."""
+    budget = gpu.memory_bytes * util
+    return budget - model.weight_bytes(wdtype) / tp - reserve_bytes(model, tp)
+
+
+def _suggest(model: ModelSpec, gpu: Gpu, tp: int, util: float, wdtype: str) -> str:
+    tps = [t for t in (2, 4, 8, 16) if t > tp and model.num_heads % t == 0]
+    fit_tp = next((t for t in tps if _usable(model, gpu, t, util, wdtype) > 0), None)
+    smaller = [d for d in ("fp8", "int8", "int4") if dtype_bytes(d) < dtype_bytes(wdtype)]
+    fit_dt = [d for d in smaller if _usable(model, gpu, tp, util, d) > 0]
+    hints = []
+    if fit_tp:
+        hints.append(f"--tp {fit_tp}")
+    if fit_dt:
+        hints.append(f"--weight-dtype {fit_dt[0]}")
+    return (
+        f"; it fits with {' or '.join(hints)}" if hints else "; no TP degree up to 16 or dtype makes it fit"
+    )
+
+
+def kv_memory(
+    model: ModelSpec,
+    gpu: Gpu,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    block_size: int = 16,
+) -> KvMemory:
+    """Split one GPU's memory into weights, reserve and KV blocks; SimError if weights do not fit."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise SimError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise SimError(f"block_size must be >= 1, got {block_size}")
+    _check_tp(model, tp)
+    wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
+    kvdt = normalize_dtype(kv_dtype or model.torch_dtype)
+    budget = int(gpu.memory_bytes * gpu_memory_utilization)
+    weights = int(model.weight_bytes(wdt) / tp)
+    reserve = reserve_bytes(model, tp)
+    available = budget - weights - reserve
+    per_token = kv_bytes_per_token_per_gpu(model, tp, kvdt)
+    block_bytes = per_token * block_size
+    if available < block_bytes:
+        short = (block_bytes - available) / GB
+        raise SimError(
+            f"{model.name} does not fit on {gpu.name} x{tp} at {wdt}: weights {weights / GB:.1f} GB"
+            f" + reserve {reserve / GB:.1f} GB per GPU exceed the {budget / GB:.1f} GB usable"
+            f" ({gpu_memory_utilization:g} x {gpu.memory_bytes / GB:.1f} GB) by {short:.1f} GB"
+            + _suggest(model, gpu, tp, gpu_memory_utilization, wdt)
+        )
+    return KvMemory(
+        model=model.name,
+        gpu=gpu.name,
+        tp=tp,
+        weight_dtype=wdt,
+        kv_dtype=kvdt,
+        gpu_memory_utilization=gpu_memory_utilization,
+        memory_bytes=gpu.memory_bytes,
+        budget_bytes=budget,
+        weight_bytes=weights,
+        reserve_bytes=reserve,
+        kv_bytes_available=available,
+        kv_bytes_per_token=per_token,
+        block_size=block_size,
+        block_bytes=block_bytes,
+        num_blocks=available // block_bytes,
+    )
+
+
+# ----------------------------------------------------------------------------- report (`sim capacity`)
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.2f} GB"
+
+
+def capacity_summary(
+    model: ModelSpec, kv: KvMemory, max_model_len: int | None, typical_len: int
+) -> dict[str, object]:
+    """JSON-ready capacity figures for one model (bytes as integers)."""
+    max_len = max_model_len or model.max_position_embeddings
+    if max_len < 1 or typical_len < 1:
+        raise SimError("--max-model-len and --typical-len must be positive")
+    return {
+        **kv.to_dict(),
+        "hf_id": model.hf_id,
+        "attention": model.attention,
+        "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "params_total": model.params_total,
+        "max_model_len": max_len,
+        "typical_len": typical_len,
+        "max_seqs_at_max_model_len": kv.max_seqs(max_len),
+        "max_seqs_at_typical_len": kv.max_seqs(typical_len),
+    }
+
+
+def _kv_formula(model: ModelSpec, kv: KvMemory) -> str:
+    b = dtype_bytes(kv.kv_dtype)
+    if model.attention == "MLA":
+        latent = f"({model.kv_lora_rank} latent + {model.qk_rope_head_dim} rope)"
+        return f"{model.num_layers} layers x {latent} x {b:g} B"
+    heads = max(1, model.num_kv_heads // kv.tp)
+    return f"{model.num_layers} layers x 2 (K,V) x {heads} KV heads x {model.head_dim} x {b:g} B"
+
+
+def _single_table(model: ModelSpec, kv: KvMemory, s: dict[str, object]) -> object:
+    from rich.table import Table
+
+    t = Table(title=f"{model.name} on {kv.gpu} x{kv.tp} ({kv.weight_dtype} weights, {kv.kv_dtype} KV)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("arithmetic")
+    max_len, typ = int(s["max_model_len"]), int(s["typical_len"])  # type: ignore[call-overload]
+    t.add_row("GPU memory", _gb(kv.memory_bytes), "driver-reported total")
+    t.add_row("budget", _gb(kv.budget_bytes), f"{kv.gpu_memory_utilization:g} x {_gb(kv.memory_bytes)}")
+    t.add_row(
+        "weights / GPU",
+        _gb(kv.weight_bytes),
+        f"{model.params_total / 1e9:.2f}e9 params x {dtype_bytes(kv.weight_dtype):g} B / {kv.tp}",
+    )
+    t.add_row("reserve / GPU", _gb(kv.reserve_bytes), "context + activation peak + sampler")
+    t.add_row("KV available", _gb(kv.kv_bytes_available), "budget - weights - reserve")
+    t.add_row("KV bytes / token", f"{kv.kv_bytes_per_token:,} B", _kv_formula(model, kv))
+    t.add_row(
+        "KV blocks",
+        f"{kv.num_blocks:,}",
+        f"{_gb(kv.kv_bytes_available)} / ({kv.block_size} x {kv.kv_bytes_per_token:,} B)",
+    )
+    t.add_row("KV tokens", f"{kv.token_capacity:,}", f"{kv.num_blocks:,} x {kv.block_size}")
+    for label, n in (("max_model_len", max_len), ("typical length", typ)):
+        t.add_row(
+            f"max seqs @ {label} {n:,}",
+            f"{kv.max_seqs(n):,}",
+            f"{kv.num_blocks:,} blocks / {kv.blocks_per_seq(n):,} blocks per seq",
+        )
+    return t
+
+
+def _attention_line(models: list[ModelSpec], kvs: list[KvMemory]) -> str:
+    parts = []
+    for m in models:
+        if m.attention == "MLA":
+            parts.append(f"{m.name} caches one compressed latent per layer (MLA)")
+        else:
+            share = m.num_heads // m.num_kv_heads
+            kind = "every query head has its own" if share == 1 else f"{share} query heads share each"
+            parts.append(f"{m.name}: {m.attention}, {m.num_heads} query / {m.num_kv_heads} KV heads ({kind})")
+    per_tok = [k.kv_bytes_per_token for k in kvs]
+    ratio = max(per_tok) / min(per_tok)
+    return (
+        "; ".join(parts) + f". KV bytes per token differ by {ratio:.1f}x, and so do the sequences that fit."
+    )
+
+
+def _compare_table(models: list[ModelSpec], kvs: list[KvMemory], sums: list[dict[str, object]]) -> object:
+    from rich.table import Table
+
+    t = Table(title=f"KV capacity on {kvs[0].gpu} x{kvs[0].tp}")
+    t.add_column("")
+    for m in models:
+        t.add_column(m.name, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("attention", [f"{m.attention} {m.num_heads}Q/{m.num_kv_heads}KV" for m in models]),
+        ("weights / GPU", [f"{_gb(k.weight_bytes)} ({k.weight_dtype})" for k in kvs]),
+        ("reserve / GPU", [_gb(k.reserve_bytes) for k in kvs]),
+        ("KV available", [_gb(k.kv_bytes_available) for k in kvs]),
+        ("KV bytes / token", [f"{k.kv_bytes_per_token:,} B" for k in kvs]),
+        ("KV blocks", [f"{k.num_blocks:,}" for k in kvs]),
+        ("KV tokens", [f"{k.token_capacity:,}" for k in kvs]),
+        ("max_model_len", [f"{s['max_model_len']:,}" for s in sums]),
+        ("max seqs @ max_model_len", [f"{s['max_seqs_at_max_model_len']:,}" for s in sums]),
+        (f"max seqs @ {sums[0]['typical_len']:,}", [f"{s['max_seqs_at_typical_len']:,}" for s in sums]),
+    ]
+    for label, vals in rows:
+        t.add_row(label, *vals)
+    return t
+
+
+def capacity_report(
+    models: list[str],
+    gpu: str,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    max_model_len: int | None = None,
+    typical_len: int = 1024,
+    as_json: bool = False,
+) -> None:
+    """Print the capacity of one model, or of several side by side, as rich tables or one JSON object."""
+    import json
+
+    from rich.console import Console
+
+    from sim.hardware import get_gpu
+    from sim.model import load_model
+
+    if not models:
+        raise SimError("give at least one model")
+    g = get_gpu(gpu)
+    specs = [load_model(m) for m in models]
+    kvs = [kv_memory(m, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype) for m in specs]
+    if max_model_len is None and len(specs) > 1:  # compare at one length: the shortest model limit
+        max_model_len = min(m.max_position_embeddings or 2**31 for m in specs)
+    sums = [capacity_summary(m, k, max_model_len, typical_len) for m, k in zip(specs, kvs, strict=True)]
+    console = Console(width=140)
+    if len(specs) == 1:
+        if as_json:
+            print(json.dumps(sums[0]))
+        else:
+            console.print(_single_table(specs[0], kvs[0], sums[0]))
+        return
+    note = _attention_line(specs, kvs)
+    if as_json:
+        print(json.dumps({"gpu": g.name, "tp": tp, "models": sums, "note": note}))
+        return
+    console.print(_compare_table(specs, kvs, sums))
+    console.print(note, soft_wrap=True)
