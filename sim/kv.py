@@ -35,8 +35,8 @@ class BlockPool:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
         self.num_blocks = num_blocks
-        blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in blocks[1:])
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks[1:])
         self._cache: dict[Hashable, dict[int, Block]] = {}
 
     @property

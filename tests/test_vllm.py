@@ -1,0 +1,234 @@
+"""The vllm scheduler: vLLM v1's rules, step by step, and invariants over random traces."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.request import Request
+from sim.schedulers.registry import KvBudget, load_all
+from sim.schedulers.vllm import SarathiConfig, VllmConfig, VllmScheduler
+
+
+def make(num_blocks: int = 100, max_model_len: int = 4096, **knobs: object) -> VllmScheduler:
+    return VllmScheduler(VllmConfig(**knobs), KvBudget(num_blocks, 16, max_model_len))
+
+
+def req(i: int, prompt: int, out: int, n: int = 1, group: int = -1, prefix: int = 0) -> Request:
+    return Request(i, 0.0, prompt, out, out, n=n, prefix_group=group, prefix_len=prefix)
+
+
+def rows(s: VllmScheduler) -> list[tuple[int, int]]:
+    return [(seq.req.id, n) for seq, n in s.last.rows]
+
+
+def step(s: VllmScheduler, now: float = 0.0) -> list[Request]:
+    plan = s.schedule(now)
+    return s.update(plan, now) if plan is not None else []
+
+
+def test_registered_with_presets() -> None:
+    policies = load_all()
+    assert policies["vllm"].config is VllmConfig
+    assert policies["sarathi"].config is SarathiConfig
+    assert SarathiConfig().max_num_batched_tokens < VllmConfig().max_num_batched_tokens
+
+
+def test_chunked_prefill_then_decode_and_finish() -> None:
+    s = make(max_num_batched_tokens=64)
+    r = req(0, 100, 3)
+    assert s.add(r, 0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None and plan.new_tokens.tolist() == [64] and plan.context.tolist() == [0]
+    assert s.update(plan, 1.0) == [] and r.num_generated == 0
+    plan = s.schedule(1.0)
+    assert plan is not None and plan.new_tokens.tolist() == [36] and plan.context.tolist() == [64]
+    s.update(plan, 2.0)
+    assert r.num_generated == 1 and r.first_token_at == 2.0 and r.scheduled_at == 0.0
+    step(s, 3.0)
+    assert step(s, 4.0) == [r] and r.finished_at == 4.0
+    assert s.kv.num_free == 99 and s.in_flight() == []
+
+
+def test_long_prefill_threshold_caps_chunks() -> None:
+    s = make(max_num_batched_tokens=512, long_prefill_token_threshold=100)
+    s.add(req(0, 250, 2), 0.0)
+    s.add(req(1, 30, 2), 0.0)
+    step(s)
+    assert rows(s) == [(0, 100), (1, 30)]
+
+
+def test_admission_needs_whole_sequence_and_blocks_head_of_line() -> None:
+    s = make(num_blocks=11, max_num_batched_tokens=32)  # 10 usable blocks
+    s.add(req(0, 120, 20), 0.0)  # 8 blocks for the whole prompt, though only 2 are allocated now
+    s.add(req(1, 48, 5), 0.0)  # 3 blocks: does not fit beside request 0
+    s.add(req(2, 8, 5), 0.0)
+    for _ in range(4):
+        step(s)
+    assert all(seq.req.id == 0 for seq in s.running)
+    assert [seq.req.id for seq in s.waiting] == [1, 2]  # request 2 would fit but waits behind 1
+
+
+def test_watermark_holds_blocks_back_at_admission() -> None:
+    s = VllmScheduler(VllmConfig(), KvBudget(11, 16, 4096), watermark_blocks=3)
+    s.add(req(0, 100, 5), 0.0)  # 7 blocks + 3 watermark = 10: fits
+    s.add(req(1, 10, 5), 0.0)  # 1 + 3 > 3 free: waits
+    step(s)
+    assert rows(s) == [(0, 100)]
+
+
+def test_preemption_recomputes_from_the_front_of_the_queue() -> None:
+    s = make(num_blocks=6, max_num_batched_tokens=256)  # 5 usable blocks
+    a, b = req(0, 32, 40), req(1, 32, 40)
+    s.add(a, 0.0)
+    s.add(b, 0.0)
+    step(s)
+    assert rows(s) == [(0, 32), (1, 32)]
+    t = 1.0
+    while not s.last.preempted:
+        step(s, t)
+        t += 1
+    assert [seq.req.id for seq in s.last.preempted] == [1]
+    assert s.last.new == [] and s.last.resumed == []  # no admission in a step that preempted
+    assert s.waiting[0].req is b and b.preemptions == 1 and b.num_generated > 0
+    kept = b.num_generated
+    while not s.last.resumed:
+        step(s, t)
+        t += 1
+    assert rows(s)[-1] == (1, 32 + kept)  # recomputes prompt and kept tokens
+    while s.in_flight():
+        step(s, t)
+        t += 1
+    assert a.num_generated == b.num_generated == 40
+
+
+def test_no_chunked_prefill_stops_admission_at_a_prompt_over_budget() -> None:
+    s = make(max_model_len=256, max_num_batched_tokens=256, enable_chunked_prefill=False)
+    s.add(req(0, 200, 5), 0.0)
+    s.add(req(1, 100, 5), 0.0)
+    s.add(req(2, 10, 5), 0.0)
+    step(s)
+    assert rows(s) == [(0, 200)]
+
+
+def test_rejections_at_add() -> None:
+    s = make(num_blocks=11, max_model_len=1000)
+    too_long = req(0, 1000, 5)
+    assert not s.add(too_long, 0.0) and "max_model_len" in (too_long.reject_reason or "")
+    too_big = req(1, 200, 5)
+    assert not s.add(too_big, 0.0) and "blocks" in (too_big.reject_reason or "")
+    capped = req(2, 990, 50)
+    s2 = make(num_blocks=100, max_model_len=1000)
+    assert s2.add(capped, 0.0) and capped.output_len == 10
+
+
+def test_prefix_cache_hits_count_as_context() -> None:
+    s = make(enable_prefix_caching=True)
+    s.add(req(0, 100, 2, group=7, prefix=64), 0.0)
+    step(s)
+    r = req(1, 80, 2, group=7, prefix=64)
+    s.add(r, 1.0)
+    plan = s.schedule(1.0)
+    assert plan is not None and rows(s) == [(0, 1), (1, 16)]
+    assert plan.context.tolist() == [100, 64] and r.prefix_hit_tokens == 64
+    assert s.kv.hit_tokens == 64
+
+
+def test_parallel_sampling_shares_the_prompt_through_the_cache() -> None:
+    s = make(enable_prefix_caching=True)
+    r = req(0, 40, 3, n=3)
+    s.add(r, 0.0)
+    step(s)
+    assert rows(s) == [(0, 40), (0, 8), (0, 8)]  # 2 full prompt blocks shared, partial block per sequence
+    assert s.kv.num_free == 99 - 2 - 3
+    assert r.num_generated == 1
+    step(s, 1.0)
+    assert step(s, 2.0) == [r] and r.num_generated == 3 and s.kv.num_free == 99
+
+
+def test_kv_usage_reports_fragmentation() -> None:
+    s = make()
+    s.add(req(0, 20, 5), 0.0)
+    plan = s.schedule(0.0)
+    assert plan is not None
+    assert (plan.kv.used, plan.kv.allocated, plan.kv.capacity) == (20, 32, 99 * 16)
+
+
+trace_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 30),  # arrival step
+        st.integers(1, 300),  # prompt
+        st.integers(1, 60),  # max tokens
+        st.integers(1, 3),  # n
+        st.integers(-1, 2),  # prefix group
+        st.integers(0, 200),  # prefix len
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    trace=trace_strategy,
+    block_size=st.sampled_from([1, 4, 16, 32]),
+    num_blocks=st.integers(30, 400),
+    max_num_seqs=st.integers(1, 12),
+    budget=st.integers(16, 600),
+    chunked=st.booleans(),
+    caching=st.booleans(),
+    threshold=st.sampled_from([0, 0, 17, 128]),
+    watermark=st.sampled_from([0.0, 0.0, 0.05]),
+)
+def test_invariants_every_step(
+    trace: list[tuple[int, int, int, int, int, int]],
+    block_size: int,
+    num_blocks: int,
+    max_num_seqs: int,
+    budget: int,
+    chunked: bool,
+    caching: bool,
+    threshold: int,
+    watermark: float,
+) -> None:
+    max_model_len = 512
+    if not chunked:
+        budget = max(budget, max_model_len)
+    config = VllmConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=caching,
+        long_prefill_token_threshold=threshold,
+        watermark=watermark,
+    )
+    s = VllmScheduler(config, KvBudget(num_blocks, block_size, max_model_len))
+    reqs = [req(i, p, m, n, g, pl) for i, (_, p, m, n, g, pl) in enumerate(trace)]
+    arrivals = sorted(range(len(trace)), key=lambda i: trace[i][0])
+    accepted: list[Request] = []
+    pool = s.kv.pool
+    head, t = 0, 0
+    while head < len(arrivals) or s.in_flight():
+        assert t < 20_000, "no progress"
+        while head < len(arrivals) and trace[arrivals[head]][0] <= t:
+            r = reqs[arrivals[head]]
+            if s.add(r, float(t)):
+                accepted.append(r)
+            head += 1
+        plan = s.schedule(float(t))
+        in_use = sum(1 for b in pool.blocks[1:] if b.ref > 0)
+        assert in_use + pool.num_free == num_blocks - 1
+        assert len(s.running) <= max_num_seqs
+        if plan is not None:
+            assert 0 < int(plan.new_tokens.sum()) <= budget
+            assert (plan.new_tokens > 0).all()
+            assert 0 <= plan.kv.used <= plan.kv.allocated <= plan.kv.capacity
+            s.update(plan, float(t) + 0.5)
+        in_use = sum(1 for b in pool.blocks[1:] if b.ref > 0)
+        assert in_use + pool.num_free == num_blocks - 1
+        for r in accepted:
+            assert r.num_generated <= r.max_tokens
+        t += 1
+    for r in accepted:
+        assert r.num_generated == r.output_len and r.finished_at == r.finished_at
+    assert pool.num_free == num_blocks - 1 and s.kv.waste == 0
