@@ -1,0 +1,123 @@
+"""Roofline cost model: bounds, scaling, tensor parallelism, MoE, calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.cost import Calibration, CostModel, expected_distinct_experts
+from sim.errors import SimError
+from sim.hardware import get_gpu
+from sim.model import load_model
+
+
+@pytest.fixture(scope="module")
+def llama7() -> CostModel:
+    return CostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))
+
+
+def _arr(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int64)
+
+
+def test_batch1_decode_is_memory_bound_near_weight_time(llama7: CostModel) -> None:
+    cost = llama7.step(_arr(1), _arr(128))
+    assert cost.bound == "memory"
+    ideal = llama7.model.weight_bytes() / (llama7.gpu.hbm_bandwidth * llama7.cal.bandwidth_eff)
+    assert cost.seconds == pytest.approx(ideal, rel=0.15)
+    assert llama7.step_time(_arr(1), _arr(128)) == (pytest.approx(cost.seconds), False)
+
+
+def test_long_prefill_is_compute_bound(llama7: CostModel) -> None:
+    cost = llama7.step(_arr(2048), _arr(0))
+    assert cost.bound == "compute"
+    assert llama7.step_time(_arr(2048), _arr(0))[1] is True
+
+
+def test_small_decode_batch_doubling_is_cheap(llama7: CostModel) -> None:
+    t8 = llama7.step_time(np.ones(8, np.int64), np.full(8, 256))[0]
+    t16 = llama7.step_time(np.ones(16, np.int64), np.full(16, 256))[0]
+    assert t16 / t8 < 1.10
+
+
+def test_large_prefill_doubling_roughly_doubles(llama7: CostModel) -> None:
+    t1 = llama7.step_time(np.full(4, 2048), np.zeros(4, np.int64))[0]
+    t2 = llama7.step_time(np.full(8, 2048), np.zeros(8, np.int64))[0]
+    assert 1.8 < t2 / t1 < 2.1
+
+
+def test_tp2_halves_weight_reads_and_adds_allreduce() -> None:
+    m, g = load_model("llama-2-13b"), get_gpu("A100-80GB")
+    one, two = CostModel(m, g, tp=1), CostModel(m, g, tp=2)
+    c, q = np.ones(16, np.int64), np.full(16, 512)
+    a, b = one.step(c, q), two.step(c, q)
+    assert b.weight_bytes == pytest.approx(a.weight_bytes / 2)
+    assert a.allreduce_s == 0 and b.allreduce_s > 0
+    assert b.kv_read_bytes == pytest.approx(a.kv_read_bytes / 2)
+
+
+def test_kv_replicated_when_fewer_kv_heads_than_tp() -> None:
+    m, g = load_model("llama-2-70b"), get_gpu("H100")  # 8 KV heads
+    assert CostModel(m, g, tp=16).kv_token_bytes == CostModel(m, g, tp=8).kv_token_bytes
+
+
+def test_kv_bytes_follow_kv_dtype() -> None:
+    m, g = load_model("llama-3.1-8b"), get_gpu("H100")
+    assert CostModel(m, g).kv_token_bytes == 131_072
+    assert CostModel(m, g, kv_dtype="fp8").kv_token_bytes == 65_536
+    cost = CostModel(m, g, kv_dtype="fp8").step(_arr(10), _arr(100))
+    assert cost.kv_write_bytes == 10 * 65_536
+
+
+def test_distinct_experts_formula() -> None:
+    assert expected_distinct_experts(8, 2, 1) == pytest.approx(2.0)
+    assert expected_distinct_experts(8, 2, 2) == pytest.approx(8 * (1 - (6 / 8) ** 2))
+    assert expected_distinct_experts(8, 2, 10_000) == pytest.approx(8.0)
+    assert expected_distinct_experts(0, 0, 5) == 0.0
+
+
+def test_moe_reads_touched_experts_only() -> None:
+    m = load_model("mixtral-8x7b")
+    cm = CostModel(m, get_gpu("H100"), tp=2)
+    small = cm.step(_arr(1), _arr(10))
+    big = cm.step(np.ones(256, np.int64), np.full(256, 10))
+    assert small.experts_touched == pytest.approx(2.0) and big.experts_touched == pytest.approx(8.0)
+    assert small.weight_bytes < 0.4 * big.weight_bytes
+    assert big.weight_bytes == pytest.approx((m.params_total - m.embedding_params) * 2 / 2, rel=1e-6)
+
+
+def test_fp8_weights_use_fp8_peak_or_fall_back() -> None:
+    m = load_model("llama-3.1-8b")
+    assert CostModel(m, get_gpu("H100"), weight_dtype="fp8").peak_flops == 1979e12
+    a100 = CostModel(m, get_gpu("A100-80GB"), weight_dtype="fp8")
+    assert a100.peak_flops == 312e12 and "no fp8" in a100.note
+
+
+def test_step_matches_model_flops_and_fast_path() -> None:
+    m = load_model("gemma-2-9b")  # sliding-window layers
+    cm = CostModel(m, get_gpu("H100"))
+    rng = np.random.default_rng(1)
+    c = rng.integers(1, 600, 64)
+    q = rng.integers(0, 9000, 64)
+    cost = cm.step(c, q)
+    assert cost.flops_linear + cost.flops_attention == pytest.approx(float(m.prefill_flops(c, q).sum()))
+    assert cm.step_time(c, q)[0] == pytest.approx(cost.seconds)
+
+
+def test_empty_step_and_bad_tp() -> None:
+    cm = CostModel(load_model("llama-2-7b"), get_gpu("H100"))
+    assert cm.step_time(np.zeros(0, np.int64), np.zeros(0, np.int64)) == (0.0, False)
+    with pytest.raises(SimError):
+        CostModel(load_model("llama-2-7b"), get_gpu("H100"), tp=0)
+
+
+def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
+    assert Calibration.load() == Calibration()
+    p = tmp_path / "cal.toml"
+    p.write_text("[calibration]\nbandwidth_eff = 0.5\n")
+    assert Calibration.load(p).bandwidth_eff == 0.5
+    p.write_text("[calibration]\nbogus = 1\n")
+    with pytest.raises(SimError, match="bogus"):
+        Calibration.load(p)

@@ -1,0 +1,161 @@
+"""ModelSpec: KV bytes per token, parameter counts, FLOPs and config loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.errors import SimError
+from sim.model import catalog_names, causal_pairs, dtype_bytes, load_model
+
+KV_16BIT = {
+    "llama-2-7b": 524_288,
+    "llama-2-13b": 819_200,
+    "llama-2-70b": 327_680,
+    "llama-3.1-8b": 131_072,
+    "mistral-7b": 131_072,
+    "qwen2.5-7b": 57_344,
+    "mixtral-8x7b": 131_072,
+    "deepseek-v3": 61 * 576 * 2,
+}
+
+PARAMS = {  # (total, active)
+    "llama-2-7b": (6.74e9, 6.74e9),
+    "llama-2-70b": (68.98e9, 68.98e9),
+    "llama-3.1-8b": (8.03e9, 8.03e9),
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+    "qwen2.5-7b": (7.62e9, 7.62e9),
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), KV_16BIT.items())
+def test_kv_bytes_per_token_16bit(name: str, expected: int) -> None:
+    assert load_model(name).kv_bytes_per_token("bf16") == expected
+
+
+@pytest.mark.parametrize(("name", "expected"), PARAMS.items())
+def test_param_counts_within_1_percent(name: str, expected: tuple[float, float]) -> None:
+    m = load_model(name)
+    assert m.params_total == pytest.approx(expected[0], rel=0.01)
+    assert m.params_active == pytest.approx(expected[1], rel=0.01)
+
+
+@pytest.mark.parametrize("name", catalog_names())
+def test_every_shipped_config_loads(name: str) -> None:
+    m = load_model(name)
+    assert m.params_total > m.params_active * 0.99 > 0
+    assert m.kv_bytes_per_token() > 0
+    assert m.decode_flops(100) > 2 * (m.params_active - m.embedding_params - m.lm_head_params)
+
+
+def test_attention_kinds() -> None:
+    assert load_model("llama-2-7b").attention == "MHA"
+    assert load_model("llama-3.1-8b").attention == "GQA"
+    assert load_model("deepseek-v3").attention == "MLA"
+
+
+def test_kv_dtype_scales_kv_bytes() -> None:
+    m = load_model("llama-2-7b")
+    assert m.kv_bytes_per_token("fp8") == 262_144
+    assert m.kv_bytes_per_token("fp32") == 2 * 524_288
+
+
+def test_mla_and_deepseek_moe() -> None:
+    m = load_model("deepseek-v3")
+    assert m.kv_values_per_token_layer == 512 + 64
+    assert m.num_moe_layers == 61 - 3
+    assert m.params_total == pytest.approx(671e9, rel=0.01)
+    assert m.params_active == pytest.approx(37.5e9, rel=0.02)
+    assert m.default_weight_dtype == "fp8"
+    lite = load_model("deepseek-v2-lite")  # q_lora_rank is null
+    assert lite.params_total == pytest.approx(15.7e9, rel=0.01)
+
+
+def test_llama4_text_config_and_shared_expert() -> None:
+    m = load_model("llama-4-scout")
+    assert (m.num_experts, m.experts_per_token, m.num_moe_layers) == (16, 1, 48)
+    assert m.params_total == pytest.approx(107.8e9, rel=0.01)
+    assert m.params_active == pytest.approx(17.2e9, rel=0.01)
+    assert m.default_weight_dtype == "bf16"
+    assert load_model("llama-4-scout-fp8").default_weight_dtype == "fp8"
+
+
+def test_qwen3_moe_and_head_dim() -> None:
+    m = load_model("qwen3-30b-a3b")
+    assert m.head_dim == 128  # config's head_dim, not 2048 / 32
+    assert m.params_total == pytest.approx(30.5e9, rel=0.01)
+    assert m.params_active == pytest.approx(3.3e9, rel=0.03)
+
+
+def test_gemma2_sliding_layers() -> None:
+    m = load_model("gemma-2-9b")
+    assert (m.sliding_window, m.num_sliding_layers) == (4096, 21)
+    assert m.kv_bytes_per_token("bf16") == 42 * 2 * 8 * 256 * 2  # all layers at full size
+    assert m.params_total == pytest.approx(9.24e9, rel=0.01)
+    full = m.num_layers * causal_pairs(1, 8000)
+    assert m.attention_pairs(1, 8000) < full
+
+
+def test_opt_and_phi3() -> None:
+    opt = load_model("opt-13b")
+    assert opt.attention == "MHA" and opt.params_total == pytest.approx(12.85e9, rel=0.01)
+    assert load_model("phi-3-mini").params_total == pytest.approx(3.82e9, rel=0.01)
+
+
+def test_weight_bytes_dtypes() -> None:
+    m = load_model("llama-2-7b")
+    assert m.default_weight_dtype == "fp16"
+    assert m.weight_bytes() == m.params_total * 2
+    assert m.weight_bytes("int4") == m.params_total / 2
+    assert dtype_bytes("float16") == 2
+    with pytest.raises(SimError, match="unknown dtype"):
+        m.weight_bytes("fp6")
+
+
+def test_causal_pairs_brute_force() -> None:
+    for c, q, w in [(5, 0, None), (3, 10, None), (7, 2, 4), (1, 100, 8), (20, 3, 10)]:
+        brute = sum(min(p + 1, w or 10**9) for p in range(q, q + c))
+        assert causal_pairs(c, q, w) == brute
+
+
+def test_flops_vectorised_and_consistent() -> None:
+    m = load_model("llama-2-7b")
+    q = np.array([0, 10, 1000])
+    assert m.decode_flops(q).shape == (3,)
+    # A 2-token chunk equals two decodes minus one logits computation.
+    two = m.prefill_flops(2, 50)
+    assert two == pytest.approx(m.decode_flops(50) + m.decode_flops(51) - m.lm_head_flops)
+    per_tok = m.decode_flops(0)
+    assert per_tok == pytest.approx(2 * (m.params_active - m.embedding_params), rel=0.01)
+
+
+def test_name_resolution(tmp_path: Path) -> None:
+    assert load_model("META-LLAMA/llama-2-7b-hf").name == "llama-2-7b"
+    src = Path(__file__).parents[1] / "sim" / "catalog" / "models" / "mistral-7b.json"
+    (tmp_path / "config.json").write_text(src.read_text())
+    assert load_model(str(tmp_path)).kv_bytes_per_token() == 131_072
+    assert load_model(str(tmp_path / "config.json")).num_kv_heads == 8
+
+
+def test_unknown_name_lists_closest() -> None:
+    with pytest.raises(SimError, match="closest: llama-2-7b"):
+        load_model("llama-2-7")
+
+
+def test_missing_field_names_field_and_file(tmp_path: Path) -> None:
+    cfg = json.loads((Path(__file__).parents[1] / "sim/catalog/models/llama-2-7b.json").read_text())
+    del cfg["num_hidden_layers"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SimError, match=r"config.json: missing field 'num_hidden_layers'"):
+        load_model(str(path))
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
+    with pytest.raises(SimError, match="unsupported architecture mamba"):
+        load_model(str(path))
