@@ -48,7 +48,12 @@ class VllmConfig(BaseModel):
 
 
 class SarathiConfig(VllmConfig):
-    """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget."""
+    """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget.
+
+    The vllm rules already give this order: running sequences go first, and without a long-prefill
+    threshold only the most recently admitted one can be mid-prefill, so it comes after every decode.
+    Sarathi is therefore the same scheduler with a small budget and chunked prefill on.
+    """
 
     max_num_batched_tokens: int = Field(512, ge=1)
     enable_chunked_prefill: bool = True
@@ -187,6 +192,7 @@ class VllmScheduler:
     def _preempt(self, seq: Seq) -> None:
         self.kv.free(seq)
         seq.num_computed = 0
+        self._sync(seq)
         seq.preempted = True
         seq.req.preemptions += 1
         self.waiting.appendleft(seq)
@@ -225,6 +231,7 @@ class VllmScheduler:
             if math.isnan(seq.req.scheduled_at):
                 seq.req.scheduled_at = now
             seq.num_computed += n
+            self._sync(seq)
         total = int(new.sum())
         used = self.kv.allocated - self.kv.waste
         usage = KvUsage(used=used, allocated=self.kv.allocated, capacity=self.kv.capacity)
@@ -258,15 +265,21 @@ class VllmScheduler:
                     finished.append(seq.req)
         return finished
 
-    def _emit(self, seq: Seq, now: float) -> None:
+    def _sync(self, seq: Seq) -> None:
+        """Mirror progress on the request: its sequences' computed tokens, summed."""
         req = seq.req
         if req.n == 1:
             req.num_computed = seq.num_computed
+        else:
+            req.num_computed = sum(s.num_computed for s in self._open[req.id])
+
+    def _emit(self, seq: Seq, now: float) -> None:
+        """One token for `seq`; its request emits when its slowest open sequence has."""
+        req = seq.req
+        if req.n == 1:
             req.emit(now)
             return
-        seqs = self._open[req.id]
-        req.num_computed = sum(s.num_computed for s in seqs)
-        slowest = min(s.num_generated for s in seqs)
+        slowest = min(s.num_generated for s in self._open[req.id])
         while req.num_generated < slowest:
             req.emit(now)
 
@@ -281,6 +294,11 @@ class VllmScheduler:
             return False
         del self._open[seq.req.id]
         return True
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences queued (new or preempted)."""
+        return len(self.waiting)
 
     def wake_at(self, now: float) -> float | None:
         return None
