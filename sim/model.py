@@ -262,6 +262,7 @@ def _weight_dtype(cfg: dict[str, Any], torch_dtype: str) -> str:
 def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> ModelSpec:
     """Build a ModelSpec from a parsed HF config dict."""
     model_type = str(raw.get("model_type", "")).lower()
+    model_type = "llama4" if model_type == "llama4_text" else model_type
     data = raw.get("text_config") if model_type == "llama4" and raw.get("text_config") else raw
     if model_type not in SUPPORTED:
         archs = ", ".join(raw.get("architectures") or []) or "?"
