@@ -371,7 +371,8 @@ def format_validation_error(err: ValidationError, data: Any, source: str, root: 
             msg = key[2]
         if e["type"] not in ("missing", "extra_forbidden") and not isinstance(e.get("input"), Mapping):
             msg += f" (got {e.get('input')!r})"
-        lines.append(f"{source}: {'.'.join(parts)}: {msg}")
+        where = ".".join(parts)
+        lines.append(f"{source}: {where}: {msg}" if where else f"{source}: {msg}")
     return "\n".join(lines)
 
 
