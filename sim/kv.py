@@ -169,6 +169,14 @@ class KvManager:
         """Give `seq` slots for `num_new` tokens after `num_hit` cached ones; False if blocks are short."""
         computed = seq.num_computed + num_hit
         slots = min(computed + num_new, self.max_model_len)
+        blocks = self._blocks.get(seq.sid)
+        if blocks is not None and not hits and slots <= len(blocks) * self.block_size:
+            # fast path (most decode steps): the last block has room
+            self.waste += self._slots[seq.sid] - slots
+            self._slots[seq.sid] = slots
+            if self.caching and min(slots, seq.num_tokens) // self.block_size > self._num_cached[seq.sid]:
+                self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
+            return True
         if self.blocks_needed(seq, slots, hits) > self.pool.num_free:
             return False
         old_waste = self._waste_of(seq.sid)

@@ -169,12 +169,19 @@ class VllmScheduler:
         return min(n, budget)
 
     def _schedule_running(self, info: StepInfo, budget: int) -> int:
-        running = self.running
+        running, threshold, limit = (
+            self.running,
+            self.config.long_prefill_token_threshold,
+            self.max_model_len - 1,
+        )
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            room = self.max_model_len - 1 - seq.num_computed
-            n = min(self._new_tokens(seq, seq.num_computed, budget), room)
+            computed = seq.num_computed
+            n = seq.req.prompt_len + seq.num_generated - computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, limit - computed)
             if n <= 0:
                 i += 1
                 continue
@@ -222,17 +229,27 @@ class VllmScheduler:
 
     def _plan(self, info: StepInfo, now: float) -> StepPlan:
         rows = info.rows
-        new = np.fromiter((n for _, n in rows), dtype=np.int64, count=len(rows))
-        context = np.fromiter((s.num_computed for s, _ in rows), dtype=np.int64, count=len(rows))
-        decode = 0
-        for seq, n in rows:
-            if seq.num_computed + n == seq.num_tokens and seq.num_generated > 0 and n == 1:
+        new = np.empty(len(rows), dtype=np.int64)
+        context = np.empty(len(rows), dtype=np.int64)
+        decode = total = 0
+        for i, (seq, n) in enumerate(rows):
+            req = seq.req
+            new[i] = n
+            context[i] = seq.num_computed
+            total += n
+            if (
+                n == 1
+                and seq.num_generated > 0
+                and seq.num_computed + 1 == req.prompt_len + seq.num_generated
+            ):
                 decode += 1
-            if math.isnan(seq.req.scheduled_at):
-                seq.req.scheduled_at = now
+            if math.isnan(req.scheduled_at):
+                req.scheduled_at = now
             seq.num_computed += n
-            self._sync(seq)
-        total = int(new.sum())
+            if req.n == 1:
+                req.num_computed = seq.num_computed
+            else:
+                self._sync(seq)
         used = self.kv.allocated - self.kv.waste
         usage = KvUsage(used=used, allocated=self.kv.allocated, capacity=self.kv.capacity)
         return StepPlan(
