@@ -67,10 +67,14 @@ def load_trace(path: Path) -> list[TraceRequest]:
     if not isinstance(rows, list):
         raise SimError(f"{path}: a trace is a JSON list of requests")
     out = []
+    seen: set[str] = set()
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise SimError(f"{path}: request {i} is not an object")
         name = str(_field(path, i, row, "id", (str, int)))
+        if name in seen:
+            raise SimError(f"{path}: request {i}: field 'id' repeats {name!r}")
+        seen.add(name)
         arrival = _field(path, i, row, "arrival_step", int)
         prompt = _field(path, i, row, "prompt_len", int)
         max_tokens = _field(path, i, row, "max_tokens", int)
