@@ -64,6 +64,42 @@ def replay_steps(
     raise typer.Exit(code)
 
 
+@app.command("run")
+def run(
+    scenario: Path = typer.Argument(..., help="Scenario TOML file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set workload.arrival.rate=4"),
+    policy: list[str] = typer.Option([], "--policy", help="Run only these policies (default: all)."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
+) -> None:
+    """Simulate each policy of a scenario; write Parquet records and summary.json; print a comparison."""
+    from sim import console
+    from sim.run import run_policy, write_result
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(scenario, set_)
+    names = policy or list(sc.policies)
+    for name in names:
+        if name not in sc.policies:
+            raise SimError(f"{scenario}: no policy {name!r} (have: {', '.join(sc.policies)})")
+    out_dir = out or Path("reports") / sc.name
+    summaries = []
+    for name in names:
+        result = run_policy(sc, name, scenario.parent)
+        write_result(result, out_dir)
+        summaries.append(result.summary)
+    console.print_comparison(sc, summaries, out_dir)
+
+
+@app.command("schema")
+def schema() -> None:
+    """Print the JSON schema of scenario files (with each policy's knobs)."""
+    import json
+
+    from sim.scenario import schema as scenario_schema
+
+    typer.echo(json.dumps(scenario_schema(), indent=2))
+
+
 @app.command("capacity")
 def capacity(
     models: list[str] = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),

@@ -103,7 +103,9 @@ class Replica:
                     self.on_finish(req)
 
 
-def _open_loop(env: simpy.Environment, replica: Replica, requests: Iterator[Request]) -> Iterator[simpy.Event]:
+def _open_loop(
+    env: simpy.Environment, replica: Replica, requests: Iterator[Request]
+) -> Iterator[simpy.Event]:
     for req in requests:
         if req.arrival > env.now:
             yield env.timeout(req.arrival - env.now)
@@ -111,11 +113,10 @@ def _open_loop(env: simpy.Environment, replica: Replica, requests: Iterator[Requ
     replica.close_arrivals()
 
 
-def _overloaded(rec: Recorder, end_time: float) -> bool:
+def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:
     """Overloaded: requests pile up — more than 10% of arrivals (and at least 10) are still waiting or running
     at the horizon, and the waiting queue at the end is longer than at the run's midpoint."""
     waiting = np.frombuffer(rec.step_waiting, dtype=np.int64)
-    in_system = rec.arrived - len(rec.state)
     if in_system < max(10, 0.1 * rec.arrived) or len(waiting) < 2:
         return False
     ends = rec.step_ends.view
@@ -149,9 +150,11 @@ def simulate(
     else:
         env.run(until=engine)
     end_time = env.now if horizon.duration_s is None or horizon.drain else horizon.duration_s
-    for req in scheduler.in_flight():
+    in_flight = scheduler.in_flight()
+    overloaded = _overloaded(recorder, end_time, len(in_flight))
+    for req in in_flight:
         recorder.request(req, IN_FLIGHT)
-    return RunOutput(recorder, end_time, _overloaded(recorder, end_time))
+    return RunOutput(recorder, end_time, overloaded)
 
 
 def _wrap_admission_control(replica: Replica, max_waiting: int) -> None:

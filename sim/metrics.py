@@ -5,8 +5,8 @@ requests stays within a few hundred MB. They become polars frames at the end.
 
 Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
-distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max are
-still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
+distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
+are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
 """
 
 from __future__ import annotations
@@ -142,7 +142,9 @@ class Recorder:
 
     # --- frames ------------------------------------------------------------------------------------------
     def requests_frame(self) -> pl.DataFrame:
-        cols: dict[str, object] = {name: np.frombuffer(col, dtype=np.int64) for name, col in self.req_i.items()}
+        cols: dict[str, object] = {
+            name: np.frombuffer(col, dtype=np.int64) for name, col in self.req_i.items()
+        }
         cols.update({name: np.frombuffer(col, dtype=np.float64) for name, col in self.req_f.items()})
         cols["state"] = pl.Series(self.state, dtype=pl.Categorical)
         cols["reject_reason"] = pl.Series(self.reason, dtype=pl.String)
@@ -150,7 +152,9 @@ class Recorder:
         return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
 
     def steps_frame(self) -> pl.DataFrame:
-        cols: dict[str, object] = {name: np.frombuffer(col, dtype=np.float64) for name, col in self.step_f.items()}
+        cols: dict[str, object] = {
+            name: np.frombuffer(col, dtype=np.float64) for name, col in self.step_f.items()
+        }
         cols.update({name: np.frombuffer(col, dtype=np.int64) for name, col in self.step_i.items()})
         cols["waiting"] = np.frombuffer(self.step_waiting, dtype=np.int64)
         frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
@@ -210,9 +214,7 @@ def summarize(
         "rejected": int((state == REJECTED).sum()),
         "in_flight": int((state == IN_FLIGHT).sum()),
     }
-    reasons = (
-        requests.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
-    )
+    reasons = requests.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
     span = horizon_s if horizon_s > 0 else 1.0
     out_tokens = float(fin["generated_tokens"].sum())
     all_tokens = out_tokens + float(fin["prompt_len"].sum())

@@ -1,8 +1,9 @@
 """The request record that flows from the workload through a scheduler into the metrics.
 
 Requests are plain mutable records, never SimPy processes. A scheduler advances `num_computed` and
-`num_generated` and stamps token times through `emit` (or sets them in bulk when it knows them, as the batching
-policies do); nothing per token is stored. The mean inter-token gap is (last − first token time) / (tokens − 1).
+`num_generated` and stamps token times through `emit` (or sets them in bulk when it knows them, as the
+batching policies do); nothing per token is stored. The mean inter-token gap is
+(last - first token time) / (tokens - 1).
 """
 
 from __future__ import annotations

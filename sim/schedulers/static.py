@@ -1,10 +1,10 @@
 """Request-level (static) batching, FasterTransformer style.
 
-A batch forms from the queue when the engine is free: up to `max_batch_size` requests, or fewer once the oldest
-has waited `batch_timeout_s`. Prompts are padded to the longest one and prefilled together; the batch then
-decodes until its longest member ends. A member that stops early keeps its slot as padding, and its response
-returns only when the whole batch ends — the convoy effect. Newcomers wait for the next batch. KV is reserved
-for the padded batch: rows × (longest prompt + largest max_tokens).
+A batch forms from the queue when the engine is free: up to `max_batch_size` requests, or fewer once
+the oldest has waited `batch_timeout_s`. Prompts are padded to the longest one and prefilled together;
+the batch then decodes until its longest member ends. A member that stops early keeps its slot as
+padding, and its response returns only when the whole batch ends: the convoy effect. Newcomers wait
+for the next batch. KV is reserved for the padded batch: rows x (longest prompt + largest max_tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ class StaticConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_batch_size: int = Field(32, ge=1, description="Requests per batch.")
     batch_timeout_s: float = Field(
-        0.0, ge=0, description="How long the oldest queued request may wait for a fuller batch (0: start at once)."
+        0.0,
+        ge=0,
+        description="How long the oldest queued request may wait for a fuller batch (0: start at once).",
     )
 
 
@@ -97,7 +99,9 @@ class StaticScheduler:
             context = np.full(rows, self.width + done, dtype=np.int64)
             prefill, decode = 0, rows
         used = sum(r.n * (r.prompt_len + min(done, r.output_len)) for r in self.batch)
-        return StepPlan(new_tokens, context, prefill, decode, KvUsage(used, self.reservation, self.kv.capacity))
+        return StepPlan(
+            new_tokens, context, prefill, decode, KvUsage(used, self.reservation, self.kv.capacity)
+        )
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         self.step_ends.append(now)

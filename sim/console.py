@@ -1,0 +1,43 @@
+"""Terminal output: rich tables comparing policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sim.scenario import Scenario
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1e3:,.1f}"
+
+
+def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_dir: Path) -> None:
+    console = Console()
+    title = f"{scenario.name}: {scenario.model.name} on {scenario.model.gpu} (TP {scenario.model.tp})"
+    table = Table(title=title)
+    table.add_column("metric")
+    for s in summaries:
+        table.add_column(s["policy"], justify="right")
+
+    def row(label: str, fn: Any) -> None:
+        table.add_row(label, *[fn(s) for s in summaries])
+
+    row("finished / arrived", lambda s: f"{s['requests']['finished']:,} / {s['requests']['arrived']:,}")
+    row("rejected", lambda s: f"{s['requests']['rejected']:,}")
+    row("in flight at horizon", lambda s: f"{s['requests']['in_flight']:,}")
+    row("overloaded", lambda s: "YES" if s["overloaded"] else "no")
+    row("throughput (req/s)", lambda s: f"{s['throughput']['requests_per_s']:.2f}")
+    row("output tokens/s", lambda s: f"{s['throughput']['output_tokens_per_s']:,.0f}")
+    for metric in ("queue_wait", "ttft", "tpot", "itl", "e2e"):
+        for q in ("p50", "p99"):
+            row(f"{metric} {q} (ms)", lambda s, m=metric, q=q: _ms(s["latency"][m][q]))
+    row("goodput (req/s)", lambda s: f"{s['goodput_per_s']:.2f}")
+    row("mean batch size", lambda s: f"{s['steps']['mean_batch_size']:.1f}")
+    row("mean KV utilisation", lambda s: f"{s['steps']['mean_kv_utilization']:.0%}")
+    row("preemptions", lambda s: f"{s['steps']['preemptions']:,}")
+    console.print(table)
+    console.print(f"records and summaries in {out_dir}/<policy>/")

@@ -1,0 +1,164 @@
+"""Scenario files: TOML validated by pydantic, with errors that name the file and the dotted key."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.errors import SimError
+from sim.schedulers.registry import load_all
+from sim.workload import WorkloadConfig, format_validation_error
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    """What runs, on what: the model, the GPU and the memory knobs of one replica."""
+
+    name: str = Field(description="Catalog name, Hugging Face id, or path to a config.json.")
+    gpu: str = Field(description="GPU catalog name, e.g. A100-80GB, H100-SXM.")
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel degree.")
+    weight_dtype: str | None = Field(
+        None, description="fp32, bf16, fp16, fp8, int8, int4 (default: config's)."
+    )
+    kv_dtype: str | None = Field(None, description="KV-cache dtype (default: the 16-bit activation dtype).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int = Field(4096, ge=16)
+    block_size: int = Field(16, ge=1)
+    num_kv_blocks: int | None = Field(None, ge=2, description="Override the KV blocks derived from memory.")
+    cpu_offload_blocks: int = Field(0, ge=0, description="Extra KV blocks (CPU offload), added to the GPU's.")
+
+
+class HorizonSection(_Section):
+    duration_s: float | None = Field(
+        None, gt=0, description="Arrivals stop here; so does the run unless drain."
+    )
+    max_requests: int | None = Field(None, ge=1, description="Arrivals stop after this many requests.")
+    drain: bool = Field(False, description="After arrivals stop, serve every admitted request to the end.")
+    max_waiting: int | None = Field(
+        None, ge=1, description="Reject arrivals while this many wait (queue full)."
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> HorizonSection:
+        if self.duration_s is None and self.max_requests is None:
+            raise ValueError("give duration_s, max_requests or both")
+        return self
+
+
+class SloSection(_Section):
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2e_s: float | None = Field(None, gt=0)
+
+
+class Scenario(_Section):
+    name: str = Field("scenario", pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    model: ModelSection
+    workload: WorkloadConfig
+    policies: dict[str, dict[str, Any]] = Field(min_length=1)
+    horizon: HorizonSection
+    slo: SloSection = SloSection()
+    calibration: dict[str, float] = Field(
+        default_factory=dict, description="Cost-model calibration overrides."
+    )
+    sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
+
+    # Resolved policy configs (pydantic models of each scheduler), filled by `load_scenario`.
+    _policy_configs: dict[str, BaseModel] = {}
+
+    def policy(self, name: str) -> tuple[str, BaseModel]:
+        """The scheduler name and validated config of a policy table."""
+        table = self.policies[name]
+        return table["scheduler"], self._policy_configs[name]
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    node = data
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise SimError(f"{source}: --set {dotted}: {key} is not a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key.path=value`; the value is read as TOML (numbers, booleans, arrays, tables), else as a string."""
+    if "=" not in text:
+        raise SimError(f"--set {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for key, value in overrides.items():
+        _set_dotted(data, key, value, source)
+    return data
+
+
+def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
+    """Validate a scenario mapping (from TOML after overrides), including each policy's own knobs."""
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as err:
+        raise SimError(format_validation_error(err, data, source, root="")) from None
+    registry = load_all()
+    configs: dict[str, BaseModel] = {}
+    for name, table in scenario.policies.items():
+        if not isinstance(table, dict) or "scheduler" not in table:
+            raise SimError(
+                f"{source}: policies.{name}.scheduler: missing (one of {', '.join(sorted(registry))})"
+            )
+        kind = table["scheduler"]
+        if kind not in registry:
+            raise SimError(
+                f"{source}: policies.{name}.scheduler: unknown scheduler {kind!r} "
+                f"(one of {', '.join(sorted(registry))})"
+            )
+        knobs = {k: v for k, v in table.items() if k != "scheduler"}
+        try:
+            configs[name] = registry[kind].config.model_validate(knobs)
+        except ValidationError as err:
+            raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
+    scenario._policy_configs = configs
+    return scenario
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise SimError(f"{path}: no such scenario file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise SimError(f"{path}: not valid TOML: {err}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override (`--set key.path=value`) and validate a scenario file."""
+    path = Path(path)
+    data = read_toml(path)
+    parsed = dict(parse_override(o) for o in overrides or [])
+    return validate_scenario(apply_overrides(data, parsed, str(path)), str(path))
+
+
+def schema() -> dict[str, Any]:
+    """The JSON schema of a scenario file, with each registered policy's knobs."""
+    out = Scenario.model_json_schema()
+    out["x-policies"] = {name: p.config.model_json_schema() for name, p in sorted(load_all().items())}
+    return out
