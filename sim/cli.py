@@ -2,14 +2,38 @@
 
 from __future__ import annotations
 
-import sys
+import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from sim.errors import SimError
 
-app = typer.Typer(
+
+class _Typer(typer.Typer):
+    """A Typer app whose commands turn `SimError` into `error: ...` on stderr and exit code 2."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(func)
+            def guarded(*a: Any, **kw: Any) -> Any:
+                try:
+                    return func(*a, **kw)
+                except SimError as exc:
+                    typer.echo(f"error: {exc}", err=True)
+                    raise typer.Exit(2) from None
+
+            register(guarded)
+            return func
+
+        return decorator
+
+
+app = _Typer(
     name="sim",
     help="servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV).",
     no_args_is_help=True,
@@ -19,12 +43,8 @@ app = typer.Typer(
 
 
 def main() -> None:
-    """Entry point: user errors print a clear message and exit with code 2, without a traceback."""
-    try:
-        app()
-    except SimError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    """Entry point of the `sim` console command and `python -m sim`."""
+    app()
 
 
 @app.command("replay-steps")
@@ -84,7 +104,7 @@ def run(
     out_dir = out or Path("reports") / sc.name
     summaries = []
     for name in names:
-        result = run_policy(sc, name, scenario.parent)
+        result = run_policy(sc, name, scenario.parent, source=str(scenario))
         write_result(result, out_dir)
         summaries.append(result.summary)
     console.print_comparison(sc, summaries, out_dir)

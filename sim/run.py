@@ -42,13 +42,24 @@ def calibration_for(scenario: Scenario) -> Calibration:
     return replace(base, **scenario.calibration)
 
 
-def build_cost_and_memory(scenario: Scenario) -> tuple[CostModel, KvBudget, dict[str, Any]]:
+def build_cost_and_memory(
+    scenario: Scenario, source: str = "scenario"
+) -> tuple[CostModel, KvBudget, dict[str, Any]]:
     """The replica's cost model and KV budget, and the memory figures for the summary."""
     m = scenario.model
-    model = load_model(m.name)
-    gpu = get_gpu(m.gpu)
+    try:
+        model = load_model(m.name)
+    except SimError as err:
+        raise SimError(f"{source}: model.name: {err}") from None
+    try:
+        gpu = get_gpu(m.gpu)
+    except SimError as err:
+        raise SimError(f"{source}: model.gpu: {err}") from None
     cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario))
-    mem = kv_memory(model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size)
+    try:
+        mem = kv_memory(model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size)
+    except SimError as err:
+        raise SimError(f"{source}: model: {err}") from None
     blocks = (m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks) + m.cpu_offload_blocks
     info = {
         "model": m.name,
@@ -63,11 +74,15 @@ def build_cost_and_memory(scenario: Scenario) -> tuple[CostModel, KvBudget, dict
 
 
 def run_policy(
-    scenario: Scenario, policy: str, base_dir: Path, seed: int | np.random.SeedSequence | None = None
+    scenario: Scenario,
+    policy: str,
+    base_dir: Path,
+    seed: int | np.random.SeedSequence | None = None,
+    source: str = "scenario",
 ) -> RunResult:
     """Simulate `policy` of `scenario`. Every policy of a scenario sees the same request stream."""
     kind, config = scenario.policy(policy)
-    cost, budget, info = build_cost_and_memory(scenario)
+    cost, budget, info = build_cost_and_memory(scenario, source)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon

@@ -1,0 +1,109 @@
+"""Scenario files: validation errors name the file and the dotted key; `sim run` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.errors import SimError
+from sim.scenario import load_scenario, parse_override
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVOY = ROOT / "scenarios" / "convoy.toml"
+SHORT = ["--set", "horizon.duration_s=60"]
+runner = CliRunner()
+
+
+def test_convoy_validates_with_both_policies() -> None:
+    sc = load_scenario(CONVOY)
+    assert set(sc.policies) == {"static", "continuous"}
+    assert sc.policy("static")[0] == "static"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("horizon.duration_s=abc", "horizon.duration_s"),
+        ("workload.arrival.rate=-1", "workload.arrival.rate"),
+        ("policies.static.max_batch=3", "policies.static.max_batch"),
+        ("policies.static.max_batch_size=0", "policies.static.max_batch_size"),
+        ("policies.static.scheduler='nope'", "policies.static.scheduler"),
+        ("model.gpu_memory_utilization=1.5", "model.gpu_memory_utilization"),
+        ("bogus=1", "bogus"),
+    ],
+)
+def test_bad_values_name_file_and_key(override: str, key: str) -> None:
+    with pytest.raises(SimError) as err:
+        load_scenario(CONVOY, [override])
+    assert f"convoy.toml: {key}:" in str(err.value)
+
+
+def test_override_values_are_read_as_toml() -> None:
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a=[1, 2]") == ("a", [1, 2])
+    assert parse_override("a=hello") == ("a", "hello")
+    with pytest.raises(SimError):
+        parse_override("novalue")
+
+
+def test_cli_errors_exit_2_without_traceback(tmp_path: Path) -> None:
+    for args in (
+        ["run", str(CONVOY), "--set", "model.gpu=H1000"],
+        ["run", str(tmp_path / "missing.toml")],
+        ["run", str(CONVOY), "--set", "workload.arrival.kind='nope'"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit)
+    result = runner.invoke(app, ["run", str(CONVOY), "--set", "model.gpu=H1000"])
+    assert "model.gpu" in result.output and "closest" in result.output
+
+
+def test_schema_lists_policies() -> None:
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    assert {"static", "continuous", "vllm"} <= set(schema["x-policies"])
+    assert "workload" in schema["properties"]
+
+
+def test_run_writes_records_and_is_deterministic(tmp_path: Path) -> None:
+    outs = []
+    for name in ("a", "b"):
+        result = runner.invoke(app, ["run", str(CONVOY), *SHORT, "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        outs.append(tmp_path / name)
+    for policy in ("static", "continuous"):
+        for f in ("requests.parquet", "steps.parquet", "summary.json"):
+            assert (outs[0] / policy / f).read_bytes() == (outs[1] / policy / f).read_bytes(), f
+    summary = json.loads((outs[0] / "continuous" / "summary.json").read_text())
+    counts = summary["requests"]
+    assert counts["arrived"] == counts["finished"] + counts["rejected"] + counts["in_flight"]
+    for metric in ("queue_wait", "ttft", "itl", "tpot", "e2e"):
+        assert set(summary["latency"][metric]) == {"mean", "p50", "p90", "p95", "p99", "max"}
+    assert set(summary["throughput"]) == {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"}
+    requests = pl.read_parquet(outs[0] / "continuous" / "requests.parquet")
+    assert requests.height == counts["arrived"]
+
+
+def test_convoy_continuous_beats_static_at_the_tail(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", str(CONVOY), "--set", "horizon.duration_s=300", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    s = {p: json.loads((tmp_path / p / "summary.json").read_text()) for p in ("static", "continuous")}
+    for metric in ("ttft", "e2e"):
+        assert s["continuous"]["latency"][metric]["p99"] < s["static"]["latency"][metric]["p99"]
+
+
+def test_equal_lengths_changes_little(tmp_path: Path) -> None:
+    scenario = ROOT / "scenarios" / "equal-lengths.toml"
+    result = runner.invoke(app, ["run", str(scenario), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    s = {p: json.loads((tmp_path / p / "summary.json").read_text()) for p in ("static", "continuous")}
+    st, co = s["static"], s["continuous"]
+    assert co["throughput"]["requests_per_s"] == pytest.approx(st["throughput"]["requests_per_s"], rel=0.05)
+    assert co["latency"]["e2e"]["p99"] == pytest.approx(st["latency"]["e2e"]["p99"], rel=0.05)
