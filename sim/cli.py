@@ -153,3 +153,20 @@ def capacity(
     except SimError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+@app.command("sweep")
+def sweep(
+    scenario: Path = typer.Argument(..., help="Scenario TOML file with a [sweep] table."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set sweep.replications=1"),
+    jobs: int = typer.Option(2, "--jobs", help="Parallel runs (1: in-process)."),
+    executor: str = typer.Option("process", "--executor", help="process or dask."),
+    address: str | None = typer.Option(None, "--address", help="Dask scheduler, tcp://HOST:PORT."),
+    force: bool = typer.Option(False, "--force", help="Redo points whose files exist."),
+    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under [slo]."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
+) -> None:
+    """Run the scenario's [sweep] grid (rates x policies x params x replications); aggregate with CIs."""
+    from sim.sweep import print_sweep, run_sweep
+
+    print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
