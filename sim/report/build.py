@@ -1,0 +1,163 @@
+"""`sim report DIR`: read the run and sweep records, build the charts, write index.html and one PNG each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.report import charts, frames, grid
+from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
+from sim.report.inputs import ReportInputs, load_inputs
+from sim.report.page import Section, render_page
+
+SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")] + [
+    "requests_per_s",
+    "goodput_per_s",
+]
+TIMELINE_REQUESTS = 60
+PNG_DIR = "charts"
+
+NEED_SWEEP = (
+    "This chart needs sweep results: run <code>sim sweep SCENARIO.toml</code>, then this command again."
+)
+NEED_RUN = (
+    "This chart needs per-policy runs: run <code>sim run SCENARIO.toml</code>, then this command again."
+)
+
+
+def _series(inputs: ReportInputs) -> list[str]:
+    names = [r.policy for r in inputs.runs]
+    if inputs.points is not None:
+        names += [s for s in grid.with_series(inputs.points)["series"].unique().sort() if s not in names]
+    return names
+
+
+def capacities(inputs: ReportInputs) -> list[grid.Capacity]:
+    """From capacity.json when the sweep wrote one (and it can be read), else from the grid."""
+    if inputs.capacity is not None:
+        found = grid.capacity_from_json(inputs.capacity)
+        if found:
+            return found
+    return grid.capacity_from_grid(inputs.points) if inputs.points is not None else []
+
+
+def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capacity]) -> list[Section]:
+    stats = grid.summarize_points(inputs.points, SWEEP_METRICS) if inputs.points is not None else None
+    have = stats is not None and stats.height > 0
+    return [
+        Section(
+            "latency_vs_rate",
+            "Latency against arrival rate",
+            "Median (solid) and p99 (dashed) of time to first token, time per output token and end-to-end "
+            "latency, with 95% confidence bands over replications. Look for the knee: the rate where p99 "
+            "leaves the floor and climbs steeply is where a policy starts to queue.",
+            charts.latency_vs_rate(stats, series) if have and stats is not None else None,
+            NEED_SWEEP,
+        ),
+        Section(
+            "throughput_vs_rate",
+            "Throughput against arrival rate",
+            "Finished requests per second; the dashed diagonal is the offered load. A policy keeps up while "
+            "it follows the diagonal; where it bends away, requests pile up in the queue.",
+            charts.throughput_vs_rate(stats, series) if have and stats is not None else None,
+            NEED_SWEEP,
+        ),
+        Section(
+            "goodput_vs_rate",
+            "Goodput against arrival rate",
+            f"Requests per second that meet the SLO ({slo_text(inputs.scenario)}). The vertical rules mark "
+            f"each policy's capacity: the highest rate at which {grid.ATTAINMENT_TARGET:.0%} of requests "
+            "still meet the SLO. Goodput falling while throughput holds means the extra work arrives late.",
+            charts.goodput_vs_rate(stats, series, caps) if have and stats is not None else None,
+            NEED_SWEEP,
+        ),
+    ]
+
+
+def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
+    runs = inputs.runs
+    rate = inputs.run_rate
+    at = f" at {rate:.3g} req/s" if rate else ""
+    return [
+        Section(
+            "latency_cdf",
+            f"Latency distributions{at}",
+            "Cumulative share of finished requests by time to first token and end-to-end latency. A curve "
+            "further left is faster; a long flat tail is the requests that waited behind others.",
+            charts.latency_cdf(frames.cdfs(runs), series) if runs else None,
+            NEED_RUN,
+        ),
+        Section(
+            "convoy_timeline",
+            "Convoy timeline",
+            f"The same {TIMELINE_REQUESTS} requests from the middle of the run under each policy: queued "
+            "(grey), prefill (orange), decoding their own tokens (blue) and padding (red), the slot a "
+            "request still holds after its last token until its batch ends. Red bars are short requests "
+            "stuck behind long ones: the convoy effect. Under continuous batching a request leaves as "
+            "soon as it is done.",
+            charts.convoy_timeline(frames.timeline(runs, TIMELINE_REQUESTS)) if runs else None,
+            NEED_RUN,
+        ),
+        Section(
+            "utilisation",
+            "Batch size, queue and KV use over time",
+            "Averages over short time bins (idle time counts as zero). A large batch with a growing queue "
+            "means the engine is busy with work that does not let newcomers in; KV allocated far above KV "
+            "used is memory reserved for tokens that are never generated.",
+            charts.utilisation_over_time(frames.timeseries(runs), series) if runs else None,
+            NEED_RUN,
+        ),
+        Section(
+            "kv_breakdown",
+            "Where the KV memory goes",
+            "Time-averaged split of the KV cache while the engine runs: token states actually stored, "
+            "memory reserved for a request but unused (padding, reservations for the longest possible "
+            "output, partly filled blocks), and free memory.",
+            charts.kv_breakdown(frames.kv_shares(runs)) if runs else None,
+            NEED_RUN,
+        ),
+    ]
+
+
+def _meta(inputs: ReportInputs) -> str:
+    replica = inputs.runs[0].summary.get("replica", {}) if inputs.runs else {}
+    bits = []
+    if replica:
+        bits.append(f"{replica.get('model', '?')} on {replica.get('gpu', '?')} (TP {replica.get('tp', 1)})")
+    if inputs.runs:
+        bits.append("policies: " + ", ".join(r.policy for r in inputs.runs))
+    bits.append(f"SLO: {slo_text(inputs.scenario)}")
+    return " · ".join(bits)
+
+
+def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool = True) -> list[Path]:
+    """Write `report_dir/index.html` and `report_dir/charts/<chart>.png`; return the paths written."""
+    inputs = load_inputs(report_dir, scenario_file)
+    series = _series(inputs)
+    caps = capacities(inputs)
+    sections = sweep_sections(inputs, series, caps) + run_sections(inputs, series)
+    headline = [
+        line
+        for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))
+        if line
+    ]
+    table = (SUMMARY_COLUMNS, summary_rows(inputs.runs, caps)) if inputs.runs else None
+    html = render_page(
+        f"servesim report: {inputs.name}",
+        inputs.description,
+        _meta(inputs),
+        headline,
+        table,
+        sections,
+        PNG_DIR,
+    )
+    index = report_dir / "index.html"
+    index.write_text(html, encoding="utf-8")
+    written = [index]
+    if png:
+        (report_dir / PNG_DIR).mkdir(exist_ok=True)
+        for section in sections:
+            if section.chart is not None:
+                path = report_dir / PNG_DIR / f"{section.key}.png"
+                section.chart.save(str(path))
+                written.append(path)
+    return written

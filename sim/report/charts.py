@@ -1,0 +1,224 @@
+"""One function per report chart: a small polars frame in, an altair chart out (no aggregation here)."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+from sim.report.frames import KV_PARTS, SEGMENTS
+from sim.report.grid import Capacity
+
+WIDTH = 300
+SEGMENT_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8", "padding": "#e45756"}
+KV_COLORS = {"token states": "#4c78a8", "reserved, unused": "#f58518", "free": "#e5e5e5"}
+LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue_wait": "queue wait", "itl": "ITL"}
+MIN_SECONDS = 1e-4  # floor for log-scaled latency axes (a zero-width CI touches zero)
+
+
+def _data(frame: pl.DataFrame) -> alt.Data:
+    return alt.Data(values=frame.to_dicts())
+
+
+def policy_color(series: list[str]) -> alt.Scale:
+    """The same colour for a policy in every chart."""
+    return alt.Scale(domain=series, scheme="tableau10")
+
+
+def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
+    """p50 and p99 of TTFT, TPOT and E2E against the arrival rate, one panel each, with CI bands."""
+    metrics = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
+    frame = (
+        stats.filter(pl.col("metric").is_in(metrics))
+        .with_columns(
+            latency=pl.col("metric").str.split("_").list.first().replace_strict(LATENCY_NAMES, default=None),
+            quantile=pl.col("metric").str.split("_").list.last(),
+            mean=pl.col("mean").clip(lower_bound=MIN_SECONDS),
+            ci_low=pl.col("ci_low").clip(lower_bound=MIN_SECONDS),
+            ci_high=pl.col("ci_high").clip(lower_bound=MIN_SECONDS),
+        )
+        .select("series", "rate", "latency", "quantile", "mean", "ci_low", "ci_high", "n")
+    )
+    color = alt.Color("series:N", title="policy", scale=policy_color(series))
+    x = alt.X("rate:Q", title="arrival rate (req/s)")
+    band = (
+        alt.Chart()
+        .mark_area(opacity=0.2)
+        .encode(x=x, y=alt.Y("ci_low:Q"), y2="ci_high:Q", color=color, detail="quantile:N")
+    )
+    line = (
+        alt.Chart()
+        .mark_line(point=True)
+        .encode(
+            x=x,
+            y=alt.Y("mean:Q", title="seconds (log)", scale=alt.Scale(type="log")),
+            color=color,
+            strokeDash=alt.StrokeDash("quantile:N", sort=["p50", "p99"]),
+            tooltip=["series:N", "rate:Q", "quantile:N", alt.Tooltip("mean:Q", format=".3g"), "n:Q"],
+        )
+    )
+    return (
+        alt.layer(band, line, data=_data(frame))
+        .properties(width=WIDTH, height=220)
+        .facet(column=alt.Column("latency:N", title=None, sort=["TTFT", "TPOT", "E2E"]))
+        .resolve_scale(y="independent")
+    )
+
+
+def _vs_rate(frame: pl.DataFrame, series: list[str], title: str) -> alt.LayerChart:
+    color = alt.Color("series:N", title="policy", scale=policy_color(series))
+    x = alt.X("rate:Q", title="arrival rate (req/s)")
+    band = alt.Chart().mark_area(opacity=0.2).encode(x=x, y="ci_low:Q", y2="ci_high:Q", color=color)
+    line = (
+        alt.Chart()
+        .mark_line(point=True)
+        .encode(
+            x=x,
+            y=alt.Y("mean:Q", title=title),
+            color=color,
+            tooltip=["series:N", "rate:Q", alt.Tooltip("mean:Q", format=".3g"), "n:Q"],
+        )
+    )
+    return alt.layer(band, line, data=_data(frame))
+
+
+def throughput_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.LayerChart:
+    """Completed requests per second against the offered rate; the dashed diagonal is 'keeps up'."""
+    frame = stats.filter(pl.col("metric") == "requests_per_s")
+    top = float(frame["rate"].max() or 1.0)  # type: ignore[arg-type]
+    diagonal = (
+        alt.Chart(alt.Data(values=[{"rate": 0.0, "mean": 0.0}, {"rate": top, "mean": top}]))
+        .mark_line(strokeDash=[4, 4], color="#888")
+        .encode(x="rate:Q", y="mean:Q")
+    )
+    return alt.layer(_vs_rate(frame, series, "finished requests/s"), diagonal).properties(
+        width=2 * WIDTH, height=260
+    )
+
+
+def goodput_vs_rate(stats: pl.DataFrame, series: list[str], capacities: list[Capacity]) -> alt.LayerChart:
+    """Requests per second meeting the SLO; a vertical rule marks each policy's capacity."""
+    frame = stats.filter(pl.col("metric") == "goodput_per_s")
+    chart = _vs_rate(frame, series, "goodput (req/s within SLO)")
+    marks = pl.DataFrame(
+        [
+            {"series": c.series, "rate": c.rate, "label": f"{c.series}: {c.label}"}
+            for c in capacities
+            if c.rate is not None and c.series in series
+        ]  # fmt: skip
+    )
+    if marks.height:
+        rules = (
+            alt.Chart(_data(marks))
+            .mark_rule(strokeDash=[6, 3], strokeWidth=2)
+            .encode(
+                x="rate:Q",
+                color=alt.Color("series:N", scale=policy_color(series), title="policy"),
+                tooltip=["label:N"],
+            )
+        )
+        chart = alt.layer(chart, rules)
+    return chart.properties(width=2 * WIDTH, height=260)
+
+
+def latency_cdf(cdf: pl.DataFrame, series: list[str]) -> alt.FacetChart:
+    """Empirical CDFs of TTFT and E2E per policy (log time axis)."""
+    frame = cdf.with_columns(
+        latency=pl.col("metric").replace_strict(LATENCY_NAMES, default=None),
+        value=pl.col("value").clip(lower_bound=MIN_SECONDS),
+    )
+    return (
+        alt.Chart(_data(frame))
+        .mark_line(interpolate="step-after")
+        .encode(
+            x=alt.X("value:Q", title="seconds (log)", scale=alt.Scale(type="log")),
+            y=alt.Y("fraction:Q", title="fraction of requests", axis=alt.Axis(format="%")),
+            color=alt.Color("policy:N", scale=policy_color(series)),
+            tooltip=[
+                "policy:N",
+                alt.Tooltip("value:Q", format=".3g"),
+                alt.Tooltip("fraction:Q", format=".0%"),
+            ],
+        )
+        .properties(width=1.5 * WIDTH, height=240)
+        .facet(column=alt.Column("latency:N", title=None, sort=["TTFT", "E2E"]))
+        .resolve_scale(x="independent")
+    )
+
+
+def convoy_timeline(segments: pl.DataFrame) -> alt.FacetChart:
+    """Gantt view: one row per request, bars for queued, prefill, decode and padding; one panel per policy."""
+    rows = max(int(segments["id"].n_unique()), 1)
+    return (
+        alt.Chart(_data(segments))
+        .mark_bar(height={"band": 0.8})
+        .encode(
+            x=alt.X("start:Q", title="simulated time (s)", scale=alt.Scale(zero=False, nice=False)),
+            x2="end:Q",
+            y=alt.Y("id:O", title="request id", axis=alt.Axis(labelFontSize=8, labelOverlap="greedy")),
+            color=alt.Color(
+                "segment:N",
+                scale=alt.Scale(domain=list(SEGMENTS), range=[SEGMENT_COLORS[s] for s in SEGMENTS]),
+                sort=list(SEGMENTS),
+            ),
+            tooltip=[
+                "policy:N",
+                "id:O",
+                "output_len:Q",
+                "segment:N",
+                alt.Tooltip("start:Q", format=".3f"),
+                alt.Tooltip("end:Q", format=".3f"),
+            ],  # fmt: skip
+        )
+        .properties(width=3 * WIDTH, height=min(6 * rows, 400))
+        .facet(row=alt.Row("policy:N", title=None))
+        .resolve_scale(x="independent")
+    )
+
+
+def utilisation_over_time(ts: pl.DataFrame, series: list[str]) -> alt.FacetChart:
+    """Batch size, waiting requests and KV use over simulated time (bin averages)."""
+    order = ["batch size", "waiting requests", "KV used (share)", "KV allocated (share)"]
+    return (
+        alt.Chart(_data(ts))
+        .mark_line(interpolate="step-after", strokeWidth=1.2)
+        .encode(
+            x=alt.X("time:Q", title="simulated time (s)"),
+            y=alt.Y("value:Q", title=None),
+            color=alt.Color("policy:N", scale=policy_color(series)),
+            tooltip=[
+                "policy:N",
+                "measure:N",
+                alt.Tooltip("time:Q", format=".1f"),
+                alt.Tooltip("value:Q", format=".3g"),
+            ],  # fmt: skip
+        )
+        .properties(width=3 * WIDTH, height=110)
+        .facet(row=alt.Row("measure:N", title=None, sort=order))
+        .resolve_scale(y="independent")
+    )
+
+
+def kv_breakdown(shares: pl.DataFrame) -> alt.Chart:
+    """Time-averaged KV memory split per policy: token states, reserved but unused, free."""
+    return (
+        alt.Chart(_data(shares))
+        .mark_bar()
+        .encode(
+            y=alt.Y("policy:N", title=None),
+            x=alt.X(
+                "share:Q",
+                title="share of KV memory (time-averaged)",
+                axis=alt.Axis(format="%"),
+                scale=alt.Scale(domain=[0, 1]),
+            ),  # fmt: skip
+            color=alt.Color(
+                "part:N",
+                scale=alt.Scale(domain=list(KV_PARTS), range=[KV_COLORS[p] for p in KV_PARTS]),
+                sort=list(KV_PARTS),
+                title="KV memory",
+            ),
+            order=alt.Order("order:Q"),
+            tooltip=["policy:N", "part:N", alt.Tooltip("share:Q", format=".1%")],
+        )
+        .properties(width=2 * WIDTH, height=alt.Step(28))
+    )
