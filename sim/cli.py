@@ -170,3 +170,18 @@ def sweep(
     from sim.sweep import print_sweep, run_sweep
 
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
+
+
+@app.command("report")
+def report(
+    directory: Path = typer.Argument(..., help="A scenario's output folder, e.g. reports/convoy."),
+    scenario: Path | None = typer.Option(
+        None, "--scenario", help="Scenario TOML (default: the sweep's manifest, else scenarios/<name>.toml)."
+    ),
+    png: bool = typer.Option(True, "--png/--no-png", help="Also write a PNG per chart."),
+) -> None:
+    """Write DIR/index.html (renders offline) and a PNG per chart from `sim run` / `sim sweep` output."""
+    from sim.report import build_report
+
+    for path in build_report(directory, scenario, png):
+        typer.echo(str(path))

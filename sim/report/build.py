@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim import stats
 from sim.report import charts, frames, grid
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
@@ -31,18 +32,21 @@ def _series(inputs: ReportInputs) -> list[str]:
     return names
 
 
-def capacities(inputs: ReportInputs) -> list[grid.Capacity]:
-    """From capacity.json when the sweep wrote one (and it can be read), else from the grid."""
+def capacities(inputs: ReportInputs) -> list[grid.CapacityMark]:
+    """From capacity.json (bisected) when the sweep wrote one, else bracketed on the grid."""
     if inputs.capacity is not None:
         found = grid.capacity_from_json(inputs.capacity)
         if found:
             return found
-    return grid.capacity_from_grid(inputs.points) if inputs.points is not None else []
+    if inputs.points is None or inputs.scenario is None:
+        return []
+    slo = inputs.scenario.slo
+    return grid.capacity_from_grid(inputs.points, stats.SloBounds(slo.ttft_s, slo.tpot_s, slo.e2e_s))
 
 
-def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capacity]) -> list[Section]:
-    stats = grid.summarize_points(inputs.points, SWEEP_METRICS) if inputs.points is not None else None
-    have = stats is not None and stats.height > 0
+def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.CapacityMark]) -> list[Section]:
+    means = grid.summarize_points(inputs.points, SWEEP_METRICS) if inputs.points is not None else None
+    have = means is not None and means.height > 0
     return [
         Section(
             "latency_vs_rate",
@@ -50,7 +54,7 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "Median (solid) and p99 (dashed) of time to first token, time per output token and end-to-end "
             "latency, with 95% confidence bands over replications. Look for the knee: the rate where p99 "
             "leaves the floor and climbs steeply is where a policy starts to queue.",
-            charts.latency_vs_rate(stats, series) if have and stats is not None else None,
+            charts.latency_vs_rate(means, series) if have and means is not None else None,
             NEED_SWEEP,
         ),
         Section(
@@ -58,16 +62,17 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "Throughput against arrival rate",
             "Finished requests per second; the dashed diagonal is the offered load. A policy keeps up while "
             "it follows the diagonal; where it bends away, requests pile up in the queue.",
-            charts.throughput_vs_rate(stats, series) if have and stats is not None else None,
+            charts.throughput_vs_rate(means, series) if have and means is not None else None,
             NEED_SWEEP,
         ),
         Section(
             "goodput_vs_rate",
             "Goodput against arrival rate",
             f"Requests per second that meet the SLO ({slo_text(inputs.scenario)}). The vertical rules mark "
-            f"each policy's capacity: the highest rate at which {grid.ATTAINMENT_TARGET:.0%} of requests "
-            "still meet the SLO. Goodput falling while throughput holds means the extra work arrives late.",
-            charts.goodput_vs_rate(stats, series, caps) if have and stats is not None else None,
+            f"each policy's capacity: the highest rate at which the p99 latencies (mean over replications) "
+            "still meet the SLO and no run is overloaded. Goodput falling while throughput holds means "
+            "the extra work is served too late to count.",
+            charts.goodput_vs_rate(means, series, caps) if have and means is not None else None,
             NEED_SWEEP,
         ),
     ]

@@ -6,7 +6,7 @@ import altair as alt
 import polars as pl
 
 from sim.report.frames import KV_PARTS, SEGMENTS
-from sim.report.grid import Capacity
+from sim.report.grid import CapacityMark
 
 WIDTH = 300
 SEGMENT_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8", "padding": "#e45756"}
@@ -95,7 +95,7 @@ def throughput_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.LayerChart
     )
 
 
-def goodput_vs_rate(stats: pl.DataFrame, series: list[str], capacities: list[Capacity]) -> alt.LayerChart:
+def goodput_vs_rate(stats: pl.DataFrame, series: list[str], capacities: list[CapacityMark]) -> alt.LayerChart:
     """Requests per second meeting the SLO; a vertical rule marks each policy's capacity."""
     frame = stats.filter(pl.col("metric") == "goodput_per_s")
     chart = _vs_rate(frame, series, "goodput (req/s within SLO)")

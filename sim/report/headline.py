@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.report.grid import ATTAINMENT_TARGET, Capacity
+from sim.report.grid import CapacityMark
 from sim.report.inputs import PolicyRun
 from sim.scenario import Scenario
 
@@ -41,7 +41,7 @@ def _latency(summary: dict[str, Any], metric: str, q: str) -> object:
     return summary.get("latency", {}).get(metric, {}).get(q)
 
 
-def capacity_sentence(capacities: list[Capacity], scenario: Scenario | None) -> str | None:
+def capacity_sentence(capacities: list[CapacityMark], scenario: Scenario | None) -> str | None:
     """'X holds 3.1× the arrival rate of Y ...' from the best and worst capacities, if both are known."""
     known = [c for c in capacities if c.rate is not None and c.rate > 0]
     if len(known) < 2:
@@ -54,10 +54,9 @@ def capacity_sentence(capacities: list[Capacity], scenario: Scenario | None) -> 
     qualifier = "at least " if best.bound == "at_least" or worst.bound == "below" else ""
     if best.bound == "at_least" and worst.bound == "below":
         qualifier = "more than "
-    target = f"{ATTAINMENT_TARGET:.0%} of requests within {slo_text(scenario)}"
     return (
         f"{best.series} holds {qualifier}{ratio:.1f}× the arrival rate of {worst.series} "
-        f"with {target} ({best.label} vs {worst.label})."
+        f"at p99 {slo_text(scenario)} ({best.label} vs {worst.label})."
     )
 
 
@@ -86,7 +85,7 @@ SUMMARY_COLUMNS = (
 )  # fmt: skip
 
 
-def summary_rows(runs: list[PolicyRun], capacities: list[Capacity]) -> list[list[str]]:
+def summary_rows(runs: list[PolicyRun], capacities: list[CapacityMark]) -> list[list[str]]:
     """One row of SUMMARY_COLUMNS per policy run."""
     caps = {c.series: c.label for c in capacities}
     rows = []

@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 
 from sim.errors import SimError
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario, validate_scenario
 
 RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 
@@ -92,8 +92,14 @@ def load_points(sweep_dir: Path) -> pl.DataFrame | None:
 
 
 def _find_scenario(report_dir: Path, name: str, explicit: Path | None) -> Scenario | None:
+    """The given file; else the scenario the sweep recorded in its manifest; else scenarios/<name>.toml."""
     if explicit is not None:
         return load_scenario(explicit)
+    manifest = report_dir / "sweep" / "manifest.json"
+    if manifest.is_file():
+        raw = _read_json(manifest).get("scenario")
+        if isinstance(raw, dict):
+            return validate_scenario(raw, str(manifest))
     for candidate in (report_dir / "scenario.toml", Path("scenarios") / f"{name}.toml"):
         if candidate.is_file():
             scenario = load_scenario(candidate)
