@@ -172,6 +172,24 @@ def sweep(
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
 
 
+@app.command("validate")
+def validate(
+    target: str = typer.Argument(..., help="What to validate against: ground-truth."),
+    csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
+    out: Path | None = typer.Option(None, "--out", help="Write fidelity.csv and fidelity.html here."),
+    jobs: int = typer.Option(2, "--jobs", help="Rows simulated in parallel (1: in-process)."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    scale: float = typer.Option(1.0, "--scale", help="Shorten every arrival stage by this factor."),
+    row: list[str] = typer.Option([], "--row", help="Only rows whose exp_key contains this."),
+) -> None:
+    """Simulate measured vLLM experiments and report predicted vs measured latency (see docs/fidelity.md)."""
+    from sim.validate import run_ground_truth
+
+    if target != "ground-truth":
+        raise SimError(f"validate: unknown target {target!r} (ground-truth)")
+    run_ground_truth(csv, out, jobs, calibration, scale, row)
+
+
 @app.command("report")
 def report(
     directory: Path = typer.Argument(..., help="A scenario's output folder, e.g. reports/convoy."),

@@ -2,8 +2,8 @@
 
 The ground truth (`sim/catalog/ground_truth/calibration-experiments.csv`, copied from the project's reference
 set) holds one measured vLLM experiment per row: server knobs, a `shared_prefix` workload with staged
-exact-count arrivals, and whole-run latency figures in milliseconds. `row_scenario` turns a row into a scenario
-mapping (stating every fallback it used), `predict` simulates it, `compare` gives per-metric errors.
+exact-count arrivals, and whole-run latency figures in milliseconds. `row_scenario` turns a row into a
+scenario mapping (stating every fallback it used), `predict` simulates it, `compare` gives per-metric errors.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -107,7 +106,8 @@ def load_rows(path: str | Path | None = None) -> list[GroundTruthRow]:
         raise SimError(f"cannot read ground truth {path}: {exc}") from None
     if not rows:
         raise SimError(f"{path}: no rows")
-    missing = [c for c in ("exp_key", "model_hf", "gpu", "output_len", "e2e_mean_ms") if c not in rows[0].fields]
+    required = ("exp_key", "model_hf", "gpu", "output_len", "e2e_mean_ms")
+    missing = [c for c in required if c not in rows[0].fields]
     if missing:
         raise SimError(f"{path}: missing columns {missing}")
     return rows
@@ -210,7 +210,8 @@ def metrics_from_latencies(ttft_s: np.ndarray, e2e_s: np.ndarray, output_len: fl
 
 def successful(requests: pl.DataFrame) -> pl.DataFrame:
     """Finished requests within the client timeout (the load tool counts the rest as failures)."""
-    return requests.filter((pl.col("state").cast(pl.String) == "finished") & (pl.col("e2e") <= CLIENT_TIMEOUT_S))
+    finished = pl.col("state").cast(pl.String) == "finished"
+    return requests.filter(finished & (pl.col("e2e") <= CLIENT_TIMEOUT_S))
 
 
 def predict(
@@ -275,17 +276,16 @@ def predict_all(
     scale: float = 1.0,
     calibration: dict[str, float] | Callable[[GroundTruthRow], dict[str, float]] | None = None,
     jobs: int = 1,
-    executor: Executor | None = None,
 ) -> list[Prediction]:
-    """Simulate every row, in parallel over `jobs` processes (or a given executor). `calibration` may
-    depend on the row (cross-validation folds)."""
+    """Simulate every row over `jobs` processes (the sweep's executor). `calibration` may depend on the
+    row (cross-validation folds)."""
+    from sim.sweep import open_executor
+
     tasks = [(r, scale, calibration(r) if callable(calibration) else calibration) for r in rows]
-    if executor is None and jobs <= 1:
-        return [_predict_task(t) for t in tasks]
-    if executor is not None:
+    with open_executor("process", jobs, None) as executor:
+        if executor is None:
+            return [_predict_task(t) for t in tasks]
         return list(executor.map(_predict_task, tasks))
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_predict_task, tasks))
 
 
 def select(rows: Iterable[GroundTruthRow], keys: Sequence[str]) -> list[GroundTruthRow]:
@@ -297,3 +297,120 @@ def select(rows: Iterable[GroundTruthRow], keys: Sequence[str]) -> list[GroundTr
     if not chosen:
         raise SimError(f"no ground-truth row matches {list(keys)}")
     return chosen
+
+
+# --- output ---------------------------------------------------------------------------------------------
+
+
+def print_report(
+    rows: Sequence[GroundTruthRow], preds: Sequence[Prediction], frame: pl.DataFrame, console: Any = None
+) -> None:
+    """Per-row predicted vs measured table, then median errors (steady state and overloaded apart)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="predicted vs measured: signed error % (full figures in --out fidelity.csv)")
+    table.add_column("experiment", overflow="fold", max_width=34)
+    table.add_column("E2E mean ms\npred / meas", justify="right")
+    for m in METRICS:
+        table.add_column(m.replace("_", " "), justify="right")
+    table.add_column("overloaded")
+    cell = {(k, m): (p, ms, s) for k, m, p, ms, _, s, _ in frame.rows()}
+    by_key = {p.exp_key: p for p in preds}
+    for row in rows:
+        p, ms, _ = cell[(row.exp_key, "e2e_mean")]
+        flags = ["measured"] if row.measured_overloaded else []
+        if by_key[row.exp_key].overloaded:
+            flags.append("sim")
+        signed = [f"{cell[(row.exp_key, m)][2]:+.1f}" for m in METRICS]
+        table.add_row(row.exp_key, f"{p:,.0f} / {ms:,.0f}", *signed, " + ".join(flags))
+    console.print(table)
+    med = median_errors(frame)
+    summary = Table(title="median over rows: absolute % error (signed %)")
+    summary.add_column("rows")
+    for m in METRICS:
+        summary.add_column(m.replace("_", " "), justify="right")
+    for overloaded in (False, True):
+        part = med.filter(pl.col("overloaded") == overloaded)
+        if part.is_empty():
+            continue
+        got = {m: (a, s, n) for _, m, a, s, n in part.rows()}
+        label = f"{'overloaded' if overloaded else 'steady state'} ({part['rows'][0]})"
+        summary.add_row(label, *[f"{got[m][0]:.1f} ({got[m][1]:+.1f})" for m in METRICS])
+    console.print(summary)
+    notes = sorted({f"{p.exp_key}: {n}" for p in preds for n in p.notes})
+    if notes:
+        console.print("fallbacks (knobs the row does not record):")
+        for n in notes:
+            console.print(f"  {n}")
+
+
+def fidelity_chart(frame: pl.DataFrame) -> Any:
+    """Predicted vs measured per metric, log axes, with the y = x line."""
+    import altair as alt
+
+    shown = frame.filter(pl.col("predicted_ms") > 0)
+    both = pl.concat([shown["predicted_ms"], shown["measured_ms"]])
+    lo, hi = float(both.min()) * 0.8, float(both.max()) * 1.25  # type: ignore[arg-type]
+    data = alt.Data(values=shown.to_dicts())
+    scale = alt.Scale(type="log", domain=[lo, hi])
+    points = (
+        alt.Chart()
+        .mark_point(filled=True)
+        .encode(
+            x=alt.X("measured_ms:Q", scale=scale, title="measured (ms)"),
+            y=alt.Y("predicted_ms:Q", scale=scale, title="predicted (ms)"),
+            color=alt.Color("overloaded:N"),
+            tooltip=["exp_key:N", "metric:N", "predicted_ms:Q", "measured_ms:Q", "signed_pct:Q"],
+        )
+    )
+    line = (  # y = x over each metric's measured range
+        alt.Chart()
+        .mark_line(color="gray", strokeDash=[4, 4])
+        .encode(x=alt.X("measured_ms:Q", scale=scale), y=alt.Y("measured_ms:Q", scale=scale))
+    )
+    return (
+        alt.layer(points, line)
+        .facet(facet=alt.Facet("metric:N", sort=list(METRICS)), columns=4, data=data)
+        .properties(title="servesim vs measured vLLM")
+    )
+
+
+def write_outputs(frame: pl.DataFrame, out_dir: Path) -> list[Path]:
+    """`fidelity.csv` and `fidelity.html` (renders offline)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = out_dir / "fidelity.csv", out_dir / "fidelity.html"
+    frame.write_csv(csv_path)
+    fidelity_chart(frame).save(str(html_path), inline=True)
+    return [csv_path, html_path]
+
+
+def run_ground_truth(
+    csv_path: Path | None,
+    out: Path | None,
+    jobs: int,
+    calibration: Path | None,
+    scale: float = 1.0,
+    keys: Sequence[str] = (),
+) -> pl.DataFrame:
+    """`sim validate ground-truth`: simulate every row, print the comparison, write `--out` files."""
+    from rich.console import Console
+
+    from sim.cost import Calibration
+
+    if not 0 < scale <= 1:
+        raise SimError(f"--scale must be in (0, 1], got {scale}")
+    rows = select(load_rows(csv_path), keys)
+    cal = None
+    if calibration is not None:
+        cal = asdict(Calibration.load(calibration))
+    console = Console(width=max(Console().width, 150))
+    console.print(f"simulating {len(rows)} rows ({jobs} jobs, stages x{scale:g})…")
+    preds = predict_all(rows, scale, cal, jobs)
+    frame = compare(rows, preds)
+    print_report(rows, preds, frame, console)
+    if out is not None:
+        for path in write_outputs(frame, out):
+            console.print(f"wrote {path}")
+    return frame
