@@ -1,0 +1,287 @@
+"""Fit the cost model's calibration (`sim.cost.Calibration`) to the steady-state ground-truth rows.
+
+A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
+re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
+terms (FLOPs, prefill share, bytes, tokens, rows) and, per request, the steps it waited through, was
+scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
+
+    max(FLOPs / (peak · eff(prefill share)), bytes / (HBM · bandwidth_eff))
+    + [TP > 1] (2L · allreduce_latency_s + tokens · ring bytes / (link · allreduce_eff))
+    + step_overhead_s + L · layer_overhead_s + rows · per_row_overhead_s
+
+and a request's TTFT / E2E are sums of its steps' re-costed durations (its wait before admission scaled with
+the step it waited on). `scipy.optimize.least_squares` fits log-parameters to the measured E2E and TTFT
+(mean and p90). The schedule itself depends on the step times (faster steps, smaller batches), so the rows
+are re-simulated with the fitted values and refitted: a fixed-point iteration, two rounds in practice.
+
+Cross-validation leaves out one model at a time (all its rows), fits on the rest by re-costing, and
+re-simulates the held-out rows in full with that fold's values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares
+
+from sim.cost import Calibration
+from sim.errors import SimError
+from sim.validate import (
+    GroundTruthRow,
+    Prediction,
+    compare,
+    median_errors,
+    metrics_from_latencies,
+    predict_all,
+    row_scenario,
+    successful,
+)
+
+# Free parameters and their physical bounds.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "compute_eff_prefill": (0.2, 0.9),
+    "compute_eff_decode": (0.05, 0.9),
+    "bandwidth_eff": (0.4, 0.95),
+    "step_overhead_s": (2e-5, 1e-2),
+    "layer_overhead_s": (1e-7, 2e-4),
+    "per_row_overhead_s": (1e-8, 1e-4),
+    "allreduce_eff": (0.2, 1.0),
+    "allreduce_latency_s": (1e-7, 1e-4),
+}
+# Residual weights: log(predicted / measured) of these metrics, per row.
+WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5}
+
+
+@dataclass
+class Trace:
+    """One simulated row: per-step roofline terms and per-request step indices."""
+
+    exp_key: str
+    group: str
+    output_len: int
+    measured: dict[str, float]
+    flops: np.ndarray
+    share: np.ndarray  # prefill share of the step's tokens
+    bytes_: np.ndarray
+    tokens: np.ndarray
+    rows: np.ndarray
+    duration: np.ndarray  # as simulated
+    peak_flops: float
+    hbm_bandwidth: float
+    layers: int
+    allreduces: int  # all-reduces per step (0 without TP)
+    ring_s_per_token: float  # all-reduce seconds per token at allreduce_eff = 1
+    wait_step: np.ndarray  # step in flight at arrival (-1: none)
+    wait_frac: np.ndarray  # its remaining fraction at arrival
+    first_step: np.ndarray
+    token_step: np.ndarray  # step that emitted the first token
+    last_step: np.ndarray
+
+
+def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) -> Trace:
+    """Simulate a row with the vllm policy, recording what re-costing needs."""
+    from sim.engine import Horizon, simulate
+    from sim.run import build_cost_and_memory
+    from sim.scenario import validate_scenario
+    from sim.schedulers.registry import load_all
+    from sim.workload import Workload
+
+    source = f"ground truth row {row.exp_key}"
+    data, _ = row_scenario(row, scale, calibration)
+    scenario = validate_scenario(data, source)
+    kind, config = scenario.policy("vllm")
+    cost, budget, _ = build_cost_and_memory(scenario)
+    scheduler = load_all()[kind].build(config, budget)
+    workload = Workload(scenario.workload, scenario.seed, Path.cwd())
+    terms: list[tuple[float, float, float, int, int]] = []
+
+    def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        s = cost.step(new_tokens, context)
+        prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
+        share = prefill / s.tokens if s.tokens else 0.0
+        flops = s.flops_linear + s.flops_attention
+        terms.append((flops, share, s.weight_bytes + s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
+        return s.seconds, s.compute_s > s.memory_s
+
+    h = scenario.horizon
+    out = simulate(
+        scheduler, step_time, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s)
+    )
+    steps = out.recorder.steps_frame()
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 5)
+    start = steps["start"].to_numpy()
+    dur = steps["duration"].to_numpy()
+    end = start + dur
+    ok = successful(out.recorder.requests_frame())
+    arrival = ok["arrival"].to_numpy()
+    first = np.searchsorted(start, ok["scheduled_at"].to_numpy() - 1e-12)
+    wait = np.searchsorted(end, arrival, side="right")
+    busy = wait < first
+    w = wait.clip(0, len(dur) - 1)
+    frac = np.where(busy, (end[w] - arrival) / np.maximum(dur[w], 1e-30), 0.0)
+    ar_eff = cost.cal.allreduce_eff
+    return Trace(
+        exp_key=row.exp_key,
+        group=row.model,
+        output_len=row.output_len,
+        measured=row.measured(),
+        flops=t[:, 0],
+        share=t[:, 1],
+        bytes_=t[:, 2],
+        tokens=t[:, 3],
+        rows=t[:, 4],
+        duration=dur,
+        peak_flops=cost.peak_flops,
+        hbm_bandwidth=cost.gpu.hbm_bandwidth,
+        layers=cost.model.num_layers,
+        allreduces=2 * cost.model.num_layers if cost.tp > 1 else 0,
+        ring_s_per_token=cost.ar_per_token * ar_eff,
+        wait_step=np.where(busy, wait, -1),
+        wait_frac=frac,
+        first_step=first,
+        token_step=np.searchsorted(end, ok["first_token_at"].to_numpy() - 1e-9),
+        last_step=np.searchsorted(end, ok["finished_at"].to_numpy() - 1e-9),
+    )
+
+
+def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
+    """Re-cost every step of a trace under `cal` (the maths of `CostModel.step_time`)."""
+    eff = tr.share * cal.compute_eff_prefill + (1.0 - tr.share) * cal.compute_eff_decode
+    compute = tr.flops / (tr.peak_flops * eff)
+    memory = tr.bytes_ / (tr.hbm_bandwidth * cal.bandwidth_eff)
+    allreduce = 0.0
+    if tr.allreduces:
+        ring = tr.tokens * tr.ring_s_per_token / cal.allreduce_eff
+        allreduce = tr.allreduces * cal.allreduce_latency_s + ring
+    overhead = cal.step_overhead_s + tr.layers * cal.layer_overhead_s + tr.rows * cal.per_row_overhead_s
+    return np.where(tr.tokens > 0, np.maximum(compute, memory) + allreduce + overhead, 0.0)
+
+
+def recost(tr: Trace, cal: Calibration) -> dict[str, float]:
+    """Whole-run metrics (ms) of a trace with its steps re-costed under `cal`."""
+    d = step_seconds(tr, cal)
+    csum = np.concatenate([[0.0], np.cumsum(d)])
+    ws = np.maximum(tr.wait_step, 0)
+    wait = np.where(tr.wait_step >= 0, tr.wait_frac * d[ws] + csum[tr.first_step] - csum[ws + 1], 0.0)
+    ttft = wait + csum[tr.token_step + 1] - csum[tr.first_step]
+    e2e = wait + csum[tr.last_step + 1] - csum[tr.first_step]
+    return metrics_from_latencies(ttft, e2e, tr.output_len)
+
+
+def _with(base: Calibration, names: Sequence[str], x: np.ndarray) -> Calibration:
+    return replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+
+def residuals(cal: Calibration, traces: Sequence[Trace]) -> np.ndarray:
+    out = []
+    for tr in traces:
+        pred = recost(tr, cal)
+        for metric, w in WEIGHTS.items():
+            out.append(w * math.log(max(pred[metric], 1e-9) / tr.measured[metric]))
+    return np.asarray(out)
+
+
+def fit(traces: Sequence[Trace], start: Calibration, names: Sequence[str] = tuple(BOUNDS)) -> Calibration:
+    """Least-squares fit of the log-parameters `names` on re-costed traces (soft-L1 loss)."""
+    lo = np.log([BOUNDS[n][0] for n in names])
+    hi = np.log([BOUNDS[n][1] for n in names])
+    x0 = np.clip(np.log([getattr(start, n) for n in names]), lo + 1e-9, hi - 1e-9)
+    res = least_squares(
+        lambda x: residuals(_with(start, names, x), traces),
+        x0,
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.1,
+        diff_step=1e-3,
+    )
+    return _with(start, names, res.x)
+
+
+def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:
+    return trace_row(*args)
+
+
+def trace_all(rows: Sequence[GroundTruthRow], scale: float, cal: Calibration, jobs: int) -> list[Trace]:
+    from sim.sweep import open_executor
+
+    tasks = [(r, scale, asdict(cal)) for r in rows]
+    with open_executor("process", jobs, None) as executor:
+        if executor is None:
+            return [_trace_task(t) for t in tasks]
+        return list(executor.map(_trace_task, tasks))
+
+
+@dataclass
+class FitResult:
+    calibration: Calibration
+    rounds: list[Calibration] = field(default_factory=list)
+    folds: dict[str, Calibration] = field(default_factory=dict)
+    cv_predictions: list[Prediction] = field(default_factory=list)
+
+
+def calibrate(
+    rows: Sequence[GroundTruthRow],
+    scale: float = 0.25,
+    rounds: int = 2,
+    jobs: int = 1,
+    start: Calibration | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Calibration, list[Trace]]:
+    """Fixed-point fit: simulate, fit by re-costing, re-simulate with the fit; `rounds` times."""
+    cal = start or Calibration.load()
+    traces: list[Trace] = []
+    for i in range(rounds):
+        traces = trace_all(rows, scale, cal, jobs)
+        before = float(np.median(np.abs(residuals(cal, traces))))
+        cal = fit(traces, cal)
+        after = float(np.median(np.abs(residuals(cal, traces))))
+        log(f"round {i + 1}: median |log error| {before:.3f} -> {after:.3f} (re-costed)")
+    return cal, traces
+
+
+def cross_validate(
+    rows: Sequence[GroundTruthRow],
+    traces: Sequence[Trace],
+    start: Calibration,
+    scale: float,
+    jobs: int,
+) -> tuple[dict[str, Calibration], list[Prediction]]:
+    """Leave one model out: fit on the other models' traces, simulate the held-out rows in full."""
+    folds: dict[str, Calibration] = {}
+    for group in sorted({t.group for t in traces}):
+        folds[group] = fit([t for t in traces if t.group != group], start)
+    preds = predict_all(rows, scale, lambda r: asdict(folds[r.model]), jobs)
+    return folds, preds
+
+
+def calibration_toml(cal: Calibration, header: Sequence[str]) -> str:
+    """`[calibration]` table with a provenance header (comment lines)."""
+    lines = [f"# {h}" if h else "#" for h in header]
+    lines += ["", "[calibration]"]
+    for f in fields(Calibration):
+        lines.append(f"{f.name} = {getattr(cal, f.name):.4g}")
+    return "\n".join(lines) + "\n"
+
+
+def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> list[str]:
+    """Median APE per metric over the given (steady-state) rows, one line per metric."""
+    med = median_errors(compare(rows, preds)).filter(~pl.col("overloaded"))
+    cols = med.select("metric", "median_ape_pct", "median_signed_pct").rows()
+    return [f"{m}: {a:.1f}% (signed {s:+.1f}%)" for m, a, s in cols]
+
+
+def today() -> str:
+    return dt.date.today().isoformat()
+
+
+def check_rows(rows: Sequence[GroundTruthRow]) -> list[GroundTruthRow]:
+    steady = [r for r in rows if not r.measured_overloaded]
+    if len({r.model for r in steady}) < 2:
+        raise SimError("calibration needs steady-state rows of at least two models (for cross-validation)")
+    return steady

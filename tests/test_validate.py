@@ -1,0 +1,170 @@
+"""Fidelity against ground-truth vLLM rows: translation, metric definitions, errors, CLI, re-costing."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sim.calibrate import fit, recost, step_seconds, trace_row
+from sim.cli import app
+from sim.cost import Calibration
+from sim.errors import SimError
+from sim.scenario import validate_scenario
+from sim.validate import (
+    CHAT_TEMPLATE_TOKENS,
+    CSV_COLUMNS,
+    GroundTruthRow,
+    errors,
+    itl_from,
+    load_rows,
+    median_errors,
+    predict,
+    row_scenario,
+)
+
+ROWS = {r.exp_key: r for r in load_rows()}
+
+
+def row(prefix: str) -> GroundTruthRow:
+    (found,) = [r for k, r in ROWS.items() if k.startswith(prefix)]
+    return found
+
+
+def test_shipped_set_has_all_rows_and_the_overloaded_ones() -> None:
+    assert len(ROWS) == 21
+    overloaded = sorted(k for k, r in ROWS.items() if r.measured_overloaded)
+    assert len(overloaded) == 4 and all(k.endswith("reasoning") for k in overloaded)
+
+
+def test_fp8_moe_row_translates_knobs() -> None:
+    data, notes = row_scenario(row("17-llama-4-scout"))
+    m, p, w = data["model"], data["policies"]["vllm"], data["workload"]
+    assert m["name"] == "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic"
+    assert (m["gpu"], m["tp"], m["weight_dtype"], m["num_kv_blocks"]) == ("H100-SXM", 2, "fp8", 8253)
+    assert "cpu_offload_blocks" not in m  # cpu_kv_blocks = 0
+    assert p == {
+        "scheduler": "vllm",
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 2048,
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": True,
+    }
+    assert w["shared_prefix"]["question_len"] == 447 + CHAT_TEMPLATE_TOKENS
+    assert w["shared_prefix"]["num_unique_system_prompts"] == 9
+    assert w["ignore_eos"] is True
+    assert w["arrival"] == {"kind": "staged", "stages": [[2.5, 600.0], [6.0, 600.0]], "exact_count": True}
+    assert notes == ["max_model_len 4096 (vLLM default as run)"]
+    validate_scenario(data, "test")
+
+
+def test_missing_blocks_fall_back_to_memory_and_cpu_blocks_add_capacity() -> None:
+    data, notes = row_scenario(row("20260217-202857"))  # Llama-2-70B TP4, no block counts
+    assert "num_kv_blocks" not in data["model"] and data["model"]["gpu_memory_utilization"] == 0.9
+    assert data["model"]["max_model_len"] == 4096
+    assert any("gpu_mem_util 0.9" in n for n in notes)
+    data, _ = row_scenario(row("60-llama-3-1-70b"))
+    assert (data["model"]["tp"], data["model"]["cpu_offload_blocks"]) == (4, 6553)
+    assert data["policies"]["vllm"]["max_num_batched_tokens"] == 8192
+    assert "weight_dtype" not in data["model"]
+
+
+def test_scale_shortens_stages_and_keeps_the_mix() -> None:
+    data, _ = row_scenario(row("61-llama"), scale=0.1)
+    assert data["workload"]["arrival"]["stages"] == [[5.0, 60.0], [10.0, 60.0]]
+
+
+def test_bad_rows_are_user_errors(tmp_path: Path) -> None:
+    bad = GroundTruthRow("x", {**row("62-mistral").fields, "precision": "INT3"})
+    with pytest.raises(SimError, match="precision"):
+        row_scenario(bad)
+    with pytest.raises(SimError, match="cannot read"):
+        load_rows(tmp_path / "nope.csv")
+
+
+def test_itl_is_the_measurements_definition_with_the_generated_length() -> None:
+    r = row("20260217-155451")  # the load tool counted 195 output tokens of 247
+    m = r.measured()
+    assert m["itl_mean"] == pytest.approx((2080.74 - 27.9818) / 246)
+    reported = (2080.74 - 27.9818) / (195.09 - 1)
+    assert float(r.get("itl_mean_ms")) == pytest.approx(reported, rel=1e-4)
+    assert itl_from(10.0, 2.0, 5) == 2.0 and math.isnan(itl_from(1.0, 1.0, 1))
+
+
+def test_error_maths_and_medians() -> None:
+    assert errors(110.0, 100.0) == pytest.approx((10.0, 10.0))
+    assert errors(80.0, 100.0) == pytest.approx((20.0, -20.0))
+    frame = pl.DataFrame(
+        [("a", "e2e_mean", 0, 0, 10.0, -10.0, False), ("b", "e2e_mean", 0, 0, 30.0, 30.0, False),
+         ("c", "e2e_mean", 0, 0, 20.0, 20.0, False), ("d", "e2e_mean", 0, 0, 90.0, -90.0, True)],
+        schema=list(CSV_COLUMNS), orient="row",
+    )  # fmt: skip
+    med = median_errors(frame)
+    steady = med.filter(~pl.col("overloaded")).row(0, named=True)
+    assert (steady["median_ape_pct"], steady["median_signed_pct"], steady["rows"]) == (20.0, 20.0, 3)
+    assert med.filter(pl.col("overloaded"))["median_ape_pct"].item() == 90.0
+
+
+def test_cli_tiny_row_writes_fidelity_csv_and_html(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            "ground-truth",
+            "--row",
+            "62-mistral",
+            "--scale",
+            "0.02",
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "median over rows" in res.output and "steady state (1)" in res.output
+    frame = pl.read_csv(tmp_path / "fidelity.csv")
+    assert tuple(frame.columns) == CSV_COLUMNS
+    assert frame.height == 7 and not frame["overloaded"].any()
+    e2e = frame.filter(pl.col("metric") == "e2e_mean").row(0, named=True)
+    assert 0.5 < e2e["predicted_ms"] / e2e["measured_ms"] < 2.0
+    assert "vega" in (tmp_path / "fidelity.html").read_text()
+
+
+def test_cli_unknown_target_is_a_user_error() -> None:
+    res = CliRunner().invoke(app, ["validate", "nonsense"])
+    assert res.exit_code == 2 and "unknown target" in res.output
+
+
+def test_shortened_reasoning_row_is_overloaded() -> None:
+    pred = predict(row("20260217-170634"), scale=0.05)  # Llama-2-7B at 4 req/s of 1,448 tokens
+    assert pred.overloaded
+    assert pred.predicted["ttft_mean"] > 10_000
+
+
+@pytest.fixture(scope="module")
+def tiny_trace():  # type: ignore[no-untyped-def]
+    return trace_row(row("62-mistral"), 0.02, {})
+
+
+def test_recost_reproduces_the_simulation(tiny_trace) -> None:  # type: ignore[no-untyped-def]
+    cal = Calibration.load()
+    assert np.allclose(step_seconds(tiny_trace, cal), tiny_trace.duration, rtol=1e-9, atol=1e-12)
+    sim = predict(row("62-mistral"), 0.02).predicted
+    again = recost(tiny_trace, cal)
+    for metric, value in sim.items():
+        assert again[metric] == pytest.approx(value, rel=1e-9)
+
+
+def test_fit_recovers_a_known_calibration(tiny_trace) -> None:  # type: ignore[no-untyped-def]
+    truth = replace(Calibration.load(), bandwidth_eff=0.6, step_overhead_s=1e-3)
+    target = recost(tiny_trace, truth)
+    synthetic = replace(tiny_trace, measured=target)
+    got = fit([synthetic], Calibration.load(), names=("bandwidth_eff", "step_overhead_s"))
+    assert got.bandwidth_eff == pytest.approx(0.6, rel=0.05)
+    assert got.step_overhead_s == pytest.approx(1e-3, rel=0.1)
