@@ -8,7 +8,7 @@ from sim import stats
 from sim.report import charts, frames, grid
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
-from sim.report.page import Section, render_page
+from sim.report.page import Section, chart_png, chart_spec, render_page
 
 SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")] + [
     "requests_per_s",
@@ -146,23 +146,16 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
         if line
     ]
     table = (SUMMARY_COLUMNS, summary_rows(inputs.runs, caps)) if inputs.runs else None
-    html = render_page(
-        f"servesim report: {inputs.name}",
-        inputs.description,
-        _meta(inputs),
-        headline,
-        table,
-        sections,
-        PNG_DIR,
-    )
+    specs = {s.key: chart_spec(s.chart) for s in sections if s.chart is not None}
+    title = f"servesim report: {inputs.name}"
+    html = render_page(title, inputs.description, _meta(inputs), headline, table, sections, specs, PNG_DIR)
     index = report_dir / "index.html"
     index.write_text(html, encoding="utf-8")
     written = [index]
     if png:
         (report_dir / PNG_DIR).mkdir(exist_ok=True)
-        for section in sections:
-            if section.chart is not None:
-                path = report_dir / PNG_DIR / f"{section.key}.png"
-                section.chart.save(str(path))
-                written.append(path)
+        for key, spec in specs.items():
+            path = report_dir / PNG_DIR / f"{key}.png"
+            path.write_bytes(chart_png(spec))
+            written.append(path)
     return written

@@ -15,10 +15,6 @@ LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue_wait": "qu
 MIN_SECONDS = 1e-4  # floor for log-scaled latency axes (a zero-width CI touches zero)
 
 
-def _data(frame: pl.DataFrame) -> alt.Data:
-    return alt.Data(values=frame.to_dicts())
-
-
 def policy_color(series: list[str]) -> alt.Scale:
     """The same colour for a policy in every chart."""
     return alt.Scale(domain=series, scheme="tableau10")
@@ -57,7 +53,7 @@ def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
         )
     )
     return (
-        alt.layer(band, line, data=_data(frame))
+        alt.layer(band, line, data=frame)
         .properties(width=WIDTH, height=220)
         .facet(column=alt.Column("latency:N", title=None, sort=["TTFT", "TPOT", "E2E"]))
         .resolve_scale(y="independent")
@@ -78,7 +74,7 @@ def _vs_rate(frame: pl.DataFrame, series: list[str], title: str) -> alt.LayerCha
             tooltip=["series:N", "rate:Q", alt.Tooltip("mean:Q", format=".3g"), "n:Q"],
         )
     )
-    return alt.layer(band, line, data=_data(frame))
+    return alt.layer(band, line, data=frame)
 
 
 def throughput_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.LayerChart:
@@ -108,7 +104,7 @@ def goodput_vs_rate(stats: pl.DataFrame, series: list[str], capacities: list[Cap
     )
     if marks.height:
         rules = (
-            alt.Chart(_data(marks))
+            alt.Chart(marks)
             .mark_rule(strokeDash=[6, 3], strokeWidth=2)
             .encode(
                 x="rate:Q",
@@ -127,7 +123,7 @@ def latency_cdf(cdf: pl.DataFrame, series: list[str]) -> alt.FacetChart:
         value=pl.col("value").clip(lower_bound=MIN_SECONDS),
     )
     return (
-        alt.Chart(_data(frame))
+        alt.Chart(frame)
         .mark_line(interpolate="step-after")
         .encode(
             x=alt.X("value:Q", title="seconds (log)", scale=alt.Scale(type="log")),
@@ -149,7 +145,7 @@ def convoy_timeline(segments: pl.DataFrame) -> alt.FacetChart:
     """Gantt view: one row per request, bars for queued, prefill, decode and padding; one panel per policy."""
     rows = max(int(segments["id"].n_unique()), 1)
     return (
-        alt.Chart(_data(segments))
+        alt.Chart(segments)
         .mark_bar(height={"band": 0.8})
         .encode(
             x=alt.X("start:Q", title="simulated time (s)", scale=alt.Scale(zero=False, nice=False)),
@@ -179,7 +175,7 @@ def utilisation_over_time(ts: pl.DataFrame, series: list[str]) -> alt.FacetChart
     """Batch size, waiting requests and KV use over simulated time (bin averages)."""
     order = ["batch size", "waiting requests", "KV used (share)", "KV allocated (share)"]
     return (
-        alt.Chart(_data(ts))
+        alt.Chart(ts)
         .mark_line(interpolate="step-after", strokeWidth=1.2)
         .encode(
             x=alt.X("time:Q", title="simulated time (s)"),
@@ -201,7 +197,7 @@ def utilisation_over_time(ts: pl.DataFrame, series: list[str]) -> alt.FacetChart
 def kv_breakdown(shares: pl.DataFrame) -> alt.Chart:
     """Time-averaged KV memory split per policy: token states, reserved but unused, free."""
     return (
-        alt.Chart(_data(shares))
+        alt.Chart(shares)
         .mark_bar()
         .encode(
             y=alt.Y("policy:N", title=None),

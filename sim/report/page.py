@@ -13,6 +13,8 @@ from html import escape
 from typing import Any
 
 import altair as alt
+import vl_convert as vlc
+from altair.utils._importers import vl_version_for_vl_convert
 
 
 @dataclass(slots=True)
@@ -29,10 +31,17 @@ class Section:
 @functools.cache
 def vega_bundle() -> str:
     """vega + vega-lite + vega-embed as one script, matching altair's Vega-Lite version (from vl-convert)."""
-    import vl_convert as vlc
-    from altair.utils._importers import vl_version_for_vl_convert
-
     return vlc.javascript_bundle(vl_version=vl_version_for_vl_convert())
+
+
+def chart_spec(chart: alt.TopLevelMixin) -> dict[str, Any]:
+    """The Vega-Lite spec of a chart. Schema validation is skipped: it costs seconds per chart, and the
+    tests validate every chart the report draws."""
+    return chart.to_dict(validate=False)
+
+
+def chart_png(spec: dict[str, Any]) -> bytes:
+    return vlc.vegalite_to_png(spec, vl_version=vl_version_for_vl_convert())
 
 
 def _script_json(value: Any) -> str:
@@ -94,10 +103,10 @@ def render_page(
     headline: list[str],
     table: tuple[tuple[str, ...], list[list[str]]] | None,
     sections: list[Section],
+    specs: dict[str, dict[str, Any]],
     png_dir: str = "charts",
 ) -> str:
-    """The whole HTML document."""
-    specs = {s.key: s.chart.to_dict() for s in sections if s.chart is not None}
+    """The whole HTML document; `specs` holds the Vega-Lite spec of each section that has a chart."""
     lead = "".join(f'<p class="lead">{escape(line)}</p>' for line in headline)
     summary = _table(*table) if table and table[1] else ""
     body = "".join(_section(s, png_dir) for s in sections)

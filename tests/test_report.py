@@ -1,0 +1,279 @@
+"""`sim report`: chart data (timeline, bins, KV split, CIs, capacity) and the offline HTML page."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sim import stats
+from sim.cli import app
+from sim.errors import SimError
+from sim.report import build_report, frames, grid
+from sim.report.build import capacities, run_sections, sweep_sections
+from sim.report.headline import capacity_sentence
+from sim.report.inputs import PolicyRun, load_inputs
+from sim.run import run_policy, write_result
+from sim.scenario import load_scenario
+from sim.sweep import POINT_SCHEMA
+
+SCENARIO = """
+name = "mini"
+description = "Static vs continuous batching on a tiny chat workload"
+seed = 3
+
+[model]
+name = "llama-2-7b"
+gpu = "A100-80GB"
+
+[workload]
+arrival = { kind = "poisson", rate = 3.0 }
+prompt = { kind = "lognormal", mean = 200, cv = 1.0, min = 8, max = 1024 }
+output = { kind = "lognormal", mean = 120, cv = 1.5, min = 2, max = 512 }
+max_tokens = 512
+
+[horizon]
+duration_s = 40
+
+[slo]
+ttft_s = 1.0
+tpot_s = 0.1
+
+[policies.static]
+scheduler = "static"
+max_batch_size = 8
+
+[policies.continuous]
+scheduler = "continuous"
+max_num_seqs = 8
+"""
+
+RATES = (1.0, 2.0, 4.0, 8.0)
+HELD = {"continuous": 4.0, "static": 1.0}  # the highest rate each policy passes in the synthetic sweep
+CHARTS = ("latency_vs_rate", "throughput_vs_rate", "goodput_vs_rate", "latency_cdf", "convoy_timeline",
+          "utilisation", "kv_breakdown")  # fmt: skip
+
+
+def point_row(policy: str, rate: float, replication: int) -> dict[str, Any]:
+    """One synthetic sweep point: latency is flat up to the policy's capacity, then explodes."""
+    ok = rate <= HELD[policy]
+    jitter = 1.0 + 0.05 * replication
+    row: dict[str, Any] = {name: None for name in POINT_SCHEMA}
+    row.update(
+        point_key=f"{policy}-{rate}-{replication}", policy=policy, scheduler=policy, rate=rate,
+        replication=replication, seed_entropy="1", spawn_key=[replication], params="{}",
+        arrived=int(rate * 100), finished=int(rate * 100 if ok else rate * 50), rejected=0, in_flight=0,
+        overloaded=not ok, requests_per_s=rate if ok else HELD[policy] * 1.2,
+        output_tokens_per_s=rate * 100, total_tokens_per_s=rate * 300,
+        goodput_per_s=rate if ok else 0.1, slo_attainment=1.0 if ok else 0.05,
+        mean_batch_size=4.0, mean_kv_utilization=0.3, preemptions=0, prefix_cache_hit_rate=0.0,
+    )  # fmt: skip
+    for metric in ("queue_wait", "ttft", "itl", "tpot", "e2e"):
+        for s in ("mean", "p50", "p90", "p95", "p99", "max"):
+            base = {"ttft": 0.2, "tpot": 0.02, "itl": 0.02, "e2e": 3.0, "queue_wait": 0.01}[metric]
+            row[f"{metric}_{s}"] = base * jitter * (1.0 if ok else 50.0) * (2.0 if s != "p50" else 1.0)
+    return row
+
+
+def write_sweep(report_dir: Path, scenario_file: Path, with_capacity: bool = True) -> None:
+    points = report_dir / "sweep" / "points"
+    points.mkdir(parents=True)
+    for policy in HELD:
+        for rate in RATES:
+            for rep in range(2):
+                row = point_row(policy, rate, rep)
+                pl.DataFrame([row], schema=POINT_SCHEMA).write_parquet(points / f"{row['point_key']}.parquet")
+    if with_capacity:
+        caps = [
+            {"policy": p, "params": {}, **stats.grid_capacity({r: r <= held for r in RATES}).as_dict()}
+            for p, held in HELD.items()
+        ]
+        (report_dir / "sweep" / "capacity.json").write_text(json.dumps({"capacities": caps}))
+    from sim.scenario import read_toml
+
+    manifest = {"fingerprint": "x", "scenario": read_toml(scenario_file)}
+    (report_dir / "sweep" / "manifest.json").write_text(json.dumps(manifest))
+
+
+def make_report_dir(root: Path, runs: bool = True, sweep: bool = True) -> Path:
+    """reports/mini/ with real short runs of both policies and a synthetic sweep."""
+    scenario_file = root / "mini.toml"
+    scenario_file.write_text(SCENARIO)
+    report_dir = root / "reports" / "mini"
+    report_dir.mkdir(parents=True)
+    if runs:
+        sc = load_scenario(scenario_file)
+        for policy in sc.policies:
+            write_result(run_policy(sc, policy, root), report_dir)
+    if sweep:
+        write_sweep(report_dir, scenario_file)
+    return report_dir
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    report_dir = make_report_dir(tmp_path_factory.mktemp("full"))
+    return report_dir, build_report(report_dir, png=True)
+
+
+def test_full_report_writes_page_and_a_png_per_chart(full_report: tuple[Path, list[Path]]) -> None:
+    report_dir, written = full_report
+    index = report_dir / "index.html"
+    assert written[0] == index
+    assert sorted(p.name for p in written[1:]) == sorted(f"{c}.png" for c in CHARTS)
+    for png in written[1:]:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    html = index.read_text()
+    assert not re.search(r"<script[^>]+src=", html), "scripts must be inlined"
+    assert "vegaEmbed" in html and len(html) > 500_000  # vega, vega-lite and vega-embed are inlined
+    for chart in CHARTS:
+        assert f'data-chart="{chart}"' in html
+    assert "Static vs continuous batching on a tiny chat workload" in html
+    assert "continuous holds 4.0× the arrival rate of static" in html
+    assert 'class="missing"' not in html
+
+
+def test_every_chart_is_a_valid_vega_lite_spec(full_report: tuple[Path, list[Path]]) -> None:
+    inputs = load_inputs(full_report[0])
+    series = ["continuous", "static"]
+    sections = sweep_sections(inputs, series, capacities(inputs)) + run_sections(inputs, series)
+    assert [s.key for s in sections] == list(CHARTS)
+    for section in sections:
+        assert section.chart is not None
+        section.chart.to_dict(validate=True)  # raises on a spec that breaks the schema
+
+
+def test_runs_only_says_the_sweep_charts_need_sim_sweep(tmp_path: Path) -> None:
+    report_dir = make_report_dir(tmp_path, sweep=False)
+    build_report(report_dir, tmp_path / "mini.toml", png=False)
+    html = (report_dir / "index.html").read_text()
+    assert html.count('class="missing"') == 3 and "sim sweep" in html
+    assert html.count("data-chart=") == 4
+    assert "At 3 req/s, continuous keeps p99 TTFT" in html
+    assert not (report_dir / "charts").exists()
+
+
+def test_sweep_only_renders_sweep_charts(tmp_path: Path) -> None:
+    report_dir = make_report_dir(tmp_path, runs=False)
+    build_report(report_dir, png=False)
+    html = (report_dir / "index.html").read_text()
+    assert html.count("data-chart=") == 3 and html.count('class="missing"') == 4 and "sim run" in html
+    assert "mini" in html  # the scenario comes from the sweep manifest
+
+
+def test_nothing_to_report_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(SimError, match="no run records"):
+        load_inputs(tmp_path)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "absent")])
+    assert result.exit_code == 2 and "error:" in result.output and "Traceback" not in result.output
+
+
+# --- chart data ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(full_report: tuple[Path, list[Path]]) -> list[PolicyRun]:
+    return load_inputs(full_report[0]).runs
+
+
+def test_last_token_is_finish_time_without_padding(runs: list[PolicyRun]) -> None:
+    cont = next(r for r in runs if r.policy == "continuous").requests.filter(pl.col("state") == "finished")
+    derived = cont.select(frames.last_token_at(cont))["last_token_at"].to_numpy()
+    np.testing.assert_allclose(derived, cont["finished_at"].to_numpy(), rtol=0, atol=1e-9)
+
+
+def test_timeline_shows_padding_only_for_static(runs: list[PolicyRun]) -> None:
+    seg = frames.timeline(runs, 20)
+    assert seg["id"].n_unique() == 20
+    assert set(seg["policy"]) == {"static", "continuous"}
+    assert seg.filter(pl.col("policy") == "continuous", pl.col("segment") == "padding").is_empty()
+    static_pad = seg.filter(pl.col("policy") == "static", pl.col("segment") == "padding")
+    assert static_pad.height > 0
+    assert (seg["end"] > seg["start"]).all()
+    # A request's segments tile [arrival, response] without gaps or overlaps.
+    for (_, _), g in seg.group_by("policy", "id"):
+        g = g.sort("start")
+        np.testing.assert_allclose(g["start"][1:].to_numpy(), g["end"][:-1].to_numpy(), atol=1e-9)
+
+
+def test_bin_averages_split_a_step_across_bins() -> None:
+    # value 4 from t=1 to t=3, value 2 from t=5 to t=6; bins of width 2 over [0, 8).
+    out = frames.bin_averages(
+        np.array([1.0, 5.0]), np.array([2.0, 1.0]), np.array([4.0, 2.0]), np.array([0.0, 2, 4, 6, 8])
+    )
+    np.testing.assert_allclose(out, [2.0, 2.0, 1.0, 0.0])
+
+
+def test_kv_shares_are_time_weighted_and_sum_to_one() -> None:
+    steps = pl.DataFrame(
+        {
+            "start": [0.0, 1.0],
+            "duration": [1.0, 3.0],
+            "kv_used": [10, 50],
+            "kv_allocated": [20, 50],
+            "kv_capacity": [100, 100],
+            "batch_size": [1, 1],
+            "waiting": [0, 0],
+        }  # fmt: skip
+    )
+    run = PolicyRun("p", pl.DataFrame(), steps, {})
+    shares = dict(frames.kv_shares([run]).select("part", "share").iter_rows())
+    assert shares == pytest.approx({"token states": 0.4, "reserved, unused": 0.025, "free": 0.575})
+
+
+def test_cdf_is_monotone_and_spans_the_data(runs: list[PolicyRun]) -> None:
+    cdf = frames.cdfs(runs)
+    for (_, _), g in cdf.group_by("policy", "metric"):
+        assert g["value"].is_sorted() and g["fraction"][0] == 0 and g["fraction"][-1] == 1
+
+
+# --- sweep data and capacity ---------------------------------------------------------------------------
+
+
+def test_summarize_points_means_and_intervals() -> None:
+    points = pl.DataFrame([point_row("static", 1.0, r) for r in range(2)], schema=POINT_SCHEMA)
+    out = grid.summarize_points(points, ["ttft_p99"]).row(0, named=True)
+    values = [0.4, 0.42]
+    mean, low, high, n = stats.mean_ci(values)
+    assert (out["mean"], out["ci_low"], out["ci_high"], out["n"]) == pytest.approx((mean, low, high, n))
+    assert out["series"] == "static"
+
+
+def test_series_name_policies_swept_over_several_settings() -> None:
+    frame = pl.DataFrame(
+        {"policy": ["a", "a", "b"], "params": ['{"max_num_seqs": 8}', '{"max_num_seqs": 16}', "{}"]}
+    )
+    assert grid.with_series(frame)["series"].to_list() == ["a max_num_seqs=8", "a max_num_seqs=16", "b"]
+
+
+def test_capacity_from_grid_and_from_capacity_json_agree(tmp_path: Path) -> None:
+    report_dir = make_report_dir(tmp_path, runs=False)
+    inputs = load_inputs(report_dir)
+    from_json = capacities(inputs)
+    inputs.capacity = None
+    from_grid = capacities(inputs)
+    for marks in (from_json, from_grid):
+        assert [(m.series, m.rate, m.bound) for m in marks] == [
+            ("continuous", 4.0, "within"),
+            ("static", 1.0, "within"),
+        ]
+
+
+def test_capacity_bounds_and_headline() -> None:
+    above = grid.capacity_from_json(
+        {"capacities": [{"policy": "a", **stats.grid_capacity({1.0: True}).as_dict()}]}
+    )
+    below = grid.capacity_from_json(
+        {"capacities": [{"policy": "b", **stats.grid_capacity({2.0: False}).as_dict()}]}
+    )
+    assert (above[0].rate, above[0].bound, above[0].label) == (1.0, "at_least", "≥ 1 req/s")
+    assert (below[0].rate, below[0].bound, below[0].label) == (2.0, "below", "< 2 req/s")
+    sentence = capacity_sentence([above[0], grid.CapacityMark("c", 0.25)], None)
+    assert sentence is not None and sentence.startswith("a holds at least 4.0× the arrival rate of c")
+    assert capacity_sentence(above, None) is None
