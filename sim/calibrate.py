@@ -285,3 +285,55 @@ def check_rows(rows: Sequence[GroundTruthRow]) -> list[GroundTruthRow]:
     if len({r.model for r in steady}) < 2:
         raise SimError("calibration needs steady-state rows of at least two models (for cross-validation)")
     return steady
+
+
+def run_calibration(
+    csv_path: Path | None,
+    scale: float,
+    rounds: int,
+    cv_scale: float,
+    jobs: int,
+    write: Path | None,
+    command: str,
+) -> Calibration:
+    """`sim calibrate`: fit on the steady-state rows, cross-validate by model, write the TOML."""
+    from sim.validate import default_csv, load_rows
+
+    if not (0 < scale <= 1 and 0 < cv_scale <= 1) or rounds < 1:
+        raise SimError("--scale and --cv-scale must be in (0, 1], --rounds >= 1")
+    rows = check_rows(load_rows(csv_path))
+    cal, traces = calibrate(rows, scale, rounds, jobs)
+    in_fit = [recost_prediction(t, cal) for t in traces]
+    folds, cv_preds = cross_validate(rows, traces, cal, cv_scale, jobs)
+    insample = error_lines(rows, in_fit)
+    cv = error_lines(rows, cv_preds)
+    print("in-sample (re-costed, last round):", *insample, sep="\n  ")
+    print(f"leave-one-model-out (simulated, stages x{cv_scale:g}):", *cv, sep="\n  ")
+    header = [
+        "Calibration of the roofline cost model (sim/cost.py), fitted by `sim calibrate` (sim/calibrate.py,",
+        "docs/fidelity.md) on the steady-state rows of the real vLLM measurements:",
+        f"  data: {csv_path or default_csv().name}",
+        f"  ({len(rows)} steady-state rows of {len(folds)} models on H100; overloaded rows left out)",
+        f"  date: {today()}",
+        f"  command: {command}",
+        "  fit: soft-L1 least squares on log(predicted/measured) of E2E and TTFT mean (w 1) and p90 (w 0.5),",
+        f"  re-costing recorded schedules, {rounds} fixed-point rounds, stages x{scale:g}.",
+        "Median absolute error over the steady-state rows (signed), in-sample (re-costed):",
+        *[f"  {line}" for line in insample],
+        f"Leave-one-model-out cross-validation (held-out rows simulated, stages x{cv_scale:g}):",
+        *[f"  {line}" for line in cv],
+        "Fold values (model left out):",
+        *[f"  {g}: " + ", ".join(f"{n}={getattr(c, n):.3g}" for n in BOUNDS) for g, c in folds.items()],
+        "Bounds of the fit: " + ", ".join(f"{n} [{lo:g}, {hi:g}]" for n, (lo, hi) in BOUNDS.items()),
+    ]
+    text = calibration_toml(cal, header)
+    if write is None:
+        print(text)
+    else:
+        write.write_text(text)
+        print(f"wrote {write}")
+    return cal
+
+
+def recost_prediction(tr: Trace, cal: Calibration) -> Prediction:
+    return Prediction(tr.exp_key, recost(tr, cal), overloaded=False)

@@ -203,3 +203,20 @@ def report(
 
     for path in build_report(directory, scenario, png):
         typer.echo(str(path))
+
+
+@app.command("calibrate")
+def calibrate(
+    csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
+    scale: float = typer.Option(0.1, "--scale", help="Stage length factor of the fitting simulations."),
+    rounds: int = typer.Option(2, "--rounds", help="Fixed-point rounds (simulate, then fit)."),
+    cv_scale: float = typer.Option(0.25, "--cv-scale", help="Stage length factor of the CV simulations."),
+    jobs: int = typer.Option(2, "--jobs", help="Rows simulated in parallel (1: in-process)."),
+    write: Path | None = typer.Option(None, "--write", help="Write the TOML here (default: print it)."),
+) -> None:
+    """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
+    import sys
+
+    from sim.calibrate import run_calibration
+
+    run_calibration(csv, scale, rounds, cv_scale, jobs, write, "sim calibrate " + " ".join(sys.argv[2:]))
