@@ -58,8 +58,9 @@ h2 { margin: 36px 0 6px; font-size: 20px; border-top: 1px solid #eee; padding-to
 p { line-height: 1.5; max-width: 900px; }
 .meta { color: #666; margin-top: 0; }
 .lead { font-size: 19px; font-weight: 600; margin: 18px 0; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; display: block; overflow-x: auto; }
 th, td { padding: 4px 8px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+th { white-space: normal; vertical-align: bottom; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; font-weight: 600; }
 .vis { margin: 8px 0; overflow-x: auto; }
