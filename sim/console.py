@@ -39,5 +39,6 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
     row("mean batch size", lambda s: f"{s['steps']['mean_batch_size']:.1f}")
     row("mean KV utilisation", lambda s: f"{s['steps']['mean_kv_utilization']:.0%}")
     row("preemptions", lambda s: f"{s['steps']['preemptions']:,}")
+    row("prefix-cache hit rate", lambda s: f"{s['prefix_cache_hit_rate']:.0%}")
     console.print(table)
     console.print(f"records and summaries in {out_dir}/<policy>/")
