@@ -139,7 +139,8 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     inputs = load_inputs(report_dir, scenario_file)
     series = _series(inputs)
     caps = capacities(inputs)
-    sections = sweep_sections(inputs, series, caps) + run_sections(inputs, series)
+    sweep, per_run = sweep_sections(inputs, series, caps), run_sections(inputs, series)
+    sections = sweep + per_run if inputs.points is not None else per_run + sweep  # missing charts last
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))
