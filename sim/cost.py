@@ -197,9 +197,35 @@ class CostModel:
         if c.size == 0:
             return 0.0, False
         tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
+        return self._time(tokens, pairs, kv_tokens, prefill, c.size)
+
+    def step_time_totals(
+        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
+    ) -> tuple[float, bool] | None:
+        """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
+
+        `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
+        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
+        window may be reached: then only the per-row arrays give the answer.
+        """
+        ns = self.model.num_sliding_layers
+        if ns and max_end > self.window:
+            return None
+        if rows == 0:
+            return 0.0, False
+        t = float(tokens)
+        pairs = self.full_layers * (float(cq) + 0.5 * (float(cc) + t))
+        kv_tokens = self.full_layers * float(ctx)
+        if ns:
+            pairs += ns * (float(cq) + 0.5 * (float(cc) + t))
+            kv_tokens += ns * float(ctx)
+        return self._time(t, pairs, kv_tokens, t - float(ones), rows)
+
+    def _time(
+        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
+    ) -> tuple[float, bool]:
         if tokens <= 0:
             return 0.0, False
-        rows = c.size
         flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
         weight_bytes = self._weights(tokens)[0] if self.model.num_experts else self.static_weight_bytes
         compute_s = flops / (self.peak_flops * self._eff(prefill, tokens))

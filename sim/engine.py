@@ -79,6 +79,8 @@ class Replica:
 
     def run(self) -> Iterator[simpy.Event]:
         env, sched, rec = self.env, self.scheduler, self.recorder
+        # A cost model's bound `step_time` also takes a plan's integer sums, when the plan has them.
+        totals_time = getattr(getattr(self.step_time, "__self__", None), "step_time_totals", None)
         while True:
             plan = sched.schedule(env.now)
             if plan is None:
@@ -92,7 +94,10 @@ class Replica:
                     yield self._wakeup | env.timeout(max(wake - env.now, 0.0))
                 continue
             start = env.now
-            seconds, compute_bound = self.step_time(plan.new_tokens, plan.context)
+            timed = None
+            if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
+                timed = totals_time(*totals)
+            seconds, compute_bound = timed or self.step_time(plan.new_tokens, plan.context)
             yield env.timeout(seconds)
             finished = sched.update(plan, env.now)
             rec.step(start, seconds, plan, compute_bound, waiting=getattr(sched, "num_waiting", 0))

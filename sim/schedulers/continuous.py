@@ -5,14 +5,19 @@ Requests join and leave at every step, up to `max_num_seqs`. At admission a requ
 Newcomers' whole-prompt prefills share a step with the others' decodes.
 
 Every running request emits one token per step, so its finishing step is known at admission: a heap keyed by
-that step replaces any per-request work in the steady decode loop, and contexts live in one numpy array.
+that step replaces any per-request work in the steady decode loop. The cost model's inputs are kept as running
+integer sums (Σn, Σn², Σcontext, Σn·context), updated only when a request joins or leaves and by one add per
+step, so a step costs O(admitted + finished); the row arrays are built only when the cost model asks for them
+(a sliding window may be reached).
 """
 
 from __future__ import annotations
 
 import heapq
-from array import array
+import itertools
+import math
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan
 from sim.schedulers.registry import KvBudget, register
-from sim.schedulers.reservation import Reservations, fill_progress
+from sim.schedulers.reservation import Reservations
 
 
 class ContinuousConfig(BaseModel):
@@ -31,18 +36,59 @@ class ContinuousConfig(BaseModel):
     )
 
 
+class ContinuousPlan(StepPlan):
+    """A step plan that carries its rows' integer sums for `CostModel.step_time_totals`.
+
+    The row arrays (`new_tokens`, `context`) are built on first access, from the scheduler's state at
+    `schedule` time: they can be read until the step is applied (`update`), not after.
+    """
+
+    __slots__ = ("totals", "_build", "_rows")
+
+    def __init__(self, totals: tuple[int, ...], build: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.totals = totals
+        self._build: Callable[[], tuple[np.ndarray, np.ndarray]] | None = build
+        self._rows: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._rows is None:
+            if self._build is None:
+                raise RuntimeError(
+                    "a continuous plan's row arrays are readable only until its step is applied"
+                )
+            self._rows = self._build()
+        return self._rows
+
+    @property  # type: ignore[override]
+    def new_tokens(self) -> np.ndarray:
+        return self._arrays()[0]
+
+    @property  # type: ignore[override]
+    def context(self) -> np.ndarray:
+        return self._arrays()[1]
+
+    def applied(self) -> None:
+        self._build = None
+
+
 class ContinuousScheduler:
     def __init__(self, config: ContinuousConfig, memory: KvBudget):
         self.cfg = config
         self.kv = Reservations(memory)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admitted in earlier steps, decoding; aligned with `ctx`
-        self.ctx = np.zeros(0, dtype=np.int64)  # tokens in each running request's KV cache (per sequence)
-        self.seqs = np.zeros(0, dtype=np.int64)  # sequences per running request (n)
+        # Admitted in earlier steps and decoding, in admission order -> the step of its first token.
+        # At step k a running request's context is prompt_len + k - first_step.
+        self.running: dict[Request, int] = {}
         self.finish_heap: list[tuple[int, int, Request]] = []
         self.step = 0  # steps applied so far
-        self.first_step: dict[int, int] = {}  # request id -> step that emitted its first token
-        self.step_ends = array("d")  # end time of every applied step
+        self.last_end = math.nan  # end time of the latest applied step
+        # Sums over running requests' decode rows (c = n new tokens on q = context), kept up to date.
+        self._seqs = 0  # Σ n
+        self._seqs_sq = 0  # Σ n²
+        self._ones = 0  # rows with n == 1
+        self._ctx = 0  # Σ context
+        self._seqs_ctx = 0  # Σ n · context
+        self._end_bound = 0  # ≥ max(prompt_len + n - first_step) over running: max(q + c) - step
 
     @property
     def num_waiting(self) -> int:
@@ -60,68 +106,112 @@ class ContinuousScheduler:
     def schedule(self, now: float) -> StepPlan | None:
         admitted: list[Request] = []
         budget = self.cfg.max_num_batched_tokens
-        while self.waiting and len(self.running) + len(admitted) < self.cfg.max_num_seqs:
-            head = self.waiting[0]
-            if admitted and head.prompt_len > budget:
+        running, waiting, kv = self.running, self.waiting, self.kv
+        room = self.cfg.max_num_seqs - len(running)
+        prefill = prefill_sq = prefill_ones = longest = 0
+        while waiting and len(admitted) < room:
+            head = waiting[0]
+            p = head.prompt_len
+            if admitted and p > budget:
                 break
-            if not self.kv.reserve(self.kv.need(head)):
+            if not kv.reserve(kv.need(head)):
                 break  # head-of-line blocking: FCFS, no overtaking
-            self.waiting.popleft()
+            waiting.popleft()
             head.scheduled_at = now
             admitted.append(head)
-            budget -= head.prompt_len
-        if not admitted and not self.running:
+            budget -= p
+            prefill += p
+            prefill_sq += p * p
+            prefill_ones += p == 1
+            longest = max(longest, p)
+        if not admitted and not running:
             return None
-        prompts = np.fromiter((r.prompt_len for r in admitted), dtype=np.int64, count=len(admitted))
-        new_tokens = np.concatenate([self.seqs, prompts])
-        context = np.concatenate([self.ctx * 1, np.zeros(len(admitted), dtype=np.int64)])
-        decode = int(self.seqs.sum())
-        return StepPlan(
-            new_tokens=new_tokens,
-            context=context,
-            num_prefill_tokens=int(prompts.sum()),
-            num_decode_tokens=decode,
-            kv=KvUsage(self.kv.used(), self.kv.reserved, self.kv.capacity),
-            payload=admitted,
+        k = self.step
+        max_end = max(self._end_bound + k, longest) if running else longest
+        totals = (
+            len(running) + len(admitted),
+            self._seqs + prefill,
+            self._ones + prefill_ones,
+            self._seqs_ctx,
+            self._seqs_sq + prefill_sq,
+            self._ctx,
+            max_end,
         )
+        plan = ContinuousPlan(totals, lambda: self._rows(admitted))
+        plan.num_prefill_tokens = prefill
+        plan.num_decode_tokens = self._seqs
+        plan.kv = KvUsage(kv.used(), kv.reserved, kv.capacity)
+        plan.payload = admitted
+        plan.preempted = 0
+        plan.batch_size = totals[0]
+        return plan
+
+    def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+        """The step's row arrays: running requests' decodes, then the admitted prompts."""
+        k, count = self.step, len(self.running) + len(admitted)
+        new_tokens = np.fromiter(
+            itertools.chain((r.n for r in self.running), (r.prompt_len for r in admitted)), np.int64, count
+        )
+        context = np.fromiter(
+            itertools.chain((r.prompt_len + k - f for r, f in self.running.items()), (0 for _ in admitted)),
+            np.int64,
+            count,
+        )
+        return new_tokens, context
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         admitted: list[Request] = plan.payload
-        self.step_ends.append(now)
-        # Decodes: one token per running sequence.
-        self.ctx += 1
-        self.kv.store(int(self.seqs.sum()))
+        if isinstance(plan, ContinuousPlan):
+            plan.applied()
+        k = self.step
+        self.last_end = now
+        running, kv = self.running, self.kv
+        # Decodes: one token per running sequence; every context grows by one.
+        self._ctx += len(running)
+        self._seqs_ctx += self._seqs
+        kv.store(self._seqs)
         # Prefills: prompt computed, first token emitted now.
         for req in admitted:
             req.emit(now)
-            req.num_computed = req.prompt_len
-            self.first_step[req.id] = self.step
-            self.kv.store(req.n * (req.prompt_len + 1))
-            heapq.heappush(self.finish_heap, (self.step + req.output_len - 1, req.id, req))
-        if admitted:
-            self.running.extend(admitted)
-            self.ctx = np.concatenate([self.ctx, [r.prompt_len + 1 for r in admitted]])
-            self.seqs = np.concatenate([self.seqs, [r.n for r in admitted]])
+            p, n = req.prompt_len, req.n
+            req.num_computed = p
+            running[req] = k
+            kv.store(n * (p + 1))
+            heapq.heappush(self.finish_heap, (k + req.output_len - 1, req.id, req))
+            self._add_row(n, p + 1)
+            self._end_bound = max(self._end_bound, p + n - k)
         finished: list[Request] = []
-        while self.finish_heap and self.finish_heap[0][0] <= self.step:
-            _, _, req = heapq.heappop(self.finish_heap)
-            fill_progress(req, self.step_ends, self.first_step.pop(req.id), len(self.step_ends) - 1)
+        heap = self.finish_heap
+        while heap and heap[0][0] <= k:
+            req = heapq.heappop(heap)[2]
+            first = running.pop(req)
+            # It emitted one token per step from `first` to `k`: its last one now.
+            req.num_generated = k - first + 1
+            req.num_computed = req.prompt_len + req.num_generated - 1
+            req.last_token_at = req.finished_at = now
+            self._add_row(req.n, req.prompt_len + k + 1 - first, -1)
+            kv.release(req)
             finished.append(req)
-        if finished:
-            done = {r.id for r in finished}
-            keep = [i for i, r in enumerate(self.running) if r.id not in done]
-            self.running = [self.running[i] for i in keep]
-            self.ctx = self.ctx[keep]
-            self.seqs = self.seqs[keep]
-            for req in finished:
-                self.kv.release(req)
-        self.step += 1
+        if not running:
+            self._end_bound = 0
+        self.step = k + 1
         return finished
 
+    def _add_row(self, n: int, ctx: int, sign: int = 1) -> None:
+        """Add (sign 1) or remove (sign -1) a decode row of `n` sequences on `ctx` cached tokens."""
+        self._seqs += sign * n
+        self._seqs_sq += sign * n * n
+        self._ones += sign * (n == 1)
+        self._ctx += sign * ctx
+        self._seqs_ctx += sign * n * ctx
+
     def in_flight(self) -> list[Request]:
-        last = len(self.step_ends) - 1
-        for req in self.running:
-            fill_progress(req, self.step_ends, self.first_step[req.id], last, finished=False)
+        last = self.step - 1
+        for req, first in self.running.items():
+            # Still running, so it emitted one token in every step from `first` to the last one.
+            req.num_generated = last - first + 1
+            req.num_computed = req.prompt_len + req.num_generated - 1
+            req.last_token_at = self.last_end
         return [*self.running, *self.waiting]
 
 
