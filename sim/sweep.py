@@ -411,7 +411,13 @@ def run_sweep(
     grid = cfg.param_grid()
     for params in grid:  # fail fast, before any worker starts
         for rate in rates:
-            point_scenario(raw, rate, params, source)
+            try:
+                point_scenario(raw, rate, params, source)
+            except SimError as err:
+                where = ", ".join(
+                    f"{k} = {v!r}" for k, v in {**params, "rate": rate}.items() if v is not None
+                )
+                raise SimError(f"sweep point ({where}): {err}") from None
     if find_capacity:
         _check_capacity_inputs(base, rates, source)
     seeds = np.random.SeedSequence(base.seed).spawn(cfg.replications)
