@@ -15,6 +15,14 @@ LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue_wait": "qu
 MIN_SECONDS = 1e-4  # floor for log-scaled latency axes (a zero-width CI touches zero)
 
 
+def rate_axis(frame: pl.DataFrame) -> alt.X:
+    """Arrival rate on x: logarithmic when the grid spans a decade or more (sweeps are often geometric)."""
+    rates = frame["rate"].drop_nulls()
+    wide = rates.len() > 0 and float(rates.min()) > 0 and float(rates.max()) >= 10 * float(rates.min())  # type: ignore[arg-type]
+    scale = alt.Scale(type="log", nice=False) if wide else alt.Scale(zero=False)
+    return alt.X("rate:Q", title="arrival rate (req/s)" + (" (log)" if wide else ""), scale=scale)
+
+
 def policy_color(series: list[str]) -> alt.Scale:
     """The same colour for a policy in every chart."""
     return alt.Scale(domain=series, scheme="tableau10")
@@ -35,10 +43,10 @@ def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
         .select("series", "rate", "latency", "quantile", "mean", "ci_low", "ci_high", "n")
     )
     color = alt.Color("series:N", title="policy", scale=policy_color(series))
-    x = alt.X("rate:Q", title="arrival rate (req/s)")
+    x = rate_axis(frame)
     band = (
         alt.Chart()
-        .mark_area(opacity=0.2)
+        .mark_area(opacity=0.12)
         .encode(x=x, y=alt.Y("ci_low:Q"), y2="ci_high:Q", color=color, detail="quantile:N")
     )
     line = (
@@ -48,7 +56,11 @@ def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
             x=x,
             y=alt.Y("mean:Q", title="seconds (log)", scale=alt.Scale(type="log")),
             color=color,
-            strokeDash=alt.StrokeDash("quantile:N", sort=["p50", "p99"]),
+            strokeDash=alt.StrokeDash(
+                "quantile:N",
+                sort=["p50", "p99"],
+                legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#444", symbolStrokeWidth=2),
+            ),
             tooltip=["series:N", "rate:Q", "quantile:N", alt.Tooltip("mean:Q", format=".3g"), "n:Q"],
         )
     )
@@ -61,9 +73,11 @@ def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
 
 
 def _vs_rate(frame: pl.DataFrame, series: list[str], title: str) -> alt.LayerChart:
+    """Mean and CI band per series; rates per second cannot be negative, so the band stops at zero."""
+    frame = frame.with_columns(pl.col("ci_low").clip(lower_bound=0.0))
     color = alt.Color("series:N", title="policy", scale=policy_color(series))
-    x = alt.X("rate:Q", title="arrival rate (req/s)")
-    band = alt.Chart().mark_area(opacity=0.2).encode(x=x, y="ci_low:Q", y2="ci_high:Q", color=color)
+    x = rate_axis(frame)
+    band = alt.Chart().mark_area(opacity=0.12).encode(x=x, y="ci_low:Q", y2="ci_high:Q", color=color)
     line = (
         alt.Chart()
         .mark_line(point=True)
@@ -80,9 +94,9 @@ def _vs_rate(frame: pl.DataFrame, series: list[str], title: str) -> alt.LayerCha
 def throughput_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.LayerChart:
     """Completed requests per second against the offered rate; the dashed diagonal is 'keeps up'."""
     frame = stats.filter(pl.col("metric") == "requests_per_s")
-    top = float(frame["rate"].max() or 1.0)  # type: ignore[arg-type]
+    low, top = float(frame["rate"].min() or 0.0), float(frame["rate"].max() or 1.0)  # type: ignore[arg-type]
     diagonal = (
-        alt.Chart(alt.Data(values=[{"rate": 0.0, "mean": 0.0}, {"rate": top, "mean": top}]))
+        alt.Chart(alt.Data(values=[{"rate": low, "mean": low}, {"rate": top, "mean": top}]))
         .mark_line(strokeDash=[4, 4], color="#888")
         .encode(x="rate:Q", y="mean:Q")
     )
