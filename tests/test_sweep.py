@@ -299,3 +299,22 @@ def test_cli_runs_a_sweep(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "2 points (2 run, 0 already done)" in proc.stdout and "capacity" in proc.stdout
     assert (tmp_path / "sweep/capacity.json").exists()
+
+
+# --- shipped scenarios --------------------------------------------------------------------------------
+
+SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_validates_and_runs_briefly(path: Path) -> None:
+    from sim.run import run_policy
+    from sim.scenario import load_scenario
+
+    scenario = load_scenario(path, ["horizon.duration_s=4", "horizon.max_requests=24"])
+    cfg = sweep.parse_sweep(scenario.sweep, str(path))
+    assert set(cfg.policies or scenario.policies) <= set(scenario.policies)
+    assert path.read_text().startswith("# Question"), "each scenario says which question it answers"
+    for policy in scenario.policies:
+        summary = run_policy(scenario, policy, path.parent).summary
+        assert summary["requests"]["arrived"] > 0
