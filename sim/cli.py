@@ -93,7 +93,7 @@ def run(
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records and summary.json; print a comparison."""
     from sim import console
-    from sim.run import run_policy, write_result
+    from sim.run import run_policy, write_result, write_scenario
     from sim.scenario import load_scenario
 
     sc = load_scenario(scenario, set_)
@@ -102,6 +102,7 @@ def run(
         if name not in sc.policies:
             raise SimError(f"{scenario}: no policy {name!r} (have: {', '.join(sc.policies)})")
     out_dir = out or Path("reports") / sc.name
+    write_scenario(sc, out_dir)
     summaries = []
     for name in names:
         result = run_policy(sc, name, scenario.parent, source=str(scenario))

@@ -122,3 +122,11 @@ def write_result(result: RunResult, out_dir: Path) -> Path:
     text = json.dumps(result.summary, indent=2, sort_keys=True, allow_nan=False, default=float)
     _atomic_write(target / "summary.json", lambda p: Path(p).write_text(text + "\n"))
     return target
+
+
+def write_scenario(scenario: Scenario, out_dir: Path) -> Path:
+    """Record the scenario as run (overrides applied) as `out_dir/scenario.json`."""
+    path = out_dir / "scenario.json"
+    text = json.dumps(scenario.raw, indent=2, sort_keys=True)
+    _atomic_write(path, lambda p: Path(p).write_text(text + "\n"))
+    return path

@@ -72,8 +72,15 @@ class Scenario(_Section):
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
 
-    # Resolved policy configs (pydantic models of each scheduler), filled by `load_scenario`.
+    # Resolved policy configs (pydantic models of each scheduler), filled by `validate_scenario`,
+    # and the validated TOML mapping itself (overrides applied), for records of what ran.
     _policy_configs: dict[str, BaseModel] = {}
+    _raw: dict[str, Any] = {}
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The scenario as read from TOML, with `--set` overrides applied."""
+        return copy.deepcopy(self._raw)
 
     def policy(self, name: str) -> tuple[str, BaseModel]:
         """The scheduler name and validated config of a policy table."""
@@ -136,6 +143,7 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
     scenario._policy_configs = configs
+    scenario._raw = copy.deepcopy(data)
     return scenario
 
 

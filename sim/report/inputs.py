@@ -92,7 +92,7 @@ def load_points(sweep_dir: Path) -> pl.DataFrame | None:
 
 
 def _find_scenario(report_dir: Path, name: str, explicit: Path | None) -> Scenario | None:
-    """The given file; else the scenario the sweep recorded in its manifest; else scenarios/<name>.toml."""
+    """The given file; else the scenario the sweep or the run recorded; else scenarios/<name>.toml."""
     if explicit is not None:
         return load_scenario(explicit)
     manifest = report_dir / "sweep" / "manifest.json"
@@ -100,6 +100,9 @@ def _find_scenario(report_dir: Path, name: str, explicit: Path | None) -> Scenar
         raw = _read_json(manifest).get("scenario")
         if isinstance(raw, dict):
             return validate_scenario(raw, str(manifest))
+    recorded = report_dir / "scenario.json"  # written by `sim run`
+    if recorded.is_file():
+        return validate_scenario(_read_json(recorded), str(recorded))
     for candidate in (report_dir / "scenario.toml", Path("scenarios") / f"{name}.toml"):
         if candidate.is_file():
             scenario = load_scenario(candidate)
