@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import numpy as np
 import polars as pl
-from scipy import stats as sps
 
 # Point columns that identify a group of replications, and columns that are not metrics.
 GROUP_COLUMNS = ("policy", "scheduler", "rate", "params")
@@ -35,6 +34,8 @@ def mean_ci(
     mean = float(arr.mean())
     if n == 1:
         return mean, mean, mean, 1
+    from scipy import stats as sps  # imported here: sweep workers never need it
+
     sem = float(arr.std(ddof=1)) / math.sqrt(n)
     half = float(sps.t.ppf(0.5 + confidence / 2, df=n - 1)) * sem
     return mean, mean - half, mean + half, n
