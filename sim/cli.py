@@ -167,7 +167,7 @@ def sweep(
     find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under [slo]."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
 ) -> None:
-    """Run the scenario's [sweep] grid (rates x policies x params x replications); aggregate with CIs."""
+    """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
     from sim.sweep import print_sweep, run_sweep
 
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
