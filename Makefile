@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: static vs continuous batching on one workload, a sweep of arrival rates with each policy's
+# capacity under the SLO, and the HTML report (reports/convoy/index.html).
 run: $(STAMP)
 	$(BIN)/sim run scenarios/convoy.toml
+	$(BIN)/sim sweep scenarios/convoy.toml --find-capacity
+	$(BIN)/sim report reports/convoy
 
 test: $(STAMP)
 	$(BIN)/ruff check sim tests benchmarks

@@ -92,7 +92,9 @@ def test_run_writes_records_and_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_convoy_continuous_beats_static_at_the_tail(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["run", str(CONVOY), "--set", "horizon.duration_s=300", "--out", str(tmp_path)])
+    result = runner.invoke(
+        app, ["run", str(CONVOY), "--set", "horizon.duration_s=300", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     s = {p: json.loads((tmp_path / p / "summary.json").read_text()) for p in ("static", "continuous")}
     for metric in ("ttft", "e2e"):
