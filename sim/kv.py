@@ -8,7 +8,8 @@ Semantics follow vLLM v1 (`block_pool.py`, `single_type_kv_cache_manager.py`, `k
 - A full block is cached (hashed) when it is allocated for tokens that fill it; hits count full blocks only,
   capped at `num_tokens - 1` tokens. Touching a cached free block takes it out of the free queue.
 
-Token content is symbolic: a sequence names each block's content through `block_hash(j)`.
+Token content is symbolic: a sequence names each block's content through `block_hash(j)`. A sequence carries
+its own block table (`kv_*` fields), so the per-step work needs no lookups by sequence id.
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ class BlockPool:
 
     def take(self, n: int) -> list[Block]:
         """Pop `n` blocks from the head of the free queue, evicting their cached content."""
-        if n > len(self._free):
-            raise RuntimeError(f"cannot take {n} blocks, {len(self._free)} free")
+        free = self._free
+        if n > len(free):
+            raise RuntimeError(f"cannot take {n} blocks, {len(free)} free")
         out: list[Block] = []
         for _ in range(n):
-            _, block = self._free.popitem(last=False)
+            _, block = free.popitem(last=False)
             if block.hash is not None:
                 self._evict(block)
             block.ref = 1
@@ -63,10 +65,11 @@ class BlockPool:
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block; unreferenced ones join the free queue's tail in this order."""
+        free = self._free
         for block in blocks:
             block.ref -= 1
             if block.ref == 0:
-                self._free[block.id] = block
+                free[block.id] = block
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Take a reference on cache-hit blocks, removing free ones from the free queue."""
@@ -94,10 +97,19 @@ class BlockPool:
 
 
 class Tokens(Protocol):
-    """What the block manager needs to know about a sequence."""
+    """A sequence as the block manager sees it; the `kv_*` fields are its block table, owned by the manager.
+
+    `kv_blocks` is None while the sequence holds nothing; `kv_slots` is the token slots it has been given;
+    `kv_cached` counts its leading blocks in the prefix cache; `kv_room` is the most slots it may reach
+    without a call to `allocate` (see `KvManager.filled`); -1 while it holds nothing.
+    """
 
     sid: int
     num_computed: int
+    kv_blocks: list[Block] | None
+    kv_slots: int
+    kv_cached: int
+    kv_room: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -117,16 +129,13 @@ class KvManager:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.caching = caching
-        self._blocks: dict[int, list[Block]] = {}
-        self._num_cached: dict[int, int] = {}
-        self._slots: dict[int, int] = {}
         self.waste = 0  # unused slots in the sequences' last blocks (internal fragmentation)
         self.query_tokens = 0
         self.hit_tokens = 0
 
     @property
     def num_free(self) -> int:
-        return self.pool.num_free
+        return len(self.pool._free)
 
     @property
     def capacity(self) -> int:
@@ -136,18 +145,19 @@ class KvManager:
     @property
     def allocated(self) -> int:
         """Token slots in blocks held by sequences (a shared block counts once)."""
-        return (self.pool.num_usable - self.pool.num_free) * self.block_size
+        return (self.pool.num_usable - len(self.pool._free)) * self.block_size
 
     def held(self, seq: Tokens) -> int:
-        return len(self._blocks.get(seq.sid, ()))
+        return len(seq.kv_blocks or ())
 
     def lookup(self, seq: Tokens) -> tuple[list[Block], int]:
         """Longest prefix-cache hit for a sequence with nothing computed: (blocks, tokens)."""
         if not self.caching:
             return [], 0
         hits: list[Block] = []
+        lookup = self.pool.lookup
         for j in range((seq.num_tokens - 1) // self.block_size):
-            block = self.pool.lookup(seq.block_hash(j))
+            block = lookup(seq.block_hash(j))
             if block is None:
                 break
             hits.append(block)
@@ -169,50 +179,67 @@ class KvManager:
         """Give `seq` slots for `num_new` tokens after `num_hit` cached ones; False if blocks are short."""
         computed = seq.num_computed + num_hit
         slots = min(computed + num_new, self.max_model_len)
-        blocks = self._blocks.get(seq.sid)
-        if blocks is not None and not hits and slots <= len(blocks) * self.block_size:
-            # fast path (most decode steps): the last block has room
-            self.waste += self._slots[seq.sid] - slots
-            self._slots[seq.sid] = slots
-            if self.caching and min(slots, seq.num_tokens) // self.block_size > self._num_cached[seq.sid]:
+        blocks = seq.kv_blocks
+        bs = self.block_size
+        if blocks is not None and not hits and slots <= len(blocks) * bs:
+            # the last block has room
+            self.waste += seq.kv_slots - slots
+            seq.kv_slots = slots
+            if self.caching and min(slots, seq.num_tokens) // bs > seq.kv_cached:
                 self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
+            self._set_room(seq, blocks)
             return True
-        if self.blocks_needed(seq, slots, hits) > self.pool.num_free:
+        if self.blocks_needed(seq, slots, hits) > len(self.pool._free):
             return False
-        old_waste = self._waste_of(seq.sid)
-        blocks = self._blocks.setdefault(seq.sid, [])
+        if blocks is None:
+            old_waste = 0
+            blocks = seq.kv_blocks = []
+            seq.kv_cached = len(hits)
+        else:
+            old_waste = len(blocks) * bs - seq.kv_slots
         if hits:
             self.pool.touch(hits)
             blocks.extend(hits)
-        if seq.sid not in self._num_cached:
-            self._num_cached[seq.sid] = len(hits)
-        more = cdiv(slots, self.block_size) - len(blocks)
+        more = cdiv(slots, bs) - len(blocks)
         if more > 0:
             blocks.extend(self.pool.take(more))
-        self.waste += len(blocks) * self.block_size - slots - old_waste
-        self._slots[seq.sid] = slots
+        self.waste += len(blocks) * bs - slots - old_waste
+        seq.kv_slots = slots
         if self.caching:
             self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
+        self._set_room(seq, blocks)
         return True
+
+    def filled(self, tokens: int) -> None:
+        """Account `tokens` slots that holders took within their `kv_room` by raising `kv_slots` themselves.
+
+        Up to `kv_room`, `allocate` would move no block and cache none, only do this bookkeeping; a scheduler
+        may skip the call per row and report the rows' total here once.
+        """
+        self.waste -= tokens
 
     def free(self, seq: Tokens) -> None:
         """Release every block of `seq`, tail first (its tail is evicted first)."""
-        blocks = self._blocks.pop(seq.sid, [])
-        self.waste -= self._waste_of(seq.sid, blocks)
-        self._slots.pop(seq.sid, None)
-        self._num_cached.pop(seq.sid, None)
+        blocks = seq.kv_blocks
+        if blocks is None:
+            return
+        self.waste -= len(blocks) * self.block_size - seq.kv_slots
+        seq.kv_blocks = None
+        seq.kv_slots = seq.kv_cached = 0
+        seq.kv_room = -1
         self.pool.release(reversed(blocks))
 
-    def _waste_of(self, sid: int, blocks: list[Block] | None = None) -> int:
-        if sid not in self._slots:
-            return 0
-        held = len(blocks) if blocks is not None else len(self._blocks.get(sid, ()))
-        return held * self.block_size - self._slots[sid]
+    def _set_room(self, seq: Tokens, blocks: list[Block]) -> None:
+        bs = self.block_size
+        room = len(blocks) * bs
+        if self.caching:
+            room = min(room, (seq.kv_cached + 1) * bs - 1)  # filling the next block caches it
+        seq.kv_room = min(room, self.max_model_len)
 
     def _cache_full(self, seq: Tokens, blocks: list[Block], num_tokens: int) -> None:
-        done = self._num_cached[seq.sid]
+        done = seq.kv_cached
         full = num_tokens // self.block_size
         for j in range(done, full):
             self.pool.cache(blocks[j], seq.block_hash(j))
         if full > done:
-            self._num_cached[seq.sid] = full
+            seq.kv_cached = full

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sim.kv import BlockPool, KvManager
+from sim.kv import Block, BlockPool, KvManager
 
 
 @dataclass
@@ -16,6 +16,10 @@ class Toks:
     length: int
     group: str = ""
     num_computed: int = 0
+    kv_blocks: list[Block] | None = None
+    kv_slots: int = 0
+    kv_cached: int = 0
+    kv_room: int = -1
 
     @property
     def num_tokens(self) -> int:

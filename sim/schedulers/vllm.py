@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.errors import SimError
-from sim.kv import KvManager, cdiv
+from sim.kv import Block, KvManager, cdiv
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan
 from sim.schedulers.registry import KvBudget, register
@@ -61,20 +61,21 @@ class SarathiConfig(VllmConfig):
 
 @dataclass(slots=True, eq=False)
 class Seq:
-    """One sequence of a request (a request with `n > 1` has `n`)."""
+    """One sequence of a request (a request with `n > 1` has `n`); the `kv_*` fields are its block table."""
 
     sid: int
     req: Request
     child: int
     out_len: int
+    num_tokens: int = 0  # prompt plus generated tokens, kept in step with `num_generated`
     num_computed: int = 0
     num_generated: int = 0
     preempted: bool = False  # waiting after a preemption (resumes rather than starts)
     block_size: int = 16
-
-    @property
-    def num_tokens(self) -> int:
-        return self.req.prompt_len + self.num_generated
+    kv_blocks: list[Block] | None = None
+    kv_slots: int = 0
+    kv_cached: int = 0
+    kv_room: int = -1
 
     def block_hash(self, j: int) -> Hashable:
         """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies."""
@@ -89,16 +90,29 @@ class Seq:
 
 @dataclass(slots=True)
 class StepInfo:
-    """What one `schedule` call decided (the plan's payload)."""
+    """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
 
-    rows: list[tuple[Seq, int]] = field(default_factory=list)
+    seqs: list[Seq] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # new tokens per row
+    contexts: list[int] = field(default_factory=list)  # computed tokens per row before this step
+    emit: list[Seq] = field(default_factory=list)  # rows that reach their length: each emits a token
     new: list[Seq] = field(default_factory=list)
     resumed: list[Seq] = field(default_factory=list)
     preempted: list[Seq] = field(default_factory=list)
+    decode: int = 0  # rows that decode one token
+
+    @property
+    def rows(self) -> list[tuple[Seq, int]]:
+        return list(zip(self.seqs, self.counts, strict=True))
 
 
 class VllmScheduler:
-    """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring)."""
+    """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
+
+    Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
+    `schedule` and `update` reads a scheduled sequence's progress, and a preemption never picks a sequence
+    already scheduled in the same step.
+    """
 
     def __init__(self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None) -> None:
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < budget.max_model_len:
@@ -109,8 +123,13 @@ class VllmScheduler:
         self.config = config
         self.block_size = budget.block_size
         self.max_model_len = budget.max_model_len
+        self.token_budget = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.chunked = config.enable_chunked_prefill
+        self.threshold = config.long_prefill_token_threshold
         caching = config.enable_prefix_caching
         self.kv = KvManager(budget.num_blocks, budget.block_size, budget.max_model_len, caching)
+        self.capacity = self.kv.capacity
         if watermark_blocks is None:
             watermark_blocks = int(config.watermark * budget.num_blocks)
         self.watermark_blocks = watermark_blocks
@@ -129,7 +148,14 @@ class VllmScheduler:
         request.output_len = min(request.output_len, self.max_model_len - request.prompt_len)
         seqs = []
         for child in range(request.n):
-            seq = Seq(self._next_sid, request, child, request.output_len, block_size=self.block_size)
+            seq = Seq(
+                self._next_sid,
+                request,
+                child,
+                request.output_len,
+                request.prompt_len,
+                block_size=self.block_size,
+            )
             self._next_sid += 1
             seqs.append(seq)
             self.waiting.append(seq)
@@ -153,47 +179,65 @@ class VllmScheduler:
     def schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
-        budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(info, budget)
+        budget = self._schedule_running(info, self.token_budget)
         if not info.preempted:
-            self._schedule_waiting(info, budget)
-        if not info.rows:
+            self._schedule_waiting(info, budget, now)
+        if not info.seqs:
             return None
-        return self._plan(info, now)
-
-    def _new_tokens(self, seq: Seq, computed: int, budget: int) -> int:
-        n = seq.num_tokens - computed
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < n:
-            n = threshold
-        return min(n, budget)
+        return self._plan(info)
 
     def _schedule_running(self, info: StepInfo, budget: int) -> int:
-        running, threshold, limit = (
-            self.running,
-            self.config.long_prefill_token_threshold,
-            self.max_model_len - 1,
-        )
-        i = 0
+        running = self.running
+        if not running:
+            return budget
+        kv, threshold, limit = self.kv, self.threshold, self.max_model_len - 1
+        seqs, counts, contexts, emit = info.seqs, info.counts, info.contexts, info.emit
+        decode = grown = i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            i += 1
             computed = seq.num_computed
-            n = seq.req.prompt_len + seq.num_generated - computed
+            length = seq.num_tokens
+            n = length - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, limit - computed)
+            if n > budget:
+                n = budget
+            if n > limit - computed:
+                n = limit - computed
             if n <= 0:
-                i += 1
                 continue
-            while not self.kv.allocate(seq, n):
-                victim = running.pop()
-                self._preempt(victim)
-                info.preempted.append(victim)
-                if victim is seq:
-                    return budget
-            info.rows.append((seq, n))
+            end = computed + n
+            if end <= seq.kv_room:  # within its blocks, nothing to cache: no call into the KV manager
+                grown += end - seq.kv_slots
+                seq.kv_slots = end
+            else:
+                preempted = False
+                while not kv.allocate(seq, n):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    info.preempted.append(victim)
+                    preempted = victim is seq
+                    if preempted:
+                        break
+                if preempted:
+                    break
+            seqs.append(seq)
+            counts.append(n)
+            contexts.append(computed)
+            seq.num_computed = end
+            req = seq.req
+            if req.n == 1:
+                req.num_computed = end
+            else:
+                self._sync(seq)
+            if end >= length:
+                emit.append(seq)
+                if n == 1 and seq.num_generated > 0:
+                    decode += 1
             budget -= n
-            i += 1
+        kv.filled(grown)
+        info.decode += decode
         return budget
 
     def _preempt(self, seq: Seq) -> None:
@@ -204,60 +248,54 @@ class VllmScheduler:
         seq.req.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _schedule_waiting(self, info: StepInfo, budget: int) -> None:
-        waiting, kv = self.waiting, self.kv
-        while waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _schedule_waiting(self, info: StepInfo, budget: int, now: float) -> None:
+        waiting, running, kv = self.waiting, self.running, self.kv
+        threshold, max_num_seqs, chunked = self.threshold, self.max_num_seqs, self.chunked
+        while waiting and budget > 0 and len(running) < max_num_seqs:
             seq = waiting[0]
             hits, num_hit = kv.lookup(seq)
-            cap = budget if self.config.enable_chunked_prefill else seq.num_tokens
-            n = self._new_tokens(seq, num_hit, cap)
+            length = seq.num_tokens
+            n = length - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget if chunked else length)
             if n > budget:
                 break
-            if kv.blocks_needed(seq, seq.num_tokens, hits) + self.watermark_blocks > kv.num_free:
+            if kv.blocks_needed(seq, length, hits) + self.watermark_blocks > kv.num_free:
                 break
             if not kv.allocate(seq, n, hits, num_hit):
                 break
             kv.record_query(seq, num_hit)
             waiting.popleft()
-            self.running.append(seq)
+            running.append(seq)
             (info.resumed if seq.preempted else info.new).append(seq)
             seq.preempted = False
-            seq.num_computed = num_hit
-            seq.req.prefix_hit_tokens += num_hit
-            info.rows.append((seq, n))
-            budget -= n
-
-    def _plan(self, info: StepInfo, now: float) -> StepPlan:
-        rows = info.rows
-        new = np.empty(len(rows), dtype=np.int64)
-        context = np.empty(len(rows), dtype=np.int64)
-        decode = total = 0
-        for i, (seq, n) in enumerate(rows):
             req = seq.req
-            new[i] = n
-            context[i] = seq.num_computed
-            total += n
-            if (
-                n == 1
-                and seq.num_generated > 0
-                and seq.num_computed + 1 == req.prompt_len + seq.num_generated
-            ):
-                decode += 1
+            req.prefix_hit_tokens += num_hit
             if math.isnan(req.scheduled_at):
                 req.scheduled_at = now
-            seq.num_computed += n
-            if req.n == 1:
-                req.num_computed = seq.num_computed
-            else:
-                self._sync(seq)
-        used = self.kv.allocated - self.kv.waste
-        usage = KvUsage(used=used, allocated=self.kv.allocated, capacity=self.kv.capacity)
+            end = num_hit + n
+            info.seqs.append(seq)
+            info.counts.append(n)
+            info.contexts.append(num_hit)
+            seq.num_computed = end
+            self._sync(seq)
+            if end >= length:
+                info.emit.append(seq)
+                if n == 1 and seq.num_generated > 0:
+                    info.decode += 1
+            budget -= n
+
+    def _plan(self, info: StepInfo) -> StepPlan:
+        counts = info.counts
+        total = sum(counts)
+        allocated = self.kv.allocated
         return StepPlan(
-            new_tokens=new,
-            context=context,
-            num_prefill_tokens=total - decode,
-            num_decode_tokens=decode,
-            kv=usage,
+            new_tokens=np.array(counts, dtype=np.int64),
+            context=np.array(info.contexts, dtype=np.int64),
+            num_prefill_tokens=total - info.decode,
+            num_decode_tokens=info.decode,
+            kv=KvUsage(used=allocated - self.kv.waste, allocated=allocated, capacity=self.capacity),
             payload=info,
             preempted=len(info.preempted),
         )
@@ -266,16 +304,20 @@ class VllmScheduler:
         info: StepInfo = plan.payload
         finished: list[Request] = []
         done_seqs: list[Seq] = []
-        for seq, _ in info.rows:
-            if seq.num_computed < seq.num_tokens:
-                continue
-            seq.num_generated += 1
-            self._emit(seq, now)
-            if seq.num_generated >= seq.out_len:
+        for seq in info.emit:
+            generated = seq.num_generated + 1
+            seq.num_generated = generated
+            seq.num_tokens += 1
+            req = seq.req
+            if req.n == 1:
+                req.emit(now)
+            else:
+                self._emit_group(req, now)
+            if generated >= seq.out_len:
                 done_seqs.append(seq)
         if done_seqs:
-            gone = set(map(id, done_seqs))
-            self.running = [s for s in self.running if id(s) not in gone]
+            gone = set(done_seqs)
+            self.running = [s for s in self.running if s not in gone]
             for seq in done_seqs:
                 self.kv.free(seq)
                 if self._close(seq):
@@ -290,12 +332,8 @@ class VllmScheduler:
         else:
             req.num_computed = sum(s.num_computed for s in self._open[req.id])
 
-    def _emit(self, seq: Seq, now: float) -> None:
-        """One token for `seq`; its request emits when its slowest open sequence has."""
-        req = seq.req
-        if req.n == 1:
-            req.emit(now)
-            return
+    def _emit_group(self, req: Request, now: float) -> None:
+        """A sequence of `req` emitted a token; the request emits when its slowest open sequence has."""
         slowest = min(s.num_generated for s in self._open[req.id])
         while req.num_generated < slowest:
             req.emit(now)
