@@ -121,12 +121,11 @@ def _open_loop(
 def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:
     """Overloaded: requests pile up — more than 10% of arrivals (and at least 10) are still waiting or running
     at the horizon, and the waiting queue at the end is longer than at the run's midpoint."""
-    waiting = np.frombuffer(rec.step_waiting, dtype=np.int64)
-    if in_system < max(10, 0.1 * rec.arrived) or len(waiting) < 2:
+    steps = rec.num_steps
+    if in_system < max(10, 0.1 * rec.arrived) or steps < 2:
         return False
-    ends = rec.step_ends.view
-    mid = int(np.searchsorted(ends, end_time / 2))
-    return bool(waiting[-1] > waiting[min(mid, len(waiting) - 1)])
+    mid = rec.step_ending_at(end_time / 2)
+    return rec.step_waiting(steps - 1) > rec.step_waiting(min(mid, steps - 1))
 
 
 def simulate(

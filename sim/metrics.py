@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,130 +34,189 @@ _REQUEST_INT_COLUMNS = (
     "id", "prompt_len", "output_len", "max_tokens", "n", "generated_tokens", "preemptions", "prefix_group",
     "prefix_hit_tokens",
 )  # fmt: skip
-_STEP_FLOAT_COLUMNS = ("start", "duration")
 _STEP_INT_COLUMNS = (
     "batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated", "kv_capacity", "preempted",
     "compute_bound",
 )  # fmt: skip
+# What is stored per request (derived columns are computed in bulk by `requests_frame`).
+_REQ_STORED_FLOATS = ("arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at",
+                      "itl_p50", "itl_p99", "itl_max")  # fmt: skip
+_REQ_STORED_INTS = ("prompt_len", "output_len", "max_tokens", "n", "num_generated", "preemptions",
+                    "prefix_group", "prefix_hit_tokens")  # fmt: skip
+_STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated",
+                     "kv_capacity", "preempted", "waiting")  # fmt: skip
+_STATES = (FINISHED, REJECTED, IN_FLIGHT)
+_STATE_CODE = {name: i for i, name in enumerate(_STATES)}
 
 
-class _GrowingFloats:
-    """A float64 buffer that doubles when full, so searches over past values stay in numpy."""
+class _Rows:
+    """Fixed-width integer rows in one flat buffer: 32-bit until a value needs 64."""
 
-    def __init__(self) -> None:
-        self.data = np.empty(1024)
-        self.size = 0
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.data = array("i")
 
-    def append(self, value: float) -> None:
-        if self.size == len(self.data):
-            self.data = np.concatenate([self.data, np.empty(len(self.data))])
-        self.data[self.size] = value
-        self.size += 1
+    def extend(self, values: tuple[int, ...]) -> None:
+        try:
+            self.data.extend(values)
+        except OverflowError:
+            if self.data.typecode == "q":
+                raise
+            self.data = array("q", self.data)
+            self.data.extend(values)
 
-    @property
-    def view(self) -> np.ndarray:
-        return self.data[: self.size]
+    def columns(self) -> np.ndarray:
+        """A (columns, rows) int64 array."""
+        flat = np.frombuffer(self.data, dtype=np.int32 if self.data.typecode == "i" else np.int64)
+        return flat.reshape(-1, self.width).T.astype(np.int64, order="C")
+
+
+def _quantile(s: np.ndarray, q: float) -> float:
+    """`np.quantile(s, q)` (linear method) of a sorted array, with numpy's exact arithmetic."""
+    v = (len(s) - 1) * q
+    if v >= len(s) - 1:
+        return float(s[-1])
+    i = int(v)
+    t = v - i
+    a, b = float(s[i]), float(s[i + 1])
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
 
 
 class Recorder:
-    """Collects request and step records during a run."""
+    """Collects request and step records during a run, in flat typed buffers (no per-record objects)."""
 
     def __init__(self) -> None:
-        self.req_f = {name: array("d") for name in _REQUEST_FLOAT_COLUMNS}
-        self.req_i = {name: array("q") for name in _REQUEST_INT_COLUMNS}
-        self.state: list[str] = []
-        self.reason: list[str | None] = []
-        self.step_f = {name: array("d") for name in _STEP_FLOAT_COLUMNS}
-        self.step_i = {name: array("q") for name in _STEP_INT_COLUMNS}
-        self.step_ends = _GrowingFloats()
-        self.step_waiting = array("q")
+        self._req_ids = array("q")
+        self._req_ints = _Rows(len(_REQ_STORED_INTS))
+        self._req_floats = array("d")
+        self._req_state = bytearray()
+        self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
+        self._step_ends = array("d")
+        self._step_durations = array("d")
+        self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
+        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_compute = bytearray()
         self.arrived = 0
 
     # --- steps -------------------------------------------------------------------------------------------
     def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
-        f, i = self.step_f, self.step_i
-        f["start"].append(start)
-        f["duration"].append(duration)
-        i["batch_size"].append(plan.batch_size)
-        i["prefill_tokens"].append(plan.num_prefill_tokens)
-        i["decode_tokens"].append(plan.num_decode_tokens)
-        i["kv_used"].append(plan.kv.used)
-        i["kv_allocated"].append(plan.kv.allocated)
-        i["kv_capacity"].append(plan.kv.capacity)
-        i["preempted"].append(plan.preempted)
-        i["compute_bound"].append(int(compute_bound))
-        self.step_waiting.append(waiting)
-        self.step_ends.append(start + duration)
+        ends = self._step_ends
+        if not ends or ends[-1] != start:
+            self._step_starts[len(ends)] = start
+        ends.append(start + duration)
+        self._step_durations.append(duration)
+        kv = plan.kv
+        self._step_ints.extend((
+            plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
+            kv.capacity, plan.preempted, waiting,
+        ))  # fmt: skip
+        self._step_compute.append(compute_bound)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self._step_ends)
+
+    def step_waiting(self, index: int) -> int:
+        """Requests waiting after step `index`."""
+        data = self._step_ints
+        return data.data[index * data.width + _STEP_STORED_INTS.index("waiting")]
+
+    def step_ending_at(self, t: float) -> int:
+        """Index of the first step that ends at or after `t`."""
+        return bisect_left(self._step_ends, t)
 
     # --- requests ----------------------------------------------------------------------------------------
     def request(self, req: Request, state: str) -> None:
-        """Record a request once, when it finishes, is rejected, or is still in flight at the horizon."""
+        """Record a request once, when it finishes, is rejected, or is still in flight at the horizon.
+
+        Its ITL p50/p99 are those of the step durations over its token range, read now (see the module doc).
+        """
         nan = math.nan
-        ttft = req.first_token_at - req.arrival
-        e2e = req.finished_at - req.arrival if state == FINISHED else nan
-        gaps = req.num_generated - 1
-        itl_mean = (req.last_token_at - req.first_token_at) / gaps if gaps > 0 else nan
-        tpot = (e2e - ttft) / gaps if gaps > 0 and state == FINISHED else nan
-        itl_p50 = itl_p99 = nan
-        itl_max = req.itl_max if gaps > 0 else nan
-        if gaps > 0:
-            ends = self.step_ends.view
-            lo = int(np.searchsorted(ends, req.first_token_at, side="right"))
-            hi = int(np.searchsorted(ends, req.last_token_at, side="right"))
-            window = np.asarray(self.step_f["duration"][lo:hi]) if hi > lo else None
-            if window is not None and len(window):
-                itl_p50, itl_p99 = np.quantile(window, (0.5, 0.99)).tolist()
-                itl_max = max(itl_max, float(window.max()))
-        values = {
-            "arrival": req.arrival,
-            "scheduled_at": req.scheduled_at,
-            "first_token_at": req.first_token_at,
-            "finished_at": req.finished_at if state == FINISHED else nan,
-            "queue_wait": req.scheduled_at - req.arrival,
-            "ttft": ttft,
-            "e2e": e2e,
-            "tpot": tpot,
-            "itl_mean": itl_mean,
-            "itl_p50": itl_p50,
-            "itl_p99": itl_p99,
-            "itl_max": itl_max,
-            "normalized_latency": e2e / (req.num_generated * req.n) if req.num_generated else nan,
-        }
-        for name, col in self.req_f.items():
-            col.append(values[name])
-        ints = {
-            "id": req.id,
-            "prompt_len": req.prompt_len,
-            "output_len": req.output_len,
-            "max_tokens": req.max_tokens,
-            "n": req.n,
-            "generated_tokens": req.num_generated * req.n,
-            "preemptions": req.preemptions,
-            "prefix_group": req.prefix_group,
-            "prefix_hit_tokens": req.prefix_hit_tokens,
-        }
-        for name, col in self.req_i.items():
-            col.append(ints[name])
-        self.state.append(state)
-        self.reason.append(req.reject_reason)
+        itl_p50 = itl_p99 = itl_max = nan
+        if req.num_generated > 1:
+            itl_max = req.itl_max
+            ends = self._step_ends
+            lo = bisect_right(ends, req.first_token_at)
+            hi = bisect_right(ends, req.last_token_at)
+            if hi > lo:
+                window = np.sort(np.frombuffer(self._step_durations, np.float64, hi - lo, lo * 8))
+                itl_p50, itl_p99 = _quantile(window, 0.5), _quantile(window, 0.99)
+                itl_max = max(itl_max, float(window[-1]))
+        finished_at = req.finished_at if state == FINISHED else nan
+        self._req_floats.extend((
+            req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, itl_p50,
+            itl_p99, itl_max,
+        ))  # fmt: skip
+        self._req_ids.append(req.id)
+        self._req_ints.extend((
+            req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
+            req.prefix_group, req.prefix_hit_tokens,
+        ))  # fmt: skip
+        if req.reject_reason is not None:
+            self._req_reason[len(self._req_state)] = req.reject_reason
+        self._req_state.append(_STATE_CODE[state])
 
     # --- frames ------------------------------------------------------------------------------------------
     def requests_frame(self) -> pl.DataFrame:
+        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS)).T
+        arrival, scheduled, first, last, finished, p50, p99, itl_max = f
+        i = dict(zip(_REQ_STORED_INTS, self._req_ints.columns(), strict=True))
+        generated, n = i["num_generated"], i["n"]
+        gaps = generated - 1
+        has_gaps = gaps > 0
+        nan = np.full(len(gaps), np.nan)
+        ttft = first - arrival
+        e2e = finished - arrival  # NaN unless finished
+        emitted = generated * n
         cols: dict[str, object] = {
-            name: np.frombuffer(col, dtype=np.int64) for name, col in self.req_i.items()
+            "id": np.frombuffer(self._req_ids, dtype=np.int64),
+            "prompt_len": i["prompt_len"],
+            "output_len": i["output_len"],
+            "max_tokens": i["max_tokens"],
+            "n": n,
+            "generated_tokens": emitted,
+            "preemptions": i["preemptions"],
+            "prefix_group": i["prefix_group"],
+            "prefix_hit_tokens": i["prefix_hit_tokens"],
+            "arrival": arrival,
+            "scheduled_at": scheduled,
+            "first_token_at": first,
+            "finished_at": finished,
+            "queue_wait": scheduled - arrival,
+            "ttft": ttft,
+            "e2e": e2e,
+            "tpot": np.divide(e2e - ttft, gaps, out=nan.copy(), where=has_gaps),
+            "itl_mean": np.divide(last - first, gaps, out=nan.copy(), where=has_gaps),
+            "itl_p50": p50,
+            "itl_p99": p99,
+            "itl_max": itl_max,
+            "normalized_latency": np.divide(e2e, emitted, out=nan.copy(), where=emitted != 0),
         }
-        cols.update({name: np.frombuffer(col, dtype=np.float64) for name, col in self.req_f.items()})
-        cols["state"] = pl.Series(self.state, dtype=pl.Categorical)
-        cols["reject_reason"] = pl.Series(self.reason, dtype=pl.String)
+        cols["state"] = pl.Series([_STATES[c] for c in self._req_state], dtype=pl.Categorical)
+        reasons = self._req_reason
+        cols["reject_reason"] = pl.Series(
+            [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
+        )
         frame = pl.DataFrame(cols).sort("id")
         return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
 
     def steps_frame(self) -> pl.DataFrame:
+        ends = np.frombuffer(self._step_ends, dtype=np.float64)
+        start = np.empty_like(ends)
+        start[1:] = ends[:-1]
+        for step, t in self._step_starts.items():
+            start[step] = t
         cols: dict[str, object] = {
-            name: np.frombuffer(col, dtype=np.float64) for name, col in self.step_f.items()
+            "start": start,
+            "duration": np.frombuffer(self._step_durations, np.float64),
         }
-        cols.update({name: np.frombuffer(col, dtype=np.int64) for name, col in self.step_i.items()})
-        cols["waiting"] = np.frombuffer(self.step_waiting, dtype=np.int64)
+        stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
+        for name in _STEP_INT_COLUMNS:
+            cols[name] = (
+                stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
+            )
+        cols["waiting"] = stored["waiting"]
         frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
         return frame.with_row_index("step")
 
