@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,7 @@ from scipy.optimize import least_squares
 from sim.cost import Calibration
 from sim.errors import SimError
 from sim.validate import (
+    FRONTEND_KEY,
     GroundTruthRow,
     Prediction,
     compare,
@@ -53,6 +54,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "per_row_overhead_s": (1e-8, 1e-4),
     "allreduce_eff": (0.2, 1.0),
     "allreduce_latency_s": (1e-7, 1e-4),
+    FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
 # Residual weights: log(predicted / measured) of these metrics, per row.
 WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5}
@@ -163,35 +165,48 @@ def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     return np.where(tr.tokens > 0, np.maximum(compute, memory) + allreduce + overhead, 0.0)
 
 
-def recost(tr: Trace, cal: Calibration) -> dict[str, float]:
-    """Whole-run metrics (ms) of a trace with its steps re-costed under `cal`."""
+Params = dict[str, float]  # every Calibration field and the front-end overhead
+
+
+def params_of(cal: Calibration, overhead_s: float) -> Params:
+    return asdict(cal) | {FRONTEND_KEY: overhead_s}
+
+
+def split(params: Params) -> tuple[Calibration, float]:
+    cal = Calibration(**{k: v for k, v in params.items() if k != FRONTEND_KEY})
+    return cal, params.get(FRONTEND_KEY, 0.0)
+
+
+def recost(tr: Trace, params: Params | Calibration) -> dict[str, float]:
+    """Whole-run metrics (ms) of a trace with its steps re-costed under `params`."""
+    cal, extra = split(params) if isinstance(params, dict) else (params, 0.0)
     d = step_seconds(tr, cal)
     csum = np.concatenate([[0.0], np.cumsum(d)])
     ws = np.maximum(tr.wait_step, 0)
     wait = np.where(tr.wait_step >= 0, tr.wait_frac * d[ws] + csum[tr.first_step] - csum[ws + 1], 0.0)
-    ttft = wait + csum[tr.token_step + 1] - csum[tr.first_step]
-    e2e = wait + csum[tr.last_step + 1] - csum[tr.first_step]
+    ttft = extra + wait + csum[tr.token_step + 1] - csum[tr.first_step]
+    e2e = extra + wait + csum[tr.last_step + 1] - csum[tr.first_step]
     return metrics_from_latencies(ttft, e2e, tr.output_len)
 
 
-def _with(base: Calibration, names: Sequence[str], x: np.ndarray) -> Calibration:
-    return replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+def _with(base: Params, names: Sequence[str], x: np.ndarray) -> Params:
+    return base | {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
 
 
-def residuals(cal: Calibration, traces: Sequence[Trace]) -> np.ndarray:
+def residuals(params: Params, traces: Sequence[Trace]) -> np.ndarray:
     out = []
     for tr in traces:
-        pred = recost(tr, cal)
+        pred = recost(tr, params)
         for metric, w in WEIGHTS.items():
             out.append(w * math.log(max(pred[metric], 1e-9) / tr.measured[metric]))
     return np.asarray(out)
 
 
-def fit(traces: Sequence[Trace], start: Calibration, names: Sequence[str] = tuple(BOUNDS)) -> Calibration:
+def fit(traces: Sequence[Trace], start: Params, names: Sequence[str] = tuple(BOUNDS)) -> Params:
     """Least-squares fit of the log-parameters `names` on re-costed traces (soft-L1 loss)."""
     lo = np.log([BOUNDS[n][0] for n in names])
     hi = np.log([BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.log([getattr(start, n) for n in names]), lo + 1e-9, hi - 1e-9)
+    x0 = np.clip(np.log([max(start.get(n, 0.0), 1e-12) for n in names]), lo + 1e-9, hi - 1e-9)
     res = least_squares(
         lambda x: residuals(_with(start, names, x), traces),
         x0,
@@ -207,22 +222,14 @@ def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:
     return trace_row(*args)
 
 
-def trace_all(rows: Sequence[GroundTruthRow], scale: float, cal: Calibration, jobs: int) -> list[Trace]:
+def trace_all(rows: Sequence[GroundTruthRow], scale: float, params: Params, jobs: int) -> list[Trace]:
     from sim.sweep import open_executor
 
-    tasks = [(r, scale, asdict(cal)) for r in rows]
+    tasks = [(r, scale, params) for r in rows]
     with open_executor("process", jobs, None) as executor:
         if executor is None:
             return [_trace_task(t) for t in tasks]
         return list(executor.map(_trace_task, tasks))
-
-
-@dataclass
-class FitResult:
-    calibration: Calibration
-    rounds: list[Calibration] = field(default_factory=list)
-    folds: dict[str, Calibration] = field(default_factory=dict)
-    cv_predictions: list[Prediction] = field(default_factory=list)
 
 
 def calibrate(
@@ -230,11 +237,13 @@ def calibrate(
     scale: float = 0.25,
     rounds: int = 2,
     jobs: int = 1,
-    start: Calibration | None = None,
+    start: Params | None = None,
     log: Callable[[str], None] = print,
-) -> tuple[Calibration, list[Trace]]:
+) -> tuple[Params, list[Trace]]:
     """Fixed-point fit: simulate, fit by re-costing, re-simulate with the fit; `rounds` times."""
-    cal = start or Calibration.load()
+    from sim.validate import load_frontend
+
+    cal = start or params_of(Calibration.load(), load_frontend())
     traces: list[Trace] = []
     for i in range(rounds):
         traces = trace_all(rows, scale, cal, jobs)
@@ -248,24 +257,30 @@ def calibrate(
 def cross_validate(
     rows: Sequence[GroundTruthRow],
     traces: Sequence[Trace],
-    start: Calibration,
+    start: Params,
     scale: float,
     jobs: int,
-) -> tuple[dict[str, Calibration], list[Prediction]]:
+) -> tuple[dict[str, Params], list[Prediction]]:
     """Leave one model out: fit on the other models' traces, simulate the held-out rows in full."""
-    folds: dict[str, Calibration] = {}
+    folds: dict[str, Params] = {}
     for group in sorted({t.group for t in traces}):
         folds[group] = fit([t for t in traces if t.group != group], start)
-    preds = predict_all(rows, scale, lambda r: asdict(folds[r.model]), jobs)
+    preds = predict_all(rows, scale, lambda r: folds[r.model], jobs)
     return folds, preds
 
 
-def calibration_toml(cal: Calibration, header: Sequence[str]) -> str:
-    """`[calibration]` table with a provenance header (comment lines)."""
+def calibration_toml(params: Params, header: Sequence[str]) -> str:
+    """`[calibration]` and `[frontend]` tables with a provenance header (comment lines)."""
     lines = [f"# {h}" if h else "#" for h in header]
     lines += ["", "[calibration]"]
     for f in fields(Calibration):
-        lines.append(f"{f.name} = {getattr(cal, f.name):.4g}")
+        lines.append(f"{f.name} = {params[f.name]:.4g}")
+    lines += [
+        "",
+        "# Client-seen latency outside engine steps (API server); used by `sim validate` only.",
+        "[frontend]",
+    ]
+    lines.append(f"{FRONTEND_KEY} = {params[FRONTEND_KEY]:.4g}")
     return "\n".join(lines) + "\n"
 
 
@@ -295,7 +310,7 @@ def run_calibration(
     jobs: int,
     write: Path | None,
     command: str,
-) -> Calibration:
+) -> Params:
     """`sim calibrate`: fit on the steady-state rows, cross-validate by model, write the TOML."""
     from sim.validate import default_csv, load_rows
 
@@ -323,7 +338,7 @@ def run_calibration(
         f"Leave-one-model-out cross-validation (held-out rows simulated, stages x{cv_scale:g}):",
         *[f"  {line}" for line in cv],
         "Fold values (model left out):",
-        *[f"  {g}: " + ", ".join(f"{n}={getattr(c, n):.3g}" for n in BOUNDS) for g, c in folds.items()],
+        *[f"  {g}: " + ", ".join(f"{n}={c[n]:.3g}" for n in BOUNDS) for g, c in folds.items()],
         "Bounds of the fit: " + ", ".join(f"{n} [{lo:g}, {hi:g}]" for n, (lo, hi) in BOUNDS.items()),
     ]
     text = calibration_toml(cal, header)
@@ -335,5 +350,5 @@ def run_calibration(
     return cal
 
 
-def recost_prediction(tr: Trace, cal: Calibration) -> Prediction:
+def recost_prediction(tr: Trace, cal: Params) -> Prediction:
     return Prediction(tr.exp_key, recost(tr, cal), overloaded=False)

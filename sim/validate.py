@@ -33,8 +33,26 @@ OVERLOAD_TTFT_MS = 10_000.0
 # vLLM defaults used when a row does not record a knob (v0.15.1 as run by the load scripts).
 VLLM_DEFAULTS: dict[str, float] = {"max_num_seqs": 128, "max_model_len": 4096, "gpu_mem_util": 0.9}
 GPU_NAMES = {"H100": "H100-SXM"}
+# Fixed latency per request outside the engine's steps (API server: HTTP, tokenization, detokenization and
+# streaming), seen by the client in TTFT and E2E. Read from the `[frontend]` table of calibration.toml.
+FRONTEND_KEY = "request_overhead_s"
 METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
 CSV_COLUMNS = ("exp_key", "metric", "predicted_ms", "measured_ms", "ape_pct", "signed_pct", "overloaded")
+
+
+def load_frontend(path: str | Path | None = None) -> float:
+    """`[frontend] request_overhead_s` of a calibration file (default: the shipped one); 0 when absent."""
+    import tomllib
+
+    try:
+        text = (
+            Path(path).read_text()
+            if path
+            else (resources.files("sim") / "catalog" / "calibration.toml").read_text()
+        )
+    except OSError as exc:
+        raise SimError(f"cannot read calibration file {path}: {exc}") from None
+    return float(tomllib.loads(text).get("frontend", {}).get(FRONTEND_KEY, 0.0))
 
 
 def default_csv() -> Path:
@@ -180,7 +198,7 @@ def row_scenario(
         "workload": workload,
         "policies": {"vllm": policy},
         "horizon": {"duration_s": sum(d for _, d in st) + TAIL_S},
-        "calibration": dict(calibration or {}),
+        "calibration": {k: v for k, v in (calibration or {}).items() if k != FRONTEND_KEY},
     }
     return data, notes
 
@@ -226,7 +244,8 @@ def predict(
     result = run_policy(scenario, "vllm", Path.cwd(), source=f"ground truth row {row.exp_key}")
     ok = successful(result.requests)
     out_len = float(ok["generated_tokens"].mean()) if ok.height else float(row.output_len)  # type: ignore[arg-type]
-    predicted = metrics_from_latencies(ok["ttft"].to_numpy(), ok["e2e"].to_numpy(), out_len)
+    extra = (calibration or {}).get(FRONTEND_KEY, load_frontend())
+    predicted = metrics_from_latencies(ok["ttft"].to_numpy() + extra, ok["e2e"].to_numpy() + extra, out_len)
     overloaded = bool(result.summary["overloaded"]) or predicted["ttft_mean"] > OVERLOAD_TTFT_MS
     return Prediction(row.exp_key, predicted, overloaded, notes, ok.height, result.requests.height)
 
@@ -404,7 +423,7 @@ def run_ground_truth(
     rows = select(load_rows(csv_path), keys)
     cal = None
     if calibration is not None:
-        cal = asdict(Calibration.load(calibration))
+        cal = asdict(Calibration.load(calibration)) | {FRONTEND_KEY: load_frontend(calibration)}
     console = Console(width=max(Console().width, 150))
     console.print(f"simulating {len(rows)} rows ({jobs} jobs, stages x{scale:g})…")
     preds = predict_all(rows, scale, cal, jobs)

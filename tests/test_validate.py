@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim.calibrate import fit, recost, step_seconds, trace_row
+from sim.calibrate import fit, params_of, recost, step_seconds, trace_row
 from sim.cli import app
 from sim.cost import Calibration
 from sim.errors import SimError
@@ -155,7 +155,7 @@ def tiny_trace():  # type: ignore[no-untyped-def]
 def test_recost_reproduces_the_simulation(tiny_trace) -> None:  # type: ignore[no-untyped-def]
     cal = Calibration.load()
     assert np.allclose(step_seconds(tiny_trace, cal), tiny_trace.duration, rtol=1e-9, atol=1e-12)
-    sim = predict(row("62-mistral"), 0.02).predicted
+    sim = predict(row("62-mistral"), 0.02, params_of(cal, 0.0)).predicted
     again = recost(tiny_trace, cal)
     for metric, value in sim.items():
         assert again[metric] == pytest.approx(value, rel=1e-9)
@@ -165,6 +165,14 @@ def test_fit_recovers_a_known_calibration(tiny_trace) -> None:  # type: ignore[n
     truth = replace(Calibration.load(), bandwidth_eff=0.6, step_overhead_s=1e-3)
     target = recost(tiny_trace, truth)
     synthetic = replace(tiny_trace, measured=target)
-    got = fit([synthetic], Calibration.load(), names=("bandwidth_eff", "step_overhead_s"))
-    assert got.bandwidth_eff == pytest.approx(0.6, rel=0.05)
-    assert got.step_overhead_s == pytest.approx(1e-3, rel=0.1)
+    got = fit([synthetic], params_of(Calibration.load(), 0.0), names=("bandwidth_eff", "step_overhead_s"))
+    assert got["bandwidth_eff"] == pytest.approx(0.6, rel=0.05)
+    assert got["step_overhead_s"] == pytest.approx(1e-3, rel=0.1)
+
+
+def test_frontend_overhead_adds_to_ttft_and_e2e(tiny_trace) -> None:  # type: ignore[no-untyped-def]
+    base = recost(tiny_trace, params_of(Calibration.load(), 0.0))
+    more = recost(tiny_trace, params_of(Calibration.load(), 0.02))
+    assert more["ttft_mean"] - base["ttft_mean"] == pytest.approx(20.0)
+    assert more["e2e_p99"] - base["e2e_p99"] == pytest.approx(20.0)
+    assert more["itl_mean"] == pytest.approx(base["itl_mean"])
