@@ -22,6 +22,7 @@ import math
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from operator import add, mul
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -104,6 +105,37 @@ class StepInfo:
     @property
     def rows(self) -> list[tuple[Seq, int]]:
         return list(zip(self.seqs, self.counts, strict=True))
+
+
+class VllmPlan(StepPlan):
+    """A step plan with its rows' integer sums (`totals`, for `CostModel.step_time_totals`); the row arrays
+    are built from the step's lists on first access."""
+
+    __slots__ = ("totals", "_arrays")
+
+    def __init__(self, info: StepInfo, totals: tuple[int, int, int, int, int, int, int], kv: KvUsage) -> None:
+        self.totals = totals
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.num_decode_tokens = info.decode
+        self.num_prefill_tokens = totals[1] - info.decode
+        self.kv = kv
+        self.payload = info
+        self.preempted = len(info.preempted)
+        self.batch_size = totals[0]
+
+    def _rows(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            info: StepInfo = self.payload
+            self._arrays = np.array(info.counts, dtype=np.int64), np.array(info.contexts, dtype=np.int64)
+        return self._arrays
+
+    @property  # type: ignore[override]
+    def new_tokens(self) -> np.ndarray:
+        return self._rows()[0]
+
+    @property  # type: ignore[override]
+    def context(self) -> np.ndarray:
+        return self._rows()[1]
 
 
 class VllmScheduler:
@@ -192,10 +224,10 @@ class VllmScheduler:
             return budget
         kv, threshold, limit = self.kv, self.threshold, self.max_model_len - 1
         seqs, counts, contexts, emit = info.seqs, info.counts, info.contexts, info.emit
-        decode = grown = i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
-            i += 1
+        decode = grown = 0
+        for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
+            if budget <= 0:
+                break
             computed = seq.num_computed
             length = seq.num_tokens
             n = length - computed
@@ -211,17 +243,8 @@ class VllmScheduler:
             if end <= seq.kv_room:  # within its blocks, nothing to cache: no call into the KV manager
                 grown += end - seq.kv_slots
                 seq.kv_slots = end
-            else:
-                preempted = False
-                while not kv.allocate(seq, n):
-                    victim = running.pop()
-                    self._preempt(victim)
-                    info.preempted.append(victim)
-                    preempted = victim is seq
-                    if preempted:
-                        break
-                if preempted:
-                    break
+            elif not self._allocate_or_preempt(seq, n, info):
+                break
             seqs.append(seq)
             counts.append(n)
             contexts.append(computed)
@@ -239,6 +262,18 @@ class VllmScheduler:
         kv.filled(grown)
         info.decode += decode
         return budget
+
+    def _allocate_or_preempt(self, seq: Seq, n: int, info: StepInfo) -> bool:
+        """Blocks for `n` more tokens of a running `seq`, preempting from the back until they fit; False
+        when `seq` itself had to go."""
+        running = self.running
+        while not self.kv.allocate(seq, n):
+            victim = running.pop()
+            self._preempt(victim)
+            info.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
 
     def _preempt(self, seq: Seq) -> None:
         self.kv.free(seq)
@@ -286,19 +321,17 @@ class VllmScheduler:
                     info.decode += 1
             budget -= n
 
-    def _plan(self, info: StepInfo) -> StepPlan:
-        counts = info.counts
-        total = sum(counts)
+    def _plan(self, info: StepInfo) -> VllmPlan:
+        counts, contexts = info.counts, info.contexts
+        rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
+        if ones == rows:  # one token per row: c·q = q and c² = 1
+            cq, cc = ctx, rows
+        else:
+            cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
+        max_end = max(map(add, counts, contexts))
         allocated = self.kv.allocated
-        return StepPlan(
-            new_tokens=np.array(counts, dtype=np.int64),
-            context=np.array(info.contexts, dtype=np.int64),
-            num_prefill_tokens=total - info.decode,
-            num_decode_tokens=info.decode,
-            kv=KvUsage(used=allocated - self.kv.waste, allocated=allocated, capacity=self.capacity),
-            payload=info,
-            preempted=len(info.preempted),
-        )
+        usage = KvUsage(used=allocated - self.kv.waste, allocated=allocated, capacity=self.capacity)
+        return VllmPlan(info, (rows, tokens, ones, cq, cc, ctx, max_end), usage)
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
