@@ -205,3 +205,13 @@ def test_no_request_is_lost(
     steps = out.recorder.steps_frame()
     assert (steps["kv_allocated"] <= steps["kv_capacity"]).all()
     assert (steps["kv_used"] <= steps["kv_allocated"]).all()
+
+
+def test_request_admitted_into_a_step_cut_by_the_horizon_is_in_flight() -> None:
+    sched = ContinuousScheduler(ContinuousConfig(max_num_seqs=4), MEMORY)
+    reqs = iter([Request(0, 0.0, 16, 100, 100), Request(1, 0.005, 16, 5, 5)])
+    out = simulate(sched, constant_step, Horizon(duration_s=0.015, max_requests=2), open_loop=reqs)
+    frame = out.recorder.requests_frame()
+    assert frame["id"].to_list() == [0, 1]
+    assert frame["state"].cast(str).to_list() == ["in_flight", "in_flight"]
+    assert frame["scheduled_at"][1] == pytest.approx(DT)

@@ -81,6 +81,7 @@ class ContinuousScheduler:
         self.running: dict[Request, int] = {}
         self.finish_heap: list[tuple[int, int, Request]] = []
         self.step = 0  # steps applied so far
+        self.pending: list[Request] = []  # admitted into the step in progress
         self.last_end = math.nan  # end time of the latest applied step
         # Sums over running requests' decode rows (c = n new tokens on q = context), kept up to date.
         self._seqs = 0  # Σ n
@@ -137,6 +138,7 @@ class ContinuousScheduler:
             self._ctx,
             max_end,
         )
+        self.pending = admitted
         plan = ContinuousPlan(totals, lambda: self._rows(admitted))
         plan.num_prefill_tokens = prefill
         plan.num_decode_tokens = self._seqs
@@ -165,6 +167,7 @@ class ContinuousScheduler:
             plan.applied()
         k = self.step
         self.last_end = now
+        self.pending = []
         running, kv = self.running, self.kv
         # Decodes: one token per running sequence; every context grows by one.
         self._ctx += len(running)
@@ -212,7 +215,7 @@ class ContinuousScheduler:
             req.num_generated = last - first + 1
             req.num_computed = req.prompt_len + req.num_generated - 1
             req.last_token_at = self.last_end
-        return [*self.running, *self.waiting]
+        return [*self.running, *self.pending, *self.waiting]
 
 
 def build(config: ContinuousConfig, memory: KvBudget) -> ContinuousScheduler:
