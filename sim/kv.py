@@ -85,7 +85,11 @@ class BlockPool:
 
     def cache(self, block: Block, key: Hashable) -> None:
         block.hash = key
-        self._cache.setdefault(key, {})[block.id] = block
+        found = self._cache.get(key)
+        if found is None:
+            self._cache[key] = {block.id: block}
+        else:
+            found[block.id] = block
 
     def _evict(self, block: Block) -> None:
         found = self._cache.get(block.hash)
@@ -180,17 +184,11 @@ class KvManager:
         computed = seq.num_computed + num_hit
         slots = min(computed + num_new, self.max_model_len)
         blocks = seq.kv_blocks
-        bs = self.block_size
-        if blocks is not None and not hits and slots <= len(blocks) * bs:
-            # the last block has room
-            self.waste += seq.kv_slots - slots
-            seq.kv_slots = slots
-            if self.caching and min(slots, seq.num_tokens) // bs > seq.kv_cached:
-                self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
-            self._set_room(seq, blocks)
-            return True
+        if blocks is not None and not hits:
+            return self._grow(seq, blocks, slots, min(computed + num_new, seq.num_tokens))
         if self.blocks_needed(seq, slots, hits) > len(self.pool._free):
             return False
+        bs = self.block_size
         if blocks is None:
             old_waste = 0
             blocks = seq.kv_blocks = []
@@ -207,6 +205,27 @@ class KvManager:
         seq.kv_slots = slots
         if self.caching:
             self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
+        self._set_room(seq, blocks)
+        return True
+
+    def _grow(self, seq: Tokens, blocks: list[Block], slots: int, filled: int) -> bool:
+        """`allocate` for a holder without cache hits: `slots` in all, `filled` tokens of content."""
+        bs = self.block_size
+        held = len(blocks)
+        if slots > held * bs:  # new blocks
+            more = -(-slots // bs) - held
+            if more > len(self.pool._free):
+                return False
+            blocks.extend(self.pool.take(more))
+            self.waste += more * bs + seq.kv_slots - slots
+            seq.kv_slots = slots
+            if self.caching and filled // bs > seq.kv_cached:
+                self._cache_full(seq, blocks, filled)
+        else:
+            self.waste += seq.kv_slots - slots
+            seq.kv_slots = slots
+            if self.caching and (slots if slots < seq.num_tokens else seq.num_tokens) // bs > seq.kv_cached:
+                self._cache_full(seq, blocks, filled)
         self._set_room(seq, blocks)
         return True
 
@@ -232,9 +251,9 @@ class KvManager:
     def _set_room(self, seq: Tokens, blocks: list[Block]) -> None:
         bs = self.block_size
         room = len(blocks) * bs
-        if self.caching:
-            room = min(room, (seq.kv_cached + 1) * bs - 1)  # filling the next block caches it
-        seq.kv_room = min(room, self.max_model_len)
+        if self.caching and room >= (seq.kv_cached + 1) * bs:
+            room = (seq.kv_cached + 1) * bs - 1  # filling the next block caches it
+        seq.kv_room = room if room <= self.max_model_len else self.max_model_len
 
     def _cache_full(self, seq: Tokens, blocks: list[Block], num_tokens: int) -> None:
         done = seq.kv_cached

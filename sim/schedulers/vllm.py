@@ -82,7 +82,7 @@ class Seq:
         """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies."""
         req = self.req
         end = (j + 1) * self.block_size
-        if req.prefix_group >= 0 and end <= min(req.prefix_len, req.prompt_len):
+        if req.prefix_group >= 0 and end <= req.prefix_len and end <= req.prompt_len:
             return ("g", req.prefix_group, j)
         if end <= req.prompt_len:
             return ("p", req.id, j)
@@ -223,13 +223,31 @@ class VllmScheduler:
         if not running:
             return budget
         kv, threshold, limit = self.kv, self.threshold, self.max_model_len - 1
-        seqs, counts, contexts, emit = info.seqs, info.counts, info.contexts, info.emit
+        add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
+        add_emit = info.emit.append
         decode = grown = 0
         for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
             if budget <= 0:
                 break
             computed = seq.num_computed
             length = seq.num_tokens
+            req = seq.req
+            if computed + 1 == length and length <= seq.kv_room and computed < limit:
+                # a decode within its blocks (no cap binds one token): no call into the KV manager
+                grown += length - seq.kv_slots
+                seq.kv_slots = seq.num_computed = length
+                add_seq(seq)
+                add_count(1)
+                add_context(computed)
+                add_emit(seq)
+                if seq.num_generated > 0:
+                    decode += 1
+                budget -= 1
+                if req.n == 1:
+                    req.num_computed = length
+                else:
+                    self._sync(seq)
+                continue
             n = length - computed
             if 0 < threshold < n:
                 n = threshold
@@ -240,22 +258,21 @@ class VllmScheduler:
             if n <= 0:
                 continue
             end = computed + n
-            if end <= seq.kv_room:  # within its blocks, nothing to cache: no call into the KV manager
+            if end <= seq.kv_room:  # within its blocks, nothing to cache
                 grown += end - seq.kv_slots
                 seq.kv_slots = end
             elif not self._allocate_or_preempt(seq, n, info):
                 break
-            seqs.append(seq)
-            counts.append(n)
-            contexts.append(computed)
+            add_seq(seq)
+            add_count(n)
+            add_context(computed)
             seq.num_computed = end
-            req = seq.req
             if req.n == 1:
                 req.num_computed = end
             else:
                 self._sync(seq)
             if end >= length:
-                emit.append(seq)
+                add_emit(seq)
                 if n == 1 and seq.num_generated > 0:
                     decode += 1
             budget -= n
