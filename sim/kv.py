@@ -55,10 +55,16 @@ class BlockPool:
         if n > len(free):
             raise RuntimeError(f"cannot take {n} blocks, {len(free)} free")
         out: list[Block] = []
+        cache = self._cache
         for _ in range(n):
-            _, block = free.popitem(last=False)
-            if block.hash is not None:
-                self._evict(block)
+            block = free.popitem(last=False)[1]
+            if block.hash is not None:  # evict
+                found = cache.get(block.hash)
+                if found is not None:
+                    found.pop(block.id, None)
+                    if not found:
+                        del cache[block.hash]
+                block.hash = None
             block.ref = 1
             out.append(block)
         return out
@@ -90,14 +96,6 @@ class BlockPool:
             self._cache[key] = {block.id: block}
         else:
             found[block.id] = block
-
-    def _evict(self, block: Block) -> None:
-        found = self._cache.get(block.hash)
-        if found is not None:
-            found.pop(block.id, None)
-            if not found:
-                del self._cache[block.hash]
-        block.hash = None
 
 
 class Tokens(Protocol):
@@ -181,11 +179,12 @@ class KvManager:
 
     def allocate(self, seq: Tokens, num_new: int, hits: Sequence[Block] = (), num_hit: int = 0) -> bool:
         """Give `seq` slots for `num_new` tokens after `num_hit` cached ones; False if blocks are short."""
-        computed = seq.num_computed + num_hit
-        slots = min(computed + num_new, self.max_model_len)
+        end = seq.num_computed + num_hit + num_new
+        slots = end if end < self.max_model_len else self.max_model_len
+        filled = end if end < seq.num_tokens else seq.num_tokens
         blocks = seq.kv_blocks
         if blocks is not None and not hits:
-            return self._grow(seq, blocks, slots, min(computed + num_new, seq.num_tokens))
+            return self._grow(seq, blocks, slots, filled)
         if self.blocks_needed(seq, slots, hits) > len(self.pool._free):
             return False
         bs = self.block_size
@@ -204,7 +203,7 @@ class KvManager:
         self.waste += len(blocks) * bs - slots - old_waste
         seq.kv_slots = slots
         if self.caching:
-            self._cache_full(seq, blocks, min(computed + num_new, seq.num_tokens))
+            self._cache_full(seq, blocks, filled)
         self._set_room(seq, blocks)
         return True
 
@@ -258,7 +257,15 @@ class KvManager:
     def _cache_full(self, seq: Tokens, blocks: list[Block], num_tokens: int) -> None:
         done = seq.kv_cached
         full = num_tokens // self.block_size
+        if full <= done:
+            return
+        cache = self.pool._cache
         for j in range(done, full):
-            self.pool.cache(blocks[j], seq.block_hash(j))
-        if full > done:
-            seq.kv_cached = full
+            block, key = blocks[j], seq.block_hash(j)
+            block.hash = key
+            found = cache.get(key)
+            if found is None:
+                cache[key] = {block.id: block}
+            else:
+                found[block.id] = block
+        seq.kv_cached = full

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import add, mul
 
 import numpy as np
@@ -89,18 +89,20 @@ class Seq:
         return ("s", req.id, self.child, j)
 
 
-@dataclass(slots=True)
 class StepInfo:
     """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
 
-    seqs: list[Seq] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)  # new tokens per row
-    contexts: list[int] = field(default_factory=list)  # computed tokens per row before this step
-    emit: list[Seq] = field(default_factory=list)  # rows that reach their length: each emits a token
-    new: list[Seq] = field(default_factory=list)
-    resumed: list[Seq] = field(default_factory=list)
-    preempted: list[Seq] = field(default_factory=list)
-    decode: int = 0  # rows that decode one token
+    __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode")
+
+    def __init__(self) -> None:
+        self.seqs: list[Seq] = []
+        self.counts: list[int] = []  # new tokens per row
+        self.contexts: list[int] = []  # computed tokens per row before this step
+        self.emit: list[Seq] = []  # rows that reach their length: each emits a token
+        self.new: list[Seq] = []
+        self.resumed: list[Seq] = []
+        self.preempted: list[Seq] = []
+        self.decode = 0  # rows that decode one token
 
     @property
     def rows(self) -> list[tuple[Seq, int]]:
@@ -341,11 +343,11 @@ class VllmScheduler:
     def _plan(self, info: StepInfo) -> VllmPlan:
         counts, contexts = info.counts, info.contexts
         rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
-        if ones == rows:  # one token per row: c·q = q and c² = 1
-            cq, cc = ctx, rows
+        if ones == rows:  # one token per row: c·q = q, c² = 1
+            cq, cc, max_end = ctx, rows, max(contexts) + 1
         else:
             cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
-        max_end = max(map(add, counts, contexts))
+            max_end = max(map(add, counts, contexts))
         allocated = self.kv.allocated
         usage = KvUsage(used=allocated - self.kv.waste, allocated=allocated, capacity=self.capacity)
         return VllmPlan(info, (rows, tokens, ones, cq, cc, ctx, max_end), usage)
