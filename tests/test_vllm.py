@@ -146,6 +146,21 @@ def test_parallel_sampling_shares_the_prompt_through_the_cache() -> None:
     assert step(s, 2.0) == [r] and r.num_generated == 3 and s.kv.num_free == 99
 
 
+def test_token_times_match_request_emit() -> None:
+    s = make(max_num_batched_tokens=64)
+    r, shadow = req(0, 100, 6), req(0, 100, 6)
+    s.add(r, 0.0)
+    t = 0.0
+    while s.in_flight():
+        before = r.num_generated
+        step(s, t)
+        if r.num_generated > before:
+            shadow.emit(t)
+        t += 0.5 + 0.25 * (t % 2)
+    fields = ("num_generated", "first_token_at", "last_token_at", "itl_max", "finished_at")
+    assert [getattr(r, f) for f in fields] == [getattr(shadow, f) for f in fields]
+
+
 def test_kv_usage_reports_fragmentation() -> None:
     s = make()
     s.add(req(0, 20, 5), 0.0)
@@ -226,6 +241,10 @@ def test_invariants_every_step(
             s.update(plan, float(t) + 0.5)
         in_use = sum(1 for b in pool.blocks[1:] if b.ref > 0)
         assert in_use + pool.num_free == num_blocks - 1
+        held = [q for q in s.running if q.kv_blocks is not None]
+        assert len(held) == len(s.running) and all(q.kv_blocks is None for q in s.waiting)
+        assert s.kv.waste == sum(len(q.kv_blocks or ()) * block_size - q.kv_slots for q in held)
+        assert all(q.kv_slots <= q.kv_room or q.kv_room == -1 for q in held)
         for r in accepted:
             assert r.num_generated <= r.max_tokens
         t += 1

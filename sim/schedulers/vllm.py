@@ -214,7 +214,7 @@ class VllmScheduler:
         info = StepInfo()
         self.last = info
         budget = self._schedule_running(info, self.token_budget)
-        if not info.preempted:
+        if self.waiting and not info.preempted:
             self._schedule_waiting(info, budget, now)
         if not info.seqs:
             return None
@@ -361,8 +361,15 @@ class VllmScheduler:
             seq.num_generated = generated
             seq.num_tokens += 1
             req = seq.req
-            if req.n == 1:
-                req.emit(now)
+            if req.n == 1:  # req.emit(now), inlined: the hot path of a decode step
+                if req.num_generated == 0:
+                    req.first_token_at = now
+                elif now - req.last_token_at > req.itl_max:
+                    req.itl_max = now - req.last_token_at
+                req.last_token_at = now
+                req.num_generated += 1
+                if req.num_generated >= req.output_len:
+                    req.finished_at = now
             else:
                 self._emit_group(req, now)
             if generated >= seq.out_len:
