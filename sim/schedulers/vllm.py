@@ -348,8 +348,9 @@ class VllmScheduler:
         else:
             cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
             max_end = max(map(add, counts, contexts))
-        allocated = self.kv.allocated
-        usage = KvUsage(used=allocated - self.kv.waste, allocated=allocated, capacity=self.capacity)
+        kv = self.kv
+        allocated = kv.allocated
+        usage = KvUsage(allocated - kv.waste, allocated, self.capacity)  # used, allocated, capacity
         return VllmPlan(info, (rows, tokens, ones, cq, cc, ctx, max_end), usage)
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
