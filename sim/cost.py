@@ -22,16 +22,16 @@ ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies and overheads; defaults and their rationale live in sim/catalog/calibration.toml."""
+    """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
 
-    compute_eff_prefill: float = 0.55
-    compute_eff_decode: float = 0.35
-    bandwidth_eff: float = 0.8
-    step_overhead_s: float = 4.0e-4
-    layer_overhead_s: float = 1.0e-5
-    per_row_overhead_s: float = 5.0e-6
-    allreduce_eff: float = 0.7
-    allreduce_latency_s: float = 1.0e-5
+    compute_eff_prefill: float = 0.9
+    compute_eff_decode: float = 0.9
+    bandwidth_eff: float = 0.7013
+    step_overhead_s: float = 2e-05
+    layer_overhead_s: float = 1e-07
+    per_row_overhead_s: float = 1e-08
+    allreduce_eff: float = 1.0
+    allreduce_latency_s: float = 7.549e-06
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:

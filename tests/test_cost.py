@@ -114,7 +114,7 @@ def test_empty_step_and_bad_tp() -> None:
 
 
 def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
-    assert Calibration.load() == Calibration()
+    assert Calibration.load() == Calibration()  # the dataclass defaults are the fitted values
     p = tmp_path / "cal.toml"
     p.write_text("[calibration]\nbandwidth_eff = 0.5\n")
     assert Calibration.load(p).bandwidth_eff == 0.5
