@@ -225,7 +225,10 @@ class KvManager:
             seq.kv_slots = slots
             if self.caching and (slots if slots < seq.num_tokens else seq.num_tokens) // bs > seq.kv_cached:
                 self._cache_full(seq, blocks, filled)
-        self._set_room(seq, blocks)
+        room = len(blocks) * bs  # as _set_room
+        if self.caching and room >= (seq.kv_cached + 1) * bs:
+            room = (seq.kv_cached + 1) * bs - 1
+        seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         return True
 
     def filled(self, tokens: int) -> None:
