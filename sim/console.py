@@ -37,7 +37,11 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
             row(f"{metric} {q} (ms)", lambda s, m=metric, q=q: _ms(s["latency"][m][q]))
     row("goodput (req/s)", lambda s: f"{s['goodput_per_s']:.2f}")
     row("mean batch size", lambda s: f"{s['steps']['mean_batch_size']:.1f}")
-    row("mean KV utilisation", lambda s: f"{s['steps']['mean_kv_utilization']:.0%}")
+    row("max batch size", lambda s: f"{s['steps']['max_batch_size']:,}")
+    row(
+        "KV: states / held unused / free",
+        lambda s: " / ".join(f"{s['kv_memory'][k]:.0%}" for k in ("token_states", "held_unused", "free")),
+    )
     row("preemptions", lambda s: f"{s['steps']['preemptions']:,}")
     row("prefix-cache hit rate", lambda s: f"{s['prefix_cache_hit_rate']:.0%}")
     console.print(table)

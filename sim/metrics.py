@@ -262,6 +262,19 @@ def _itl_stats(requests: pl.DataFrame, steps: pl.DataFrame) -> dict[str, float |
     return out
 
 
+def kv_breakdown(steps: pl.DataFrame) -> dict[str, float]:
+    """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
+    but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
+    busy = float(steps["duration"].sum()) if steps.height else 0.0
+    if busy <= 0:
+        return {"token_states": 0.0, "held_unused": 0.0, "free": 1.0}
+    w = steps["duration"] / busy
+    cap = steps["kv_capacity"].cast(pl.Float64)
+    used = float((w * steps["kv_used"] / cap).sum())
+    held = float((w * steps["kv_allocated"] / cap).sum())
+    return {"token_states": used, "held_unused": held - used, "free": 1.0 - held}
+
+
 def summarize(
     requests: pl.DataFrame, steps: pl.DataFrame, horizon_s: float, slo: Slo, overloaded: bool
 ) -> dict[str, object]:
@@ -312,7 +325,9 @@ def summarize(
             "compute_bound_fraction": float(steps["compute_bound"].mean()) if steps.height else 0.0,  # type: ignore[arg-type]
             "preemptions": int(steps["preempted"].sum()),
             "mean_kv_utilization": kv_util,
+            "max_batch_size": int(steps["batch_size"].max()) if steps.height else 0,  # type: ignore[arg-type]
         },
+        "kv_memory": kv_breakdown(steps),
         "prefix_cache_hit_rate": (
             float(fin["prefix_hit_tokens"].sum() / fin["prompt_len"].sum()) if fin.height else 0.0
         ),
