@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench validate clean
+.PHONY: venv run test bench validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_vllm.py
+	$(BIN)/python benchmarks/bench_sweep.py
+
+# Queueing theory (M/D/1, M/G/1, Little's law), the vLLM scheduler conformance cases, and the cost model
+# against the real vLLM measurements (reports/fidelity/fidelity.csv and fidelity.html).
+validate: $(STAMP)
+	$(BIN)/pytest -q tests/test_engine.py tests/test_replay.py tests/test_vllm.py
+	$(BIN)/sim validate ground-truth --out reports/fidelity
 
 clean:
 	rm -rf $(VENV) reports/*
