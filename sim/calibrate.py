@@ -2,10 +2,11 @@
 
 A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
 re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
-terms (FLOPs, prefill share, bytes, tokens, rows) and, per request, the steps it waited through, was
+terms (FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the steps it waited through, was
 scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
 
-    max(FLOPs / (peak · eff(prefill share)), bytes / (HBM · bandwidth_eff))
+    max(FLOPs / (peak · eff(prefill share)),
+        weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
     + [TP > 1] (2L · allreduce_latency_s + tokens · ring bytes / (link · allreduce_eff))
     + step_overhead_s + L · layer_overhead_s + rows · per_row_overhead_s
 
@@ -49,6 +50,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "compute_eff_prefill": (0.2, 0.9),
     "compute_eff_decode": (0.05, 0.9),
     "bandwidth_eff": (0.4, 0.95),
+    "kv_bandwidth_eff": (0.4, 0.95),
     "step_overhead_s": (2e-5, 1e-2),
     "layer_overhead_s": (1e-7, 2e-4),
     "per_row_overhead_s": (1e-8, 1e-4),
@@ -57,7 +59,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
 # Residual weights: log(predicted / measured) of these metrics, per row.
-WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5}
+WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5, "itl_mean": 0.0}
+STARTS = 1  # least-squares starting points
 
 
 @dataclass
@@ -70,7 +73,8 @@ class Trace:
     measured: dict[str, float]
     flops: np.ndarray
     share: np.ndarray  # prefill share of the step's tokens
-    bytes_: np.ndarray
+    weight_bytes: np.ndarray
+    kv_bytes: np.ndarray  # KV-cache bytes read and written
     tokens: np.ndarray
     rows: np.ndarray
     duration: np.ndarray  # as simulated
@@ -101,14 +105,14 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     cost, budget, _ = build_cost_and_memory(scenario)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed, Path.cwd())
-    terms: list[tuple[float, float, float, int, int]] = []
+    terms: list[tuple[float, float, float, float, int, int]] = []
 
     def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         s = cost.step(new_tokens, context)
         prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
         share = prefill / s.tokens if s.tokens else 0.0
         flops = s.flops_linear + s.flops_attention
-        terms.append((flops, share, s.weight_bytes + s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
+        terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
         return s.seconds, s.compute_s > s.memory_s
 
     h = scenario.horizon
@@ -116,7 +120,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         scheduler, step_time, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s)
     )
     steps = out.recorder.steps_frame()
-    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 5)
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 6)
     start = steps["start"].to_numpy()
     dur = steps["duration"].to_numpy()
     end = start + dur
@@ -135,9 +139,10 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         measured=row.measured(),
         flops=t[:, 0],
         share=t[:, 1],
-        bytes_=t[:, 2],
-        tokens=t[:, 3],
-        rows=t[:, 4],
+        weight_bytes=t[:, 2],
+        kv_bytes=t[:, 3],
+        tokens=t[:, 4],
+        rows=t[:, 5],
         duration=dur,
         peak_flops=cost.peak_flops,
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
@@ -156,7 +161,8 @@ def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     """Re-cost every step of a trace under `cal` (the maths of `CostModel.step_time`)."""
     eff = tr.share * cal.compute_eff_prefill + (1.0 - tr.share) * cal.compute_eff_decode
     compute = tr.flops / (tr.peak_flops * eff)
-    memory = tr.bytes_ / (tr.hbm_bandwidth * cal.bandwidth_eff)
+    bw = tr.hbm_bandwidth
+    memory = tr.weight_bytes / (bw * cal.bandwidth_eff) + tr.kv_bytes / (bw * cal.kv_bandwidth_eff)
     allreduce = 0.0
     if tr.allreduces:
         ring = tr.tokens * tr.ring_s_per_token / cal.allreduce_eff
@@ -202,20 +208,32 @@ def residuals(params: Params, traces: Sequence[Trace]) -> np.ndarray:
     return np.asarray(out)
 
 
-def fit(traces: Sequence[Trace], start: Params, names: Sequence[str] = tuple(BOUNDS)) -> Params:
-    """Least-squares fit of the log-parameters `names` on re-costed traces (soft-L1 loss)."""
+def fit(
+    traces: Sequence[Trace], start: Params, names: Sequence[str] = tuple(BOUNDS), starts: int = STARTS
+) -> Params:
+    """Least-squares fit of the log-parameters `names` on re-costed traces (soft-L1 loss).
+
+    Starts from `start` and from `starts - 1` further points drawn (fixed seed) in the log-bounds box;
+    the lowest cost wins.
+    """
     lo = np.log([BOUNDS[n][0] for n in names])
     hi = np.log([BOUNDS[n][1] for n in names])
     x0 = np.clip(np.log([max(start.get(n, 0.0), 1e-12) for n in names]), lo + 1e-9, hi - 1e-9)
-    res = least_squares(
-        lambda x: residuals(_with(start, names, x), traces),
-        x0,
-        bounds=(lo, hi),
-        loss="soft_l1",
-        f_scale=0.1,
-        diff_step=1e-3,
-    )
-    return _with(start, names, res.x)
+    rng = np.random.default_rng(0)
+    best = None
+    for x in [x0, *(lo + (hi - lo) * rng.uniform(0.1, 0.9, len(names)) for _ in range(starts - 1))]:
+        res = least_squares(
+            lambda x: residuals(_with(start, names, x), traces),
+            x,
+            bounds=(lo, hi),
+            loss="soft_l1",
+            f_scale=0.1,
+            diff_step=1e-3,
+        )
+        if best is None or res.cost < best.cost:
+            best = res
+    assert best is not None
+    return _with(start, names, best.x)
 
 
 def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:

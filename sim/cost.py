@@ -1,5 +1,8 @@
 """Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads.
 
+Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
+(GEMMs and paged attention are separate kernels with different achieved bandwidth).
+
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
 (prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
 """
@@ -26,12 +29,13 @@ class Calibration:
 
     compute_eff_prefill: float = 0.9
     compute_eff_decode: float = 0.9
-    bandwidth_eff: float = 0.7013
+    bandwidth_eff: float = 0.6295  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8303  # KV-cache reads and writes (paged attention)
     step_overhead_s: float = 2e-05
     layer_overhead_s: float = 1e-07
     per_row_overhead_s: float = 1e-08
     allreduce_eff: float = 1.0
-    allreduce_latency_s: float = 7.549e-06
+    allreduce_latency_s: float = 1e-07
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
@@ -117,6 +121,7 @@ class CostModel:
         self.head_flops_row = m.lm_head_flops / tp
         self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.achievable_bw = gpu.hbm_bandwidth * cal.bandwidth_eff
+        self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
         self.layer_overhead = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
@@ -170,7 +175,7 @@ class CostModel:
         kv_read = self.kv_layer_bytes * kv_tokens
         kv_write = self.kv_token_bytes * tokens
         compute_s = (flops_lin + flops_attn) / (self.peak_flops * self._eff(prefill, tokens))
-        memory_s = (weight_bytes + kv_read + kv_write) / self.achievable_bw
+        memory_s = weight_bytes / self.achievable_bw + (kv_read + kv_write) / self.kv_bw
         allreduce_s = self.ar_fixed + self.ar_per_token * tokens
         overhead_s = self.layer_overhead + self.cal.per_row_overhead_s * rows
         seconds = max(compute_s, memory_s) + allreduce_s + overhead_s
@@ -229,9 +234,8 @@ class CostModel:
         flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
         weight_bytes = self._weights(tokens)[0] if self.model.num_experts else self.static_weight_bytes
         compute_s = flops / (self.peak_flops * self._eff(prefill, tokens))
-        memory_s = (weight_bytes + self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens) / (
-            self.achievable_bw
-        )
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
         extra = self.ar_fixed + self.ar_per_token * tokens + self.layer_overhead
         seconds = max(compute_s, memory_s) + extra + self.cal.per_row_overhead_s * rows
         return seconds, compute_s > memory_s
