@@ -2,8 +2,8 @@
 
 A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
 re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
-terms (FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the steps it waited through, was
-scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
+terms (FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the steps it waited
+through, was scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
 
     max(FLOPs / (peak · eff(prefill share)),
         weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
@@ -51,7 +51,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "compute_eff_decode": (0.05, 0.9),
     "bandwidth_eff": (0.4, 0.95),
     "kv_bandwidth_eff": (0.4, 0.95),
-    "step_overhead_s": (2e-5, 1e-2),
+    "step_overhead_s": (3e-4, 1e-2),  # floor: CPU-side scheduling and launch of a step (few hundred µs)
     "layer_overhead_s": (1e-7, 2e-4),
     "per_row_overhead_s": (1e-8, 1e-4),
     "allreduce_eff": (0.2, 1.0),

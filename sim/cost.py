@@ -29,9 +29,9 @@ class Calibration:
 
     compute_eff_prefill: float = 0.9
     compute_eff_decode: float = 0.9
-    bandwidth_eff: float = 0.6295  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8303  # KV-cache reads and writes (paged attention)
-    step_overhead_s: float = 2e-05
+    bandwidth_eff: float = 0.6441  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8711  # KV-cache reads and writes (paged attention)
+    step_overhead_s: float = 0.0003
     layer_overhead_s: float = 1e-07
     per_row_overhead_s: float = 1e-08
     allreduce_eff: float = 1.0
