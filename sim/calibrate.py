@@ -58,7 +58,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "allreduce_latency_s": (1e-7, 1e-4),
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
-# Residual weights: log(predicted / measured) of these metrics, per row.
+# Residual weights: log(predicted / measured) of these metrics, per row. ITL mean (weight 1) and several
+# starting points were tried and did not improve the cross-validated errors (docs/fidelity.md).
 WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5, "itl_mean": 0.0}
 STARTS = 1  # least-squares starting points
 

@@ -30,6 +30,19 @@ def test_batch1_decode_is_memory_bound_near_weight_time(llama7: CostModel) -> No
     assert llama7.step_time(_arr(1), _arr(128)) == (pytest.approx(cost.seconds), False)
 
 
+def test_weight_and_kv_bytes_have_their_own_bandwidth() -> None:
+    cal = Calibration(bandwidth_eff=0.5, kv_bandwidth_eff=0.8, step_overhead_s=0.0)
+    cm = CostModel(load_model("llama-2-7b"), get_gpu("H100"), calibration=cal)
+    c, q = np.ones(64, np.int64), np.full(64, 2000)
+    cost = cm.step(c, q)
+    hbm = cm.gpu.hbm_bandwidth
+    kv = cost.kv_read_bytes + cost.kv_write_bytes
+    assert cost.bound == "memory" and kv > cost.weight_bytes  # MHA: KV reads dominate at this batch
+    assert cost.memory_s == pytest.approx(cost.weight_bytes / (hbm * 0.5) + kv / (hbm * 0.8))
+    assert cm.step_time(c, q)[0] == pytest.approx(cost.seconds)
+    assert cm.step_time_totals(64, 64, 64, 128_000, 64, 128_000, 2001) == (pytest.approx(cost.seconds), False)
+
+
 def test_long_prefill_is_compute_bound(llama7: CostModel) -> None:
     cost = llama7.step(_arr(2048), _arr(0))
     assert cost.bound == "compute"
