@@ -29,8 +29,8 @@ class Calibration:
 
     compute_eff_prefill: float = 0.9
     compute_eff_decode: float = 0.9
-    bandwidth_eff: float = 0.6441  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8711  # KV-cache reads and writes (paged attention)
+    bandwidth_eff: float = 0.655  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8774  # KV-cache reads and writes (paged attention)
     step_overhead_s: float = 0.0003
     layer_overhead_s: float = 1e-07
     per_row_overhead_s: float = 1e-08

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim.calibrate import fit, params_of, recost, step_seconds, trace_row
+from sim.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
 from sim.cli import app
 from sim.cost import Calibration
 from sim.errors import SimError
@@ -176,3 +176,11 @@ def test_frontend_overhead_adds_to_ttft_and_e2e(tiny_trace) -> None:  # type: ig
     assert more["ttft_mean"] - base["ttft_mean"] == pytest.approx(20.0)
     assert more["e2e_p99"] - base["e2e_p99"] == pytest.approx(20.0)
     assert more["itl_mean"] == pytest.approx(base["itl_mean"])
+
+
+def test_two_stage_rows_are_fitted_per_stage(tiny_trace) -> None:  # type: ignore[no-untyped-def]
+    params = params_of(Calibration.load(), 0.0)
+    assert len(residuals(params, [tiny_trace])) == 4  # whole run: E2E and TTFT mean and p90
+    staged = replace(tiny_trace, exp_key=next(iter(STAGE_MEASURED)))
+    assert staged.stage0_end_s > 0 and (staged.arrival < staged.stage0_end_s).any()
+    assert len(residuals(params, [staged])) == 8  # the same four per stage
