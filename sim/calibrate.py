@@ -21,10 +21,12 @@ re-simulates the held-out rows in full with that fold's values.
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -63,28 +65,27 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # starting points were tried and did not improve the cross-validated errors (docs/fidelity.md).
 WEIGHTS = {"e2e_mean": 1.0, "ttft_mean": 1.0, "e2e_p90": 0.5, "ttft_p90": 0.5, "itl_mean": 0.0}
 STARTS = 1  # least-squares starting points
-# Per-stage measurements (ms) of the two-stage steady rows, from the reference set's
-# calibration-runs-detail.csv: (e2e mean, e2e p90, ttft mean, ttft p90) of stage 0 and of stage 1. The fit
-# uses them in place of the whole-run figures, so the high-rate stage is fitted on its own.
-STAGE_MEASURED: dict[str, tuple[tuple[float, float, float, float], tuple[float, float, float, float]]] = {
-    "20260217-155451-llama-2-7b-tp1-codegen": (
-        (1810.32, 1940.09, 25.0366, 28.3733),
-        (2215.95, 2425.73, 29.4544, 34.0948),
-    ),
-    "20260217-202857-llama-2-70b-tp4-general": (
-        (4678.4, 4753.53, 57.3892, 63.2169),
-        (5577.49, 5839.43, 121.275, 250.062),
-    ),
-    "20260217-231439-llama-2-7b-tp1-general": (
-        (2057.6, 2226.39, 27.1091, 31.2054),
-        (4158.15, 4713.81, 51.8544, 61.0099),
-    ),
-    "20260218-150304-codellama-34b-tp2-general": (
-        (3694.38, 3748.99, 46.0184, 51.54),
-        (4251.79, 4355.85, 53.8184, 60.8),
-    ),
-}
 STAGE_METRICS = ("e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90")
+StageFigures = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def stage_measurements(path: Path | None = None) -> dict[str, StageFigures]:
+    """Per-stage measurements (ms) of the two-stage runs, from calibration-runs-detail.csv: STAGE_METRICS of
+    stage 0 and of stage 1, keyed by experiment. The fit uses them in place of the whole-run figures, so the
+    high-rate stage is fitted on its own."""
+    path = path or Path(
+        str(resources.files("sim") / "catalog" / "ground_truth" / "calibration-runs-detail.csv")
+    )
+    stages: dict[str, dict[str, tuple[float, ...]]] = {}
+    with path.open(newline="") as fh:
+        for rec in csv.DictReader(fh):
+            if rec["stage"] in ("stage_0", "stage_1"):
+                figures = tuple(float(rec[f"{m}_ms"]) for m in STAGE_METRICS)
+                stages.setdefault(rec["training_dir"], {})[rec["stage"]] = figures
+    return {key: (s["stage_0"], s["stage_1"]) for key, s in stages.items() if len(s) == 2}
+
+
+STAGE_MEASURED = stage_measurements()
 
 
 @dataclass
