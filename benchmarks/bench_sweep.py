@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sweep.py [--jobs N]
 
-Runs convoy's continuous policy at 16 points (4 rates x 4 replications, 300 s horizon) into a temporary
+Runs convoy's continuous policy at 16 points (4 rates x 4 replications, 600 s horizon) into a temporary
 folder, with --force so nothing is resumed. The process pool starts its workers from a forkserver (about
 2 s, once per sweep), which the speed-up includes. The CPU may be shared: run it on a quiet machine.
 """
@@ -22,7 +22,7 @@ OVERRIDES = [
     "sweep.replications=4",
     'sweep.policies=["continuous"]',
     "sweep.params={}",
-    "horizon.duration_s=300",
+    "horizon.duration_s=600",
 ]
 
 
