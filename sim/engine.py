@@ -1,17 +1,23 @@
-"""The SimPy engine: one process feeds arrivals, one process per replica loops over engine steps.
+"""The SimPy engine: one process per replica loops over engine steps.
 
 The engine step is the event: there is no process per request or per token. An idle replica sleeps until the
 next arrival (or the scheduler's own timer, e.g. a batch timeout); it never polls. A step that ends before any
 other scheduled event runs inline, without a SimPy event: the order of events, so every result, is the same.
+
+Open-loop arrivals are read by the replica loop itself, in the order a separate arrival process would have
+delivered them (see `Replica.run_open`); closed-loop users are SimPy processes.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
+from simpy.core import NORMAL
 
 from sim.metrics import FINISHED, IN_FLIGHT, REJECTED, Recorder
 from sim.request import Request
@@ -58,6 +64,21 @@ class Environment(simpy.Environment):
             return True
         return False
 
+    def jump(self, at: float) -> bool:
+        """Move the clock to exactly `at` if every scheduled event comes strictly later; else return False."""
+        if at < self.peek():
+            self._now = at
+            return True
+        return False
+
+    def at(self, at: float) -> simpy.Event:
+        """An event that fires at exactly `at` (no `now + (at - now)` rounding)."""
+        event = simpy.Event(self)
+        event._ok = True
+        event._value = None
+        heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))  # type: ignore[attr-defined]
+        return event
+
 
 class Replica:
     """One model replica: a scheduler, a step-time function, and the loop that drives them."""
@@ -71,6 +92,7 @@ class Replica:
         self._wakeup = env.event()
         self.in_system = 0  # admitted and not finished
         self.arrivals_open = True
+        self.max_waiting: int | None = None  # admission control: reject arrivals when this many wait
 
     def close_arrivals(self) -> None:
         """No more requests will arrive: the loop ends once the replica is empty."""
@@ -82,14 +104,23 @@ class Replica:
             self._wakeup.succeed()
 
     def submit(self, req: Request) -> None:
-        self.recorder.arrived += 1
-        if not self.scheduler.add(req, self.env.now):
-            self.recorder.request(req, REJECTED)
-            if self.on_finish is not None:
-                self.on_finish(req)
-            return
-        self.in_system += 1
-        self._poke()
+        """A request arrives now."""
+        if self._admit(req, self.env.now):
+            self._poke()
+
+    def _admit(self, req: Request, now: float) -> bool:
+        """Record an arrival at `now` and queue it (True) or reject it (False)."""
+        rec = self.recorder
+        rec.arrived += 1
+        if self.max_waiting is not None and getattr(self.scheduler, "num_waiting", 0) >= self.max_waiting:
+            req.reject_reason = "queue full"
+        elif self.scheduler.add(req, now):
+            self.in_system += 1
+            return True
+        rec.request(req, REJECTED)
+        if self.on_finish is not None:
+            self.on_finish(req)
+        return False
 
     def run(self) -> Iterator[simpy.Event]:
         env, sched, rec = self.env, self.scheduler, self.recorder
@@ -122,15 +153,76 @@ class Replica:
                 if self.on_finish is not None:
                     self.on_finish(req)
 
+    def run_open(self, requests: Iterator[Request], stop: float = math.inf) -> Iterator[simpy.Event]:
+        """`run` with open-loop arrivals read inline, delivered exactly as an arrival process would have.
 
-def _open_loop(
-    env: simpy.Environment, replica: Replica, requests: Iterator[Request]
-) -> Iterator[simpy.Event]:
-    for req in requests:
-        if req.arrival > env.now:
-            yield env.timeout(req.arrival - env.now)
-        replica.submit(req)
-    replica.close_arrivals()
+        Such a process wakes at `t + (arrival - t)` after its previous arrival at `t` (at once when the
+        arrival is not later), so arrivals at one instant come together. An arrival during a step, or at its
+        end, is queued before the step is applied, except a timed one at exactly the end whose previous
+        arrival came after the step was scheduled (its timer then fires after the step's). Nothing arrives
+        at or after `stop`, where the run ends.
+        """
+        env, sched, rec = self.env, self.scheduler, self.recorder
+        schedule, update, record, admit = sched.schedule, sched.update, rec.step, self._admit
+        step_time = self.step_time
+        totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)
+        counts_waiting = hasattr(sched, "num_waiting")
+        inf = math.inf
+        source = iter(requests)
+        clock = 0.0  # the arrival process's clock: when it delivered its latest arrival
+        nxt = next(source, None)
+        nxt_at = inf if nxt is None else max(clock, nxt.arrival)  # its delivery time; inf: none left
+        timed = nxt is not None and nxt.arrival > clock  # delivered by a timer, not with the previous one
+        fresh = False  # an arrival was queued since the latest `schedule`
+        while True:
+            plan = schedule(env._now)
+            fresh = False
+            if plan is None:
+                if nxt is None and self.in_system == 0:
+                    self.arrivals_open = False
+                    return
+                now = env._now
+                wake = sched.wake_at(now)
+                t = nxt_at if wake is None else min(nxt_at, now + max(wake - now, 0.0))
+                if t == inf:
+                    self._wakeup = env.event()
+                    yield self._wakeup  # nothing will ever come
+                if not env.jump(t):
+                    yield env.at(t)
+                end = t
+            else:
+                start = env._now
+                timed_out = None
+                if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
+                    timed_out = totals_time(*totals)
+                seconds, compute_bound = timed_out or step_time(plan.new_tokens, plan.context)
+                end = start + seconds
+            # Arrivals up to `end`, queued before the step (if any) is applied.
+            while nxt_at <= end and nxt_at < stop:
+                if timed and fresh and nxt_at == end and plan is not None:
+                    break
+                assert nxt is not None
+                admit(nxt, nxt_at)
+                fresh = True
+                clock = nxt_at
+                nxt = next(source, None)
+                if nxt is None:
+                    nxt_at, timed = inf, False
+                elif nxt.arrival > clock:
+                    nxt_at, timed = clock + (nxt.arrival - clock), True
+                else:
+                    nxt_at, timed = clock, False
+            if plan is None:
+                continue
+            if not env.advance(seconds):
+                yield env.timeout(seconds)
+            finished = update(plan, end)
+            record(start, seconds, plan, compute_bound, sched.num_waiting if counts_waiting else 0)
+            for req in finished:
+                self.in_system -= 1
+                rec.request(req, FINISHED)
+                if self.on_finish is not None:
+                    self.on_finish(req)
 
 
 def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:
@@ -156,14 +248,14 @@ def simulate(
     env = Environment()
     recorder = Recorder()
     replica = Replica(env, scheduler, step_time, recorder)
-    if horizon.max_waiting is not None:
-        _wrap_admission_control(replica, horizon.max_waiting)
+    replica.max_waiting = horizon.max_waiting
     if open_loop is not None:
-        env.process(_open_loop(env, replica, open_loop))
+        stop = horizon.duration_s if horizon.duration_s is not None and not horizon.drain else math.inf
+        engine = env.process(replica.run_open(open_loop, stop))
     else:
         assert closed_loop is not None
         _start_closed_loop(env, replica, closed_loop, horizon)
-    engine = env.process(replica.run())
+        engine = env.process(replica.run())
     if horizon.duration_s is not None and not horizon.drain:
         env.run(until=horizon.duration_s)
     else:
@@ -174,23 +266,6 @@ def simulate(
     for req in in_flight:
         recorder.request(req, IN_FLIGHT)
     return RunOutput(recorder, end_time, overloaded)
-
-
-def _wrap_admission_control(replica: Replica, max_waiting: int) -> None:
-    submit = replica.submit
-    sched = replica.scheduler
-
-    def guarded(req: Request) -> None:
-        if getattr(sched, "num_waiting", 0) >= max_waiting:
-            replica.recorder.arrived += 1
-            req.reject_reason = "queue full"
-            replica.recorder.request(req, REJECTED)
-            if replica.on_finish is not None:
-                replica.on_finish(req)
-            return
-        submit(req)
-
-    replica.submit = guarded  # type: ignore[method-assign]
 
 
 def _start_closed_loop(
