@@ -216,15 +216,28 @@ class CostModel:
         ns = self.model.num_sliding_layers
         if ns and max_end > self.window:
             return None
-        if rows == 0:
+        if rows <= 0 or tokens <= 0:
             return 0.0, False
+        # `_time` inlined (same operations in the same order: identical seconds).
         t = float(tokens)
-        pairs = self.full_layers * (float(cq) + 0.5 * (float(cc) + t))
+        q = float(cq) + 0.5 * (float(cc) + t)
+        pairs = self.full_layers * q
         kv_tokens = self.full_layers * float(ctx)
         if ns:
-            pairs += ns * (float(cq) + 0.5 * (float(cc) + t))
+            pairs += ns * q
             kv_tokens += ns * float(ctx)
-        return self._time(t, pairs, kv_tokens, t - float(ones), rows)
+        flops = self.lin_flops_tok * t + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        weight_bytes = self._weights(t)[0] if self.model.num_experts else self.static_weight_bytes
+        cal = self.cal
+        share = (t - float(ones)) / t
+        compute_s = flops / (
+            self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
+        )
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
+        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
+        extra = self.ar_fixed + self.ar_per_token * t + self.layer_overhead
+        seconds = (memory_s if memory_s > compute_s else compute_s) + extra + cal.per_row_overhead_s * rows
+        return seconds, compute_s > memory_s
 
     def _time(
         self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
