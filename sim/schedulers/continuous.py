@@ -45,10 +45,24 @@ class ContinuousPlan(StepPlan):
 
     __slots__ = ("totals", "_build", "_rows")
 
-    def __init__(self, totals: tuple[int, ...], build: Callable[[], tuple[np.ndarray, np.ndarray]]) -> None:
+    def __init__(
+        self,
+        totals: tuple[int, ...],
+        build: Callable[[list[Request]], tuple[np.ndarray, np.ndarray]],
+        admitted: list[Request],
+        prefill: int,
+        decode: int,
+        kv: KvUsage,
+    ) -> None:
         self.totals = totals
-        self._build: Callable[[], tuple[np.ndarray, np.ndarray]] | None = build
+        self._build: Callable[[list[Request]], tuple[np.ndarray, np.ndarray]] | None = build
         self._rows: tuple[np.ndarray, np.ndarray] | None = None
+        self.num_prefill_tokens = prefill
+        self.num_decode_tokens = decode
+        self.kv = kv
+        self.payload = admitted
+        self.preempted = 0
+        self.batch_size = totals[0]
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self._rows is None:
@@ -56,7 +70,7 @@ class ContinuousPlan(StepPlan):
                 raise RuntimeError(
                     "a continuous plan's row arrays are readable only until its step is applied"
                 )
-            self._rows = self._build()
+            self._rows = self._build(self.payload)
         return self._rows
 
     @property  # type: ignore[override]
@@ -106,32 +120,41 @@ class ContinuousScheduler:
 
     def schedule(self, now: float) -> StepPlan | None:
         admitted: list[Request] = []
-        budget = self.cfg.max_num_batched_tokens
         running, waiting, kv = self.running, self.waiting, self.kv
-        room = self.cfg.max_num_seqs - len(running)
         prefill = prefill_sq = prefill_ones = longest = 0
-        while waiting and len(admitted) < room:
-            head = waiting[0]
-            p = head.prompt_len
-            if admitted and p > budget:
-                break
-            if not kv.reserve(kv.need(head)):
-                break  # head-of-line blocking: FCFS, no overtaking
-            waiting.popleft()
-            head.scheduled_at = now
-            admitted.append(head)
-            budget -= p
-            prefill += p
-            prefill_sq += p * p
-            prefill_ones += p == 1
-            longest = max(longest, p)
-        if not admitted and not running:
+        room = self.cfg.max_num_seqs - len(running)
+        if waiting and room > 0:
+            budget = self.cfg.max_num_batched_tokens
+            while waiting and len(admitted) < room:
+                head = waiting[0]
+                p = head.prompt_len
+                if admitted and p > budget:
+                    break
+                if not kv.reserve(kv.need(head)):
+                    break  # head-of-line blocking: FCFS, no overtaking
+                waiting.popleft()
+                head.scheduled_at = now
+                admitted.append(head)
+                budget -= p
+                prefill += p
+                prefill_sq += p * p
+                prefill_ones += p == 1
+                if p > longest:
+                    longest = p
+        elif not running:
             return None
-        k = self.step
-        max_end = max(self._end_bound + k, longest) if running else longest
+        if not running:
+            if not admitted:
+                return None
+            max_end = longest
+        else:
+            max_end = self._end_bound + self.step
+            if longest > max_end:
+                max_end = longest
+        seqs = self._seqs
         totals = (
             len(running) + len(admitted),
-            self._seqs + prefill,
+            seqs + prefill,
             self._ones + prefill_ones,
             self._seqs_ctx,
             self._seqs_sq + prefill_sq,
@@ -139,14 +162,9 @@ class ContinuousScheduler:
             max_end,
         )
         self.pending = admitted
-        plan = ContinuousPlan(totals, lambda: self._rows(admitted))
-        plan.num_prefill_tokens = prefill
-        plan.num_decode_tokens = self._seqs
-        plan.kv = KvUsage(kv.used(), kv.reserved, kv.capacity)
-        plan.payload = admitted
-        plan.preempted = 0
-        plan.batch_size = totals[0]
-        return plan
+        return ContinuousPlan(
+            totals, self._rows, admitted, prefill, seqs, KvUsage(kv.used(), kv.reserved, kv.capacity)
+        )
 
     def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """The step's row arrays: running requests' decodes, then the admitted prompts."""
@@ -164,15 +182,19 @@ class ContinuousScheduler:
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         admitted: list[Request] = plan.payload
         if isinstance(plan, ContinuousPlan):
-            plan.applied()
+            plan._build = None  # applied: its row arrays can no longer be built
         k = self.step
         self.last_end = now
-        self.pending = []
         running, kv = self.running, self.kv
         # Decodes: one token per running sequence; every context grows by one.
         self._ctx += len(running)
         self._seqs_ctx += self._seqs
         kv.store(self._seqs)
+        if not admitted and (not self.finish_heap or self.finish_heap[0][0] > k):
+            self.pending = admitted
+            self.step = k + 1
+            return []  # a decode-only step where nobody finishes
+        self.pending = []
         # Prefills: prompt computed, first token emitted now.
         for req in admitted:
             req.emit(now)
