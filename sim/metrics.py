@@ -44,7 +44,8 @@ _REQ_STORED_FLOATS = ("arrival", "scheduled_at", "first_token_at", "last_token_a
 _REQ_STORED_INTS = ("prompt_len", "output_len", "max_tokens", "n", "num_generated", "preemptions",
                     "prefix_group", "prefix_hit_tokens")  # fmt: skip
 _STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated",
-                     "kv_capacity", "preempted", "waiting")  # fmt: skip
+                     "preempted", "waiting")  # fmt: skip
+_WAITING = _STEP_STORED_INTS.index("waiting")
 _STATES = (FINISHED, REJECTED, IN_FLIGHT)
 _STATE_CODE = {name: i for i, name in enumerate(_STATES)}
 
@@ -57,9 +58,11 @@ class _Rows:
         self.data = array("i")
 
     def extend(self, values: tuple[int, ...]) -> None:
+        size = len(self.data)
         try:
             self.data.extend(values)
         except OverflowError:
+            del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
             if self.data.typecode == "q":
                 raise
             self.data = array("q", self.data)
@@ -95,22 +98,34 @@ class Recorder:
         self._step_ends = array("d")
         self._step_durations = array("d")
         self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
+        self._last_end = math.nan
+        self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
+        self._capacity: int | None = None
         self._step_ints = _Rows(len(_STEP_STORED_INTS))
         self._step_compute = bytearray()
         self.arrived = 0
 
     # --- steps -------------------------------------------------------------------------------------------
     def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
-        ends = self._step_ends
-        if not ends or ends[-1] != start:
-            self._step_starts[len(ends)] = start
-        ends.append(start + duration)
+        end = start + duration
+        if start != self._last_end:
+            self._step_starts[len(self._step_durations)] = start
+        self._last_end = end
+        self._step_ends.append(end)
         self._step_durations.append(duration)
         kv = plan.kv
-        self._step_ints.extend((
+        if kv.capacity != self._capacity:
+            self._capacity = self._step_capacity[len(self._step_compute)] = kv.capacity
+        rows = self._step_ints
+        values = (
             plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
-            kv.capacity, plan.preempted, waiting,
-        ))  # fmt: skip
+            plan.preempted, waiting,
+        )  # fmt: skip
+        try:
+            rows.data.extend(values)
+        except OverflowError:
+            del rows.data[len(self._step_compute) * rows.width :]  # the part that fitted
+            rows.extend(values)
         self._step_compute.append(compute_bound)
 
     @property
@@ -120,7 +135,7 @@ class Recorder:
     def step_waiting(self, index: int) -> int:
         """Requests waiting after step `index`."""
         data = self._step_ints
-        return data.data[index * data.width + _STEP_STORED_INTS.index("waiting")]
+        return data.data[index * data.width + _WAITING]
 
     def step_ending_at(self, t: float) -> int:
         """Index of the first step that ends at or after `t`."""
@@ -212,6 +227,11 @@ class Recorder:
             "duration": np.frombuffer(self._step_durations, np.float64),
         }
         stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
+        capacity = np.empty(len(ends), np.int64)
+        changes = list(self._step_capacity.items())
+        for i, (step, cap) in enumerate(changes):
+            capacity[step : changes[i + 1][0] if i + 1 < len(changes) else len(ends)] = cap
+        stored["kv_capacity"] = capacity
         for name in _STEP_INT_COLUMNS:
             cols[name] = (
                 stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
