@@ -215,3 +215,38 @@ def test_request_admitted_into_a_step_cut_by_the_horizon_is_in_flight() -> None:
     assert frame["id"].to_list() == [0, 1]
     assert frame["state"].cast(str).to_list() == ["in_flight", "in_flight"]
     assert frame["scheduled_at"][1] == pytest.approx(DT)
+
+
+def test_step_records_keep_capacity_changes_and_widen_to_64_bits() -> None:
+    """KV capacity is stored where it changes; a value past 32 bits widens the rows without a stray part."""
+    from sim.metrics import Recorder
+    from sim.schedulers.base import KvUsage, StepPlan
+
+    rec = Recorder()
+    caps = [100, 100, 200, 200, 100]
+    used = [1, 2, 3, 2**40, 5]
+    for i, (cap, u) in enumerate(zip(caps, used, strict=True)):
+        plan = StepPlan(np.array([1]), np.array([0]), 0, 1, KvUsage(u, u, cap))
+        rec.step(i * DT, DT, plan, False, waiting=i)
+    steps = rec.steps_frame()
+    assert steps["kv_capacity"].to_list() == caps
+    assert steps["kv_used"].to_list() == used
+    assert steps["waiting"].to_list() == list(range(5))
+    assert steps["batch_size"].to_list() == [1] * 5
+    assert rec.step_waiting(4) == 4
+
+
+def test_arrival_at_a_step_end_joins_as_an_arrival_process_delivered_it() -> None:
+    """A timed arrival at exactly a step's end joins that step's successor unless its predecessor arrived
+    during the step (its timer was then set after the step's)."""
+    sched = ContinuousScheduler(ContinuousConfig(max_num_seqs=4), MEMORY)
+    # Request 1 arrives at t = 0.01, the end of the first step, its predecessor having arrived before it.
+    reqs = iter([Request(0, 0.0, 16, 3, 3), Request(1, DT, 16, 3, 3)])
+    out = simulate(sched, constant_step, Horizon(max_requests=2), open_loop=reqs)
+    assert out.recorder.requests_frame()["scheduled_at"].to_list() == [0.0, DT]
+    # Request 2 arrives at the end of the step during which request 1 arrived: one step later.
+    sched = ContinuousScheduler(ContinuousConfig(max_num_seqs=4), MEMORY)
+    reqs = iter([Request(0, 0.0, 16, 5, 5), Request(1, 0.015, 16, 3, 3), Request(2, 0.02, 16, 3, 3)])
+    out = simulate(sched, constant_step, Horizon(max_requests=3), open_loop=reqs)
+    scheduled = out.recorder.requests_frame()["scheduled_at"].to_list()
+    assert scheduled[0] == 0.0 and scheduled[1] == pytest.approx(0.02) and scheduled[2] == pytest.approx(0.03)
