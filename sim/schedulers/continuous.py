@@ -16,7 +16,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan
 from sim.schedulers.registry import KvBudget, register
-from sim.schedulers.reservation import Reservations
+from sim.schedulers.reservation import ReservationQueue
 
 
 class ContinuousConfig(BaseModel):
@@ -85,11 +84,10 @@ class ContinuousPlan(StepPlan):
         self._build = None
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(ReservationQueue):
     def __init__(self, config: ContinuousConfig, memory: KvBudget):
+        super().__init__(memory)
         self.cfg = config
-        self.kv = Reservations(memory)
-        self.waiting: deque[Request] = deque()
         # Admitted in earlier steps and decoding, in admission order -> the step of its first token.
         # At step k a running request's context is prompt_len + k - first_step.
         self.running: dict[Request, int] = {}
@@ -104,16 +102,6 @@ class ContinuousScheduler:
         self._ctx = 0  # Σ context
         self._seqs_ctx = 0  # Σ n · context
         self._end_bound = 0  # ≥ max(prompt_len + n - first_step) over running: max(q + c) - step
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    def add(self, request: Request, now: float) -> bool:
-        if not self.kv.admissible(request):
-            return False
-        self.waiting.append(request)
-        return True
 
     def wake_at(self, now: float) -> float | None:
         return None

@@ -6,6 +6,7 @@ the gap between `reserved` and `used` is the reserved-but-unused memory the vLLM
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from sim.request import Request
@@ -50,6 +51,25 @@ class Reservations:
 
     def used(self) -> int:
         return self._used
+
+
+class ReservationQueue:
+    """What the reservation-based policies share: a FCFS waiting queue in front of KV reservations."""
+
+    def __init__(self, memory: KvBudget):
+        self.kv = Reservations(memory)
+        self.waiting: deque[Request] = deque()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def add(self, request: Request, now: float) -> bool:
+        """Queue a request, or reject one that can never run (its reason is set)."""
+        if not self.kv.admissible(request):
+            return False
+        self.waiting.append(request)
+        return True
 
 
 def fill_progress(

@@ -10,7 +10,6 @@ for the next batch. KV is reserved for the padded batch: rows x (longest prompt 
 from __future__ import annotations
 
 from array import array
-from collections import deque
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan
 from sim.schedulers.registry import KvBudget, register
-from sim.schedulers.reservation import Reservations, fill_progress
+from sim.schedulers.reservation import ReservationQueue, fill_progress
 
 
 class StaticConfig(BaseModel):
@@ -31,27 +30,16 @@ class StaticConfig(BaseModel):
     )
 
 
-class StaticScheduler:
+class StaticScheduler(ReservationQueue):
     def __init__(self, config: StaticConfig, memory: KvBudget):
+        super().__init__(memory)
         self.cfg = config
-        self.kv = Reservations(memory)
-        self.waiting: deque[Request] = deque()
         self.batch: list[Request] = []
         self.rows = 0  # sequences in the batch (sum of n), padding included
         self.width = 0  # padded prompt length
         self.length = 0  # decode steps the batch runs (its longest output)
         self.reservation = 0
         self.step_ends = array("d")  # end times of the current batch's steps
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    def add(self, request: Request, now: float) -> bool:
-        if not self.kv.admissible(request):
-            return False
-        self.waiting.append(request)
-        return True
 
     def wake_at(self, now: float) -> float | None:
         if self.batch or not self.waiting:
