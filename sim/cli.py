@@ -137,23 +137,19 @@ def capacity(
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
-    try:
-        if len(models) > 1 and not compare:
-            raise SimError("several models given: add --compare to show them side by side")
-        capacity_report(
-            models,
-            gpu,
-            tp=tp,
-            gpu_memory_utilization=gpu_memory_utilization,
-            weight_dtype=weight_dtype,
-            kv_dtype=kv_dtype,
-            max_model_len=max_model_len,
-            typical_len=typical_len,
-            as_json=as_json,
-        )
-    except SimError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    if len(models) > 1 and not compare:
+        raise SimError("several models given: add --compare to show them side by side")
+    capacity_report(
+        models,
+        gpu,
+        tp=tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        max_model_len=max_model_len,
+        typical_len=typical_len,
+        as_json=as_json,
+    )
 
 
 @app.command("sweep")
