@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -21,7 +21,7 @@ from simpy.core import NORMAL
 
 from sim.metrics import FINISHED, IN_FLIGHT, REJECTED, Recorder
 from sim.request import Request
-from sim.schedulers.base import Scheduler
+from sim.schedulers.base import Scheduler, StepPlan
 
 StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
 
@@ -49,7 +49,6 @@ class RunOutput:
     recorder: Recorder
     end_time: float
     overloaded: bool
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 class Environment(simpy.Environment):
@@ -112,7 +111,7 @@ class Replica:
         """Record an arrival at `now` and queue it (True) or reject it (False)."""
         rec = self.recorder
         rec.arrived += 1
-        if self.max_waiting is not None and getattr(self.scheduler, "num_waiting", 0) >= self.max_waiting:
+        if self.max_waiting is not None and self.scheduler.num_waiting >= self.max_waiting:
             req.reject_reason = "queue full"
         elif self.scheduler.add(req, now):
             self.in_system += 1
@@ -122,10 +121,32 @@ class Replica:
             self.on_finish(req)
         return False
 
+    def _timer(self) -> Callable[[StepPlan], tuple[float, bool]]:
+        """(seconds, compute_bound) of a plan: from its integer sums when the plan has them and the step-time
+        function is a cost model's (`step_time_totals`), else from its row arrays."""
+        step_time = self.step_time
+        totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)
+
+        def timer(plan: StepPlan) -> tuple[float, bool]:
+            if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
+                timed = totals_time(*totals)
+                if timed is not None:
+                    return timed
+            return step_time(plan.new_tokens, plan.context)
+
+        return timer
+
+    def _finished(self, finished: list[Request]) -> None:
+        rec, on_finish = self.recorder, self.on_finish
+        for req in finished:
+            self.in_system -= 1
+            rec.request(req, FINISHED)
+            if on_finish is not None:
+                on_finish(req)
+
     def run(self) -> Iterator[simpy.Event]:
         env, sched, rec = self.env, self.scheduler, self.recorder
-        # A cost model's bound `step_time` also takes a plan's integer sums, when the plan has them.
-        totals_time = getattr(getattr(self.step_time, "__self__", None), "step_time_totals", None)
+        timer = self._timer()
         while True:
             plan = sched.schedule(env.now)
             if plan is None:
@@ -139,19 +160,13 @@ class Replica:
                     yield self._wakeup | env.timeout(max(wake - env.now, 0.0))
                 continue
             start = env.now
-            timed = None
-            if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
-                timed = totals_time(*totals)
-            seconds, compute_bound = timed or self.step_time(plan.new_tokens, plan.context)
+            seconds, compute_bound = timer(plan)
             if not env.advance(seconds):  # run the step inline when nothing else can happen before it ends
                 yield env.timeout(seconds)
             finished = sched.update(plan, env.now)
-            rec.step(start, seconds, plan, compute_bound, waiting=getattr(sched, "num_waiting", 0))
-            for req in finished:
-                self.in_system -= 1
-                rec.request(req, FINISHED)
-                if self.on_finish is not None:
-                    self.on_finish(req)
+            rec.step(start, seconds, plan, compute_bound, sched.num_waiting)
+            if finished:
+                self._finished(finished)
 
     def run_open(self, requests: Iterator[Request], stop: float = math.inf) -> Iterator[simpy.Event]:
         """`run` with open-loop arrivals read inline, delivered exactly as an arrival process would have.
@@ -164,9 +179,7 @@ class Replica:
         """
         env, sched, rec = self.env, self.scheduler, self.recorder
         schedule, update, record, admit = sched.schedule, sched.update, rec.step, self._admit
-        step_time = self.step_time
-        totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)
-        counts_waiting = hasattr(sched, "num_waiting")
+        timer = self._timer()
         queue = env._queue  # type: ignore[attr-defined]
         inf = math.inf
         source = iter(requests)
@@ -193,10 +206,7 @@ class Replica:
                 end = t
             else:
                 start = env._now
-                timed_out = None
-                if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
-                    timed_out = totals_time(*totals)
-                seconds, compute_bound = timed_out or step_time(plan.new_tokens, plan.context)
+                seconds, compute_bound = timer(plan)
                 end = start + seconds
             # Arrivals up to `end`, queued before the step (if any) is applied.
             while nxt_at <= end and nxt_at < stop:
@@ -220,12 +230,9 @@ class Replica:
             else:
                 yield env.timeout(seconds)
             finished = update(plan, end)
-            record(start, seconds, plan, compute_bound, sched.num_waiting if counts_waiting else 0)
-            for req in finished:
-                self.in_system -= 1
-                rec.request(req, FINISHED)
-                if self.on_finish is not None:
-                    self.on_finish(req)
+            record(start, seconds, plan, compute_bound, sched.num_waiting)
+            if finished:
+                self._finished(finished)
 
 
 def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:

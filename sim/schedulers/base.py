@@ -75,3 +75,8 @@ class Scheduler(Protocol):
     def in_flight(self) -> list[Request]:
         """Requests admitted or queued but not finished (read at the horizon)."""
         ...
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests (or sequences) queued and not running: admission control and the step records."""
+        ...
