@@ -91,9 +91,11 @@ def run(
     policy: list[str] = typer.Option([], "--policy", help="Run only these policies (default: all)."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
 ) -> None:
-    """Simulate each policy of a scenario; write Parquet records and summary.json; print a comparison."""
+    """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
+    comparison."""
     from sim import console
-    from sim.run import run_policy, write_result, write_scenario
+    from sim.outputs import path_component
+    from sim.run import run_policy, write_result
     from sim.scenario import load_scenario
 
     sc = load_scenario(scenario, set_)
@@ -101,14 +103,34 @@ def run(
     for name in names:
         if name not in sc.policies:
             raise SimError(f"{scenario}: no policy {name!r} (have: {', '.join(sc.policies)})")
-    out_dir = out or Path("reports") / sc.name
-    write_scenario(sc, out_dir)
-    summaries = []
+    out_dir = out or Path("reports") / path_component(sc.name)
+    summaries, manifest = [], None
     for name in names:
-        result = run_policy(sc, name, scenario.parent, source=str(scenario))
+        watch = console.Stopwatch()
+        with console.run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests) as hook:
+            result = run_policy(sc, name, scenario.parent, source=str(scenario), progress=hook)
         write_result(result, out_dir)
+        typer.echo(console.run_line(result.summary, watch))
         summaries.append(result.summary)
+        manifest = result.manifest
     console.print_comparison(sc, summaries, out_dir)
+    if manifest is not None:
+        _note_mixed_runs(out_dir, manifest)
+
+
+def _note_mixed_runs(out_dir: Path, manifest: dict[str, Any]) -> None:
+    """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare."""
+    from sim.run import other_scenario_runs
+
+    others = other_scenario_runs(out_dir, manifest)
+    if not others:
+        return
+    typer.echo(f"note: {out_dir} also holds runs of a different scenario; `sim report {out_dir}` will refuse")
+    typer.echo("  to compare them. Re-run every policy with the same settings, or give another --out:")
+    for folder, diff in others.items():
+        shown = "; ".join(f"{key}: {theirs!r} there, {ours!r} here" for key, theirs, ours in diff[:4])
+        more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+        typer.echo(f"  {folder}: {shown}{more}")
 
 
 @app.command("schema")

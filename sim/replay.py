@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim import console
 from sim.errors import SimError
 from sim.request import Request
 from sim.schedulers.registry import KvBudget
@@ -120,9 +122,13 @@ def build(config: ReplayConfig) -> VllmScheduler:
 
 
 def replay(
-    trace: list[TraceRequest], config: ReplayConfig, max_steps: int = 10_000_000
+    trace: list[TraceRequest],
+    config: ReplayConfig,
+    max_steps: int = 10_000_000,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run the trace step by step until a step starts with every request finished; one record per step."""
+    """Run the trace step by step until a step starts with every request finished; one record per step.
+    `progress(requests finished)`, if given, is called every 256 steps."""
     sched = build(config)
     pending = sorted(trace, key=lambda t: t.arrival_step)
     names = {t.request.id: t.name for t in trace}
@@ -164,6 +170,8 @@ def replay(
             }
         )
         step += 1
+        if progress is not None and step % 256 == 0:
+            progress(head - open_count)
         if idle:
             return steps
 
@@ -248,7 +256,9 @@ def run(
     if expected_path is not None:
         base, expected = read_steps(expected_path)
     config = config_from(base, **overrides)
-    steps = replay(load_trace(trace_path), config)
+    trace = load_trace(trace_path)
+    with console.progress("replaying", len(trace), "requests finished") as update:
+        steps = replay(trace, config, progress=update)
     lines = [f"{len(steps)} steps replayed"]
     if out is not None:
         write_steps(out, config, steps)

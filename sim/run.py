@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
-import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from sim import __version__
 from sim.capacity import kv_memory
 from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
@@ -19,9 +20,21 @@ from sim.errors import SimError
 from sim.hardware import get_gpu
 from sim.metrics import Slo, summarize
 from sim.model import load_model
+from sim.outputs import atomic_write, differences, path_component, replace_folder
+from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import KvBudget, load_all
 from sim.workload import Workload
+
+RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
+MANIFEST = "manifest.json"
+# Folder names a policy's records may not take: the sweep's folder and the report's own outputs.
+RESERVED_NAMES = frozenset({"sweep", "charts", "index.html"})
+MANIFEST_FORMAT = 1
+
+# Progress of a run: (simulated seconds reached, requests arrived so far).
+ProgressHook = Callable[[float, int], None]
+PROGRESS_EVERY = 32  # arrivals between two progress calls
 
 
 @dataclass(slots=True)
@@ -31,6 +44,66 @@ class RunResult:
     requests: pl.DataFrame
     steps: pl.DataFrame
     summary: dict[str, Any]
+    manifest: dict[str, Any]
+
+
+def compared_scenario(scenario: Scenario) -> dict[str, Any]:
+    """The part of a scenario that runs compared side by side must share: everything but the policy
+    tables, the sweep table and the description (validated, so `1` and `1.0` are the same rate)."""
+    return scenario.model_dump(mode="json", exclude={"policies", "sweep", "description"})
+
+
+def scenario_hash(scenario: Scenario) -> str:
+    text = json.dumps(compared_scenario(scenario), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_manifest(
+    scenario: Scenario, policy: str, seed: int | np.random.SeedSequence | None = None
+) -> dict[str, Any]:
+    """What a run's records came from: scenario (and its hash), policy, seed and servesim version.
+
+    No clock time or host: two identical runs write identical manifests.
+    """
+    kind, config = scenario.policy(policy)
+    if isinstance(seed, np.random.SeedSequence):
+        seed_record: Any = {"entropy": str(seed.entropy), "spawn_key": list(seed.spawn_key)}
+    else:
+        seed_record = scenario.seed if seed is None else seed
+    return {
+        "format": MANIFEST_FORMAT,
+        "servesim": __version__,
+        "scenario": scenario.name,
+        "scenario_hash": scenario_hash(scenario),
+        "policy": policy,
+        "scheduler": kind,
+        "policy_config": config.model_dump(mode="json"),
+        "seed": seed_record,
+        "compared": compared_scenario(scenario),
+        "as_run": scenario.raw,
+    }
+
+
+def manifest_differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """What differs between the runs of two manifests that must agree to be compared (dotted keys)."""
+    keys = ("servesim", "scenario_hash", "seed")
+    if all(a.get(k) == b.get(k) for k in keys):
+        return []
+    found = differences(a.get("compared") or {}, b.get("compared") or {})
+    for key in ("servesim", "seed"):
+        if a.get(key) != b.get(key) and not (key == "seed" and any(k == "seed" for k, _, _ in found)):
+            found.append((key, a.get(key), b.get(key)))
+    return found or [("scenario_hash", a.get("scenario_hash"), b.get("scenario_hash"))]
+
+
+def policy_folder(out_dir: Path, policy: str) -> Path:
+    """Where `sim run` writes a policy's records: one safe folder name under `out_dir`."""
+    return out_dir / path_component(policy, RESERVED_NAMES)
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether `path` holds a run's records (so `sim run` may replace it)."""
+    return any((path / name).is_file() for name in (MANIFEST, *RUN_FILES))
 
 
 def calibration_for(scenario: Scenario) -> Calibration:
@@ -79,8 +152,12 @@ def run_policy(
     base_dir: Path,
     seed: int | np.random.SeedSequence | None = None,
     source: str = "scenario",
+    progress: ProgressHook | None = None,
 ) -> RunResult:
-    """Simulate `policy` of `scenario`. Every policy of a scenario sees the same request stream."""
+    """Simulate `policy` of `scenario`. Every policy of a scenario sees the same request stream.
+
+    `progress`, when given, is called every `PROGRESS_EVERY` arrivals and once at the end; without it the
+    engine runs untouched."""
     kind, config = scenario.policy(policy)
     cost, budget, info = build_cost_and_memory(scenario, source)
     scheduler = load_all()[kind].build(config, budget)
@@ -89,44 +166,86 @@ def run_policy(
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
     if workload.closed_loop is not None:
         cl = workload.closed_loop
-        source = ClosedLoopSource(cl.users, cl.think_time, cl.new_request, cl.ramp_s)
-        out = simulate(scheduler, cost.step_time, horizon, closed_loop=source)
+        new_request = cl.new_request if progress is None else _counting(cl.new_request, progress)
+        loop = ClosedLoopSource(cl.users, cl.think_time, new_request, cl.ramp_s)
+        out = simulate(scheduler, cost.step_time, horizon, closed_loop=loop)
     else:
         requests = workload.open_loop(h.max_requests, h.duration_s)
+        if progress is not None:
+            requests = _reporting(requests, progress)
         out = simulate(scheduler, cost.step_time, horizon, open_loop=requests)
+    if progress is not None:
+        progress(out.end_time, out.recorder.arrived)
     req_frame = out.recorder.requests_frame()
     step_frame = out.recorder.steps_frame()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
-    return RunResult(scenario.name, policy, req_frame, step_frame, summary)
+    manifest = run_manifest(scenario, policy, seed)
+    return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def _reporting(requests: Iterator[Request], progress: ProgressHook) -> Iterator[Request]:
+    """The arrival stream, calling `progress(arrival time, count)` every `PROGRESS_EVERY` requests."""
+    for count, req in enumerate(requests, 1):
+        if count % PROGRESS_EVERY == 0:
+            progress(req.arrival, count)
+        yield req
+
+
+def _counting(new_request: Callable[[float], Request], progress: ProgressHook) -> Callable[[float], Request]:
+    """A closed-loop request factory calling `progress(now, count)` every `PROGRESS_EVERY` requests."""
+    count = 0
+
+    def counted(now: float) -> Request:
+        nonlocal count
+        count += 1
+        if count % PROGRESS_EVERY == 0:
+            progress(now, count)
+        return new_request(now)
+
+    return counted
+
+
+_atomic_write = atomic_write  # the name other modules import
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
 
 
 def write_result(result: RunResult, out_dir: Path) -> Path:
-    """Write `requests.parquet`, `steps.parquet` and `summary.json` atomically under `out_dir/<policy>/`."""
-    target = out_dir / result.policy
-    _atomic_write(target / "requests.parquet", lambda p: result.requests.write_parquet(p, statistics=False))
-    _atomic_write(target / "steps.parquet", lambda p: result.steps.write_parquet(p, statistics=False))
-    text = json.dumps(result.summary, indent=2, sort_keys=True, allow_nan=False, default=float)
-    _atomic_write(target / "summary.json", lambda p: Path(p).write_text(text + "\n"))
+    """Write `manifest.json`, `requests.parquet`, `steps.parquet` and `summary.json` as one unit under
+    `out_dir/<policy>/`: all four replace the previous run's at once, or nothing changes."""
+    target = policy_folder(out_dir, result.policy)
+    with replace_folder(target, is_run_folder) as tmp:
+        result.requests.write_parquet(tmp / "requests.parquet", statistics=False)
+        result.steps.write_parquet(tmp / "steps.parquet", statistics=False)
+        (tmp / "summary.json").write_text(_json(result.summary), encoding="utf-8")
+        (tmp / MANIFEST).write_text(_json(result.manifest), encoding="utf-8")
     return target
 
 
-def write_scenario(scenario: Scenario, out_dir: Path) -> Path:
-    """Record the scenario as run (overrides applied) as `out_dir/scenario.json`."""
-    path = out_dir / "scenario.json"
-    text = json.dumps(scenario.raw, indent=2, sort_keys=True)
-    _atomic_write(path, lambda p: Path(p).write_text(text + "\n"))
-    return path
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A run folder's manifest, or None when it has none or it cannot be read."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def other_scenario_runs(out_dir: Path, manifest: dict[str, Any]) -> dict[str, list[tuple[str, Any, Any]]]:
+    """Run folders under `out_dir` whose scenario differs from `manifest`'s: folder name -> differences."""
+    found: dict[str, list[tuple[str, Any, Any]]] = {}
+    if not out_dir.is_dir():
+        return found
+    for sub in sorted(p for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not is_run_folder(sub):
+            continue
+        other = read_manifest(sub)
+        diff = [(MANIFEST, "missing", None)] if other is None else manifest_differences(other, manifest)
+        if diff:
+            found[sub.name] = diff
+    return found
+

@@ -15,8 +15,9 @@ sweep `workload.arrival.time_scale` through `params`.
 A point is one (policy, rate, params, replication). Every policy and rate of a replication shares its seed
 (common random numbers), so policies are compared on the same request stream. Each point becomes one row
 (`point_row`) in its own Parquet file, `points/<point_key>.parquet`, written atomically; a re-run skips
-points whose file exists unless `force`. `manifest.json` records a fingerprint of the scenario (without its
-`[sweep]` table) so that points of a changed scenario are never mixed in silently.
+points whose file exists and reads back whole unless `force` (a damaged file is redone). `manifest.json`
+records a fingerprint of the scenario (without its `[sweep]` table) so that points of a changed scenario
+are never mixed in silently.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sim import stats
 from sim.errors import SimError
 from sim.metrics import LATENCY_METRICS
+from sim.outputs import path_component
 from sim.run import _atomic_write, run_policy
 from sim.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.workload import format_validation_error
@@ -255,8 +257,16 @@ def write_point(points_dir: Path, row: dict[str, Any]) -> Path:
     return path
 
 
-def read_point(path: Path) -> dict[str, Any]:
-    return pl.read_parquet(path).row(0, named=True)
+def read_point(path: Path, key: str | None = None) -> dict[str, Any] | None:
+    """A point file's row, or None when the file is damaged (torn, truncated) or is not point `key`."""
+    try:
+        frame = pl.read_parquet(path)
+    except Exception:  # polars raises several error types for a damaged file
+        return None
+    if frame.height != 1 or set(POINT_SCHEMA) - set(frame.columns):
+        return None
+    row = frame.row(0, named=True)
+    return row if key is None or row["point_key"] == key else None
 
 
 # --- executors ----------------------------------------------------------------------------------------
@@ -373,12 +383,15 @@ class _Runner:
             path = point_path(self.points_dir, task.key)
             if task.key in self.rows:
                 continue
-            if path.exists() and not self.force:
-                self.rows[task.key] = read_point(path)
+            row = read_point(path, task.key) if path.exists() and not self.force else None
+            if row is not None:
+                self.rows[task.key] = row
                 self.resumed += 1
-            else:
+            else:  # not run yet, or its file is damaged: (re)do it
                 todo.append(task)
         self.progress.update(self.bar, total=self.ran + len(todo))
+        if todo and not self.progress.console.is_terminal:  # no live bar: say what is starting
+            self.progress.console.print(f"running {len(todo)} points ({self.resumed} already done)…")
         for row in execute(todo, self.executor, self.points_dir, lambda: self.progress.advance(self.bar)):
             self.rows[row["point_key"]] = row
         self.ran += len(todo)
@@ -428,7 +441,7 @@ def run_sweep(
             for i in range(cfg.replications)
         ]
 
-    sweep_dir = (out or Path("reports") / base.name) / "sweep"
+    sweep_dir = (out or Path("reports") / path_component(base.name)) / "sweep"
     points_dir = sweep_dir / "points"
     points_dir.mkdir(parents=True, exist_ok=True)
     _check_manifest(sweep_dir, points_dir, raw, force)

@@ -295,16 +295,21 @@ def predict_all(
     scale: float = 1.0,
     calibration: dict[str, float] | Callable[[GroundTruthRow], dict[str, float]] | None = None,
     jobs: int = 1,
+    done: Callable[[int], None] | None = None,
 ) -> list[Prediction]:
     """Simulate every row over `jobs` processes (the sweep's executor). `calibration` may depend on the
-    row (cross-validation folds)."""
+    row (cross-validation folds). `done(rows finished)`, if given, is called as rows finish."""
     from sim.sweep import open_executor
 
     tasks = [(r, scale, calibration(r) if callable(calibration) else calibration) for r in rows]
     with open_executor("process", jobs, None) as executor:
-        if executor is None:
-            return [_predict_task(t) for t in tasks]
-        return list(executor.map(_predict_task, tasks))
+        results = map(_predict_task, tasks) if executor is None else executor.map(_predict_task, tasks)
+        preds = []
+        for pred in results:
+            preds.append(pred)
+            if done is not None:
+                done(len(preds))
+        return preds
 
 
 def select(rows: Iterable[GroundTruthRow], keys: Sequence[str]) -> list[GroundTruthRow]:
@@ -416,6 +421,7 @@ def run_ground_truth(
     """`sim validate ground-truth`: simulate every row, print the comparison, write `--out` files."""
     from rich.console import Console
 
+    from sim.console import progress
     from sim.cost import Calibration
 
     if not 0 < scale <= 1:
@@ -426,7 +432,8 @@ def run_ground_truth(
         cal = asdict(Calibration.load(calibration)) | {FRONTEND_KEY: load_frontend(calibration)}
     console = Console(width=max(Console().width, 150))
     console.print(f"simulating {len(rows)} rows ({jobs} jobs, stages x{scale:g})…")
-    preds = predict_all(rows, scale, cal, jobs)
+    with progress("simulating", len(rows), "rows") as done:
+        preds = predict_all(rows, scale, cal, jobs, done)
     frame = compare(rows, preds)
     print_report(rows, preds, frame, console)
     if out is not None:

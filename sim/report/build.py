@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim import stats
+from sim.outputs import atomic_write, write_text
 from sim.report import charts, frames, grid
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
@@ -52,9 +53,10 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "latency_vs_rate",
             "Latency against arrival rate",
             "Median (solid) and p99 (dashed) of time to first token, time per output token and end-to-end "
-            "latency, with 95% confidence bands over replications. Look for the knee: the rate where p99 "
-            "leaves the floor and climbs steeply is where a policy starts to queue.",
-            charts.latency_vs_rate(means, series) if have and means is not None else None,
+            "latency (means over replications), with 95% confidence bands computed in log space, as the "
+            "axis is. Look for the knee: the rate where p99 leaves the floor and climbs steeply is where a "
+            "policy starts to queue.",
+            charts.latency_vs_rate(grid.log_bands(means), series) if have and means is not None else None,
             NEED_SWEEP,
         ),
         Section(
@@ -149,14 +151,16 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     table = (SUMMARY_COLUMNS, summary_rows(inputs.runs, caps)) if inputs.runs else None
     specs = {s.key: chart_spec(s.chart) for s in sections if s.chart is not None}
     title = f"servesim report: {inputs.name}"
-    html = render_page(title, inputs.description, _meta(inputs), headline, table, sections, specs, PNG_DIR)
+    html = render_page(
+        title, inputs.description, _meta(inputs), headline, table, sections, specs, PNG_DIR, inputs.notes
+    )
     index = report_dir / "index.html"
-    index.write_text(html, encoding="utf-8")
+    write_text(index, html)
     written = [index]
     if png:
-        (report_dir / PNG_DIR).mkdir(exist_ok=True)
         for key, spec in specs.items():
             path = report_dir / PNG_DIR / f"{key}.png"
-            path.write_bytes(chart_png(spec))
+            image = chart_png(spec)
+            atomic_write(path, lambda p, image=image: Path(p).write_bytes(image))
             written.append(path)
     return written

@@ -29,7 +29,8 @@ def policy_color(series: list[str]) -> alt.Scale:
 
 
 def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
-    """p50 and p99 of TTFT, TPOT and E2E against the arrival rate, one panel each, with CI bands."""
+    """p50 and p99 of TTFT, TPOT and E2E against the arrival rate, one panel each, with CI bands (give
+    bands for a log axis, `grid.log_bands`)."""
     metrics = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
     frame = (
         stats.filter(pl.col("metric").is_in(metrics))
@@ -61,7 +62,15 @@ def latency_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.FacetChart:
                 sort=["p50", "p99"],
                 legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#444", symbolStrokeWidth=2),
             ),
-            tooltip=["series:N", "rate:Q", "quantile:N", alt.Tooltip("mean:Q", format=".3g"), "n:Q"],
+            tooltip=[
+                "series:N",
+                "rate:Q",
+                "quantile:N",
+                alt.Tooltip("mean:Q", format=".3g"),
+                alt.Tooltip("ci_low:Q", format=".3g", title="95% CI low"),
+                alt.Tooltip("ci_high:Q", format=".3g", title="95% CI high"),
+                "n:Q",
+            ],
         )
     )
     return (

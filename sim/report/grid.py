@@ -63,6 +63,22 @@ def summarize_points(points: pl.DataFrame, metrics: list[str]) -> pl.DataFrame:
     return with_series(agg).sort("series", "metric", "rate")
 
 
+def log_bands(means: pl.DataFrame) -> pl.DataFrame:
+    """Confidence bands for a log axis: the t-interval of log(mean) by the delta method.
+
+    The linear interval `mean ± h` (h = t·s/√n) becomes `mean ×/÷ exp(h / mean)`: the same width to first
+    order, symmetric on a log axis, and never at or below zero, where a linear lower bound would be clipped
+    to an arbitrary floor. Rows whose mean is not positive keep their interval.
+    """
+    half = pl.col("ci_high") - pl.col("mean")
+    factor = (half / pl.col("mean")).exp()
+    positive = pl.col("mean") > 0
+    return means.with_columns(
+        ci_low=pl.when(positive).then(pl.col("mean") / factor).otherwise(pl.col("ci_low")),
+        ci_high=pl.when(positive).then(pl.col("mean") * factor).otherwise(pl.col("ci_high")),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityMark:
     """The highest arrival rate a series holds under the SLO, as the report shows it.

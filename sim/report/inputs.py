@@ -10,9 +10,9 @@ from typing import Any
 import polars as pl
 
 from sim.errors import SimError
+from sim.outputs import differences
+from sim.run import MANIFEST, RUN_FILES, compared_scenario, is_run_folder, manifest_differences, read_manifest
 from sim.scenario import Scenario, load_scenario, validate_scenario
-
-RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 
 
 @dataclass(slots=True)
@@ -23,6 +23,7 @@ class PolicyRun:
     requests: pl.DataFrame
     steps: pl.DataFrame
     summary: dict[str, Any]
+    manifest: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -33,11 +34,13 @@ class ReportInputs:
     runs: list[PolicyRun] = field(default_factory=list)
     points: pl.DataFrame | None = None  # one row per sweep run (all point files concatenated)
     capacity: dict[str, Any] | None = None  # capacity.json as written by the sweep, if any
+    run_scenario: Scenario | None = None  # the scenario the per-policy runs were made from
+    notes: list[str] = field(default_factory=list)  # caveats the page must show
 
     @property
     def run_rate(self) -> float | None:
-        """The arrival rate of the per-policy runs: the scenario's, else the observed one."""
-        arrival = self.scenario.workload.arrival if self.scenario else None
+        """The arrival rate of the per-policy runs: their scenario's, else the observed one."""
+        arrival = self.run_scenario.workload.arrival if self.run_scenario else None
         rate = getattr(arrival, "rate", None)
         if isinstance(rate, int | float):
             return float(rate)
@@ -58,23 +61,57 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _read_parquet(path: Path) -> pl.DataFrame:
+def _read_parquet(path: Path, hint: str = "") -> pl.DataFrame:
     try:
         return pl.read_parquet(path)
     except Exception as err:  # polars raises several error types for a damaged file
-        raise SimError(f"{path}: cannot read Parquet: {err}") from None
+        raise SimError(f"{path}: cannot read Parquet: {err}{hint}") from None
+
+
+def _value(value: Any) -> str:
+    return "(absent)" if value is None else json.dumps(value)
+
+
+def describe_differences(diff: list[tuple[str, Any, Any]], a: str, b: str, limit: int = 6) -> str:
+    """`key: x in A, y in B; ...` for the first `limit` differences."""
+    shown = [f"{key}: {_value(x)} in {a}, {_value(y)} in {b}" for key, x, y in diff[:limit]]
+    more = f"; and {len(diff) - limit} more" if len(diff) > limit else ""
+    return "; ".join(shown) + more
 
 
 def load_runs(report_dir: Path) -> list[PolicyRun]:
-    """Every `<policy>/` folder holding the three run files, in the order of their names."""
+    """Every run folder of `sim run` (`<policy>/` with its manifest), in the order of their names.
+
+    Refuses (SimError) a folder with missing files or no manifest, and runs of different scenarios,
+    naming the settings that differ: their numbers cannot be compared side by side.
+    """
     runs = []
     for sub in sorted(p for p in report_dir.iterdir() if p.is_dir() and p.name != "sweep"):
-        if not all((sub / f).is_file() for f in RUN_FILES):
+        if sub.name.startswith(".") or not is_run_folder(sub):
             continue
+        missing = [f for f in (*RUN_FILES, MANIFEST) if not (sub / f).is_file()]
+        if missing:
+            raise SimError(
+                f"{sub}: incomplete run ({', '.join(missing)} missing); re-run `sim run` for this policy"
+            )
+        manifest = read_manifest(sub)
+        if manifest is None:
+            raise SimError(f"{sub / MANIFEST}: cannot read the run's manifest; re-run `sim run`")
         summary = _read_json(sub / "summary.json")
         requests = _read_parquet(sub / "requests.parquet")
         steps = _read_parquet(sub / "steps.parquet")
-        runs.append(PolicyRun(str(summary.get("policy", sub.name)), requests, steps, summary))
+        runs.append(PolicyRun(str(manifest.get("policy", sub.name)), requests, steps, summary, manifest))
+    first = runs[0] if runs else None
+    for run in runs[1:]:
+        assert first is not None
+        diff = manifest_differences(first.manifest, run.manifest)
+        if diff:
+            raise SimError(
+                f"{report_dir}: the runs of {first.policy} and {run.policy} come from different scenarios "
+                f"({describe_differences(diff, first.policy, run.policy)}); their numbers cannot be "
+                "compared. Re-run every policy with the same settings, or write each setting to its own "
+                "folder with `sim run ... --out DIR`"
+            )
     return runs
 
 
@@ -83,7 +120,7 @@ def load_points(sweep_dir: Path) -> pl.DataFrame | None:
     files = sorted((sweep_dir / "points").glob("*.parquet"))
     if not files:
         return None
-    frames = [_read_parquet(f) for f in files]
+    frames = [_read_parquet(f, "; re-run `sim sweep` to redo this point") for f in files]
     frame = pl.concat(frames, how="diagonal_relaxed")
     missing = {"policy", "rate"} - set(frame.columns)
     if missing:
@@ -91,8 +128,10 @@ def load_points(sweep_dir: Path) -> pl.DataFrame | None:
     return frame
 
 
-def _find_scenario(report_dir: Path, name: str, explicit: Path | None) -> Scenario | None:
-    """The given file; else the scenario the sweep or the run recorded; else scenarios/<name>.toml."""
+def _find_scenario(
+    report_dir: Path, name: str, explicit: Path | None, run_scenario: Scenario | None
+) -> Scenario | None:
+    """The given file; else the scenario the sweep or the runs recorded; else scenarios/<name>.toml."""
     if explicit is not None:
         return load_scenario(explicit)
     manifest = report_dir / "sweep" / "manifest.json"
@@ -100,9 +139,8 @@ def _find_scenario(report_dir: Path, name: str, explicit: Path | None) -> Scenar
         raw = _read_json(manifest).get("scenario")
         if isinstance(raw, dict):
             return validate_scenario(raw, str(manifest))
-    recorded = report_dir / "scenario.json"  # written by `sim run`
-    if recorded.is_file():
-        return validate_scenario(_read_json(recorded), str(recorded))
+    if run_scenario is not None:
+        return run_scenario
     for candidate in (report_dir / "scenario.toml", Path("scenarios") / f"{name}.toml"):
         if candidate.is_file():
             scenario = load_scenario(candidate)
@@ -123,9 +161,34 @@ def load_inputs(report_dir: Path, scenario_file: Path | None = None) -> ReportIn
             f"{report_dir}: no run records (<policy>/summary.json) and no sweep points; "
             "run `sim run SCENARIO` or `sim sweep SCENARIO` first"
         )
-    name = str(runs[0].summary.get("scenario", report_dir.name)) if runs else report_dir.resolve().name
-    scenario = _find_scenario(report_dir, name, scenario_file)
+    name = str(runs[0].manifest.get("scenario", report_dir.name)) if runs else report_dir.resolve().name
+    run_scenario = _run_scenario(runs[0]) if runs else None
+    scenario = _find_scenario(report_dir, name, scenario_file, run_scenario)
     capacity_file = sweep_dir / "capacity.json"
     capacity = _read_json(capacity_file) if capacity_file.is_file() else None
     description = scenario.description if scenario else ""
-    return ReportInputs(name, description, scenario, runs, points, capacity)
+    notes = []
+    if run_scenario is not None and points is not None and scenario is not None:
+        notes += _sweep_differences(scenario, run_scenario)
+    return ReportInputs(name, description, scenario, runs, points, capacity, run_scenario, notes)
+
+
+def _run_scenario(run: PolicyRun) -> Scenario | None:
+    raw = run.manifest.get("as_run")
+    return validate_scenario(raw, f"{run.policy}/{MANIFEST}") if isinstance(raw, dict) else None
+
+
+# What a sweep varies by design: the arrival rate axis (its form per arrival kind).
+SWEPT_KEYS = ("workload.arrival.rate", "workload.arrival.stages", "workload.arrival.users")
+
+
+def _sweep_differences(sweep: Scenario, runs: Scenario) -> list[str]:
+    """A caveat when the sweep's scenario differs from the runs' beyond the keys the sweep varies."""
+    varied = set(SWEPT_KEYS) | set((sweep.sweep or {}).get("params", {}))
+    diff = [d for d in differences(compared_scenario(sweep), compared_scenario(runs)) if d[0] not in varied]
+    if not diff:
+        return []
+    return [
+        "The sweep and the per-policy runs come from different scenarios "
+        f"({describe_differences(diff, 'the sweep', 'the runs')}): compare their figures with care."
+    ]

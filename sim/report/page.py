@@ -64,6 +64,7 @@ th { white-space: normal; vertical-align: bottom; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; font-weight: 600; }
 .vis { margin: 8px 0; overflow-x: auto; }
+.note { color: #8a1f11; background: #fbeaea; padding: 8px 12px; border-radius: 4px; }
 .missing { color: #8a6d3b; background: #fcf8e3; padding: 8px 12px; border-radius: 4px; }
 .png { font-size: 12px; color: #888; }
 code { background: #f3f3f3; padding: 1px 4px; border-radius: 3px; }
@@ -106,9 +107,12 @@ def render_page(
     sections: list[Section],
     specs: dict[str, dict[str, Any]],
     png_dir: str = "charts",
+    notes: list[str] | None = None,
 ) -> str:
-    """The whole HTML document; `specs` holds the Vega-Lite spec of each section that has a chart."""
-    lead = "".join(f'<p class="lead">{escape(line)}</p>' for line in headline)
+    """The whole HTML document; `specs` holds the Vega-Lite spec of each section that has a chart;
+    `notes` are caveats shown above the headline."""
+    lead = "".join(f'<p class="note">{escape(line)}</p>' for line in notes or [])
+    lead += "".join(f'<p class="lead">{escape(line)}</p>' for line in headline)
     summary = _table(*table) if table and table[1] else ""
     body = "".join(_section(s, png_dir) for s in sections)
     return (

@@ -1,0 +1,226 @@
+"""Run manifests: every run records what it came from, is written as one unit, and `sim report` refuses to
+compare runs of different scenarios; a damaged sweep point is redone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+import sim
+from sim import sweep
+from sim.cli import app
+from sim.errors import SimError
+from sim.report import build_report
+from sim.report.inputs import load_inputs
+from sim.run import run_policy, write_result
+from sim.scenario import load_scenario
+
+TINY = """
+name = "tiny"
+description = "two policies, a few seconds"
+seed = 5
+
+[model]
+name = "llama-2-7b"
+gpu = "A100-80GB"
+
+[workload]
+arrival = { kind = "poisson", rate = 2.0 }
+prompt = { kind = "lognormal", mean = 128, cv = 1.0, min = 8, max = 512 }
+output = { kind = "lognormal", mean = 32, cv = 1.0, min = 2, max = 128 }
+max_tokens = 128
+
+[horizon]
+duration_s = 10
+
+[slo]
+ttft_s = 0.5
+tpot_s = 0.05
+
+[policies.static]
+scheduler = "static"
+max_batch_size = 8
+
+[policies.continuous]
+scheduler = "continuous"
+max_num_seqs = 8
+"""
+RUN_FILES = ("manifest.json", "requests.parquet", "steps.parquet", "summary.json")
+runner = CliRunner()
+
+
+def scenario_file(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return path
+
+
+def sim_run(*args: str) -> Any:
+    result = runner.invoke(app, ["run", *args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_each_run_writes_a_manifest_of_what_it_came_from(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path)
+    sim_run(str(path), "--set", "workload.arrival.rate=3", "--out", str(tmp_path / "out"))
+    for policy in ("static", "continuous"):
+        assert sorted(p.name for p in (tmp_path / "out" / policy).iterdir()) == sorted(RUN_FILES)
+        manifest = json.loads((tmp_path / "out" / policy / "manifest.json").read_text())
+        assert manifest["policy"] == policy and manifest["scheduler"] == policy
+        assert manifest["scenario"] == "tiny" and manifest["seed"] == 5
+        assert manifest["servesim"] == sim.__version__
+        assert manifest["as_run"]["workload"]["arrival"]["rate"] == 3  # the override is recorded
+        assert len(manifest["scenario_hash"]) == 64
+    assert not (tmp_path / "out" / "scenario.json").exists()  # no record outside the run folders
+
+
+def test_identical_runs_write_identical_files_including_the_manifest(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path)
+    for name in ("a", "b"):
+        sim_run(str(path), "--out", str(tmp_path / name))
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
+
+
+def test_scenario_hash_covers_what_runs_share_and_nothing_else(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path)
+    base = load_scenario(path)
+
+    def manifest(overrides: list[str], policy: str = "static") -> dict[str, Any]:
+        from sim.run import run_manifest
+
+        return run_manifest(load_scenario(path, overrides), policy)
+
+    same = manifest([])["scenario_hash"]
+    assert manifest(["workload.arrival.rate=2"])["scenario_hash"] == same  # 2 and 2.0 are one rate
+    assert manifest(["description='other words'"])["scenario_hash"] == same
+    assert manifest(["policies.static.max_batch_size=4"])["scenario_hash"] == same  # each run's own table
+    assert manifest([], "continuous")["scenario_hash"] == same
+    for changed in ("workload.arrival.rate=3", "seed=6", "horizon.duration_s=11", "slo.ttft_s=1.0"):
+        assert manifest([changed])["scenario_hash"] != same, changed
+    assert base.seed == 5
+
+
+def test_readme_sequence_of_mixed_runs_is_refused_naming_the_difference(tmp_path: Path) -> None:
+    """Run both policies, re-run one at another rate into the same folder: the report must not compare
+    a 3 req/s run with a 1 req/s one, and must say which setting differs."""
+    path = scenario_file(tmp_path)
+    out = tmp_path / "reports" / "tiny"
+    sim_run(str(path), "--set", "workload.arrival.rate=1", "--out", str(out))
+    second = sim_run(
+        str(path), "--set", "workload.arrival.rate=3", "--policy", "continuous", "--out", str(out)
+    )
+    assert "sim report" in second.output and "workload.arrival.rate" in second.output  # warned at once
+    result = runner.invoke(app, ["report", str(out), "--no-png"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not (out / "index.html").exists()
+    message = result.output
+    assert "different scenarios" in message and "workload.arrival.rate" in message
+    assert "3.0 in continuous" in message and "1.0 in static" in message
+
+    # Re-running the other policy with the same settings makes the folder consistent again.
+    sim_run(str(path), "--set", "workload.arrival.rate=3", "--policy", "static", "--out", str(out))
+    result = runner.invoke(app, ["report", str(out), "--no-png"])
+    assert result.exit_code == 0, result.output
+    html = (out / "index.html").read_text()
+    assert "At 3 req/s" in html and "At 1 req/s" not in html
+
+
+def test_report_refuses_a_run_without_manifest_or_with_missing_files(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path)
+    out = tmp_path / "out"
+    sim_run(str(path), "--out", str(out))
+    (out / "static" / "steps.parquet").unlink()
+    with pytest.raises(SimError, match=r"static: incomplete run \(steps.parquet missing\)"):
+        load_inputs(out)
+    sim_run(str(path), "--policy", "static", "--out", str(out))
+    (out / "continuous" / "manifest.json").unlink()
+    with pytest.raises(SimError, match="manifest.json missing"):
+        load_inputs(out)
+
+
+def test_an_interrupted_run_leaves_the_previous_results_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = scenario_file(tmp_path)
+    out = tmp_path / "out"
+    sim_run(str(path), "--out", str(out))
+    before = snapshot(out)
+    original = pl.DataFrame.write_parquet
+    calls = 0
+
+    def killed_midway(self: pl.DataFrame, file: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # requests.parquet is written; the process dies writing steps.parquet
+            raise KeyboardInterrupt
+        original(self, file, *args, **kwargs)
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", killed_midway)
+    sc = load_scenario(path, ["workload.arrival.rate=3"])
+    with pytest.raises(KeyboardInterrupt):
+        write_result(run_policy(sc, "static", tmp_path), out)
+    assert snapshot(out) == before  # old results untouched
+    assert sorted(p.name for p in out.iterdir()) == ["continuous", "static"]  # no temporary folder left
+
+
+def test_a_run_killed_while_simulating_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sim.run
+
+    def dies(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim.run, "simulate", dies)
+    result = runner.invoke(app, ["run", str(scenario_file(tmp_path)), "--out", str(tmp_path / "out")])
+    assert result.exit_code != 0
+    assert not (tmp_path / "out").exists()  # nothing written before the results exist
+
+
+def test_run_does_not_replace_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "static").mkdir(parents=True)
+    (out / "static" / "notes.txt").write_text("mine")
+    args = ["run", str(scenario_file(tmp_path)), "--policy", "static", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "not one of our output folders" in result.output
+    assert (out / "static" / "notes.txt").read_text() == "mine"
+
+
+def test_report_notes_when_sweep_and_runs_differ_beyond_the_rate(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path, TINY + '\n[sweep]\nrates = [1, 2]\npolicies = ["continuous"]\n')
+    out = tmp_path / "out"
+    sweep.run_sweep(path, ["horizon.duration_s=6"], jobs=1, out=out)
+    sim_run(str(path), "--set", "workload.arrival.rate=3", "--out", str(out))
+    inputs = load_inputs(out)
+    assert len(inputs.notes) == 1 and "horizon.duration_s" in inputs.notes[0]
+    assert "6.0 in the sweep, 10.0 in the runs" in inputs.notes[0]
+    assert "workload.arrival.rate" not in inputs.notes[0]  # the swept axis may differ
+    build_report(out, png=False)
+    assert 'class="note"' in (out / "index.html").read_text()
+
+    sim_run(str(path), "--set", "horizon.duration_s=6", "--out", str(out))
+    assert load_inputs(out).notes == []
+
+
+def test_a_truncated_sweep_point_is_redone(tmp_path: Path) -> None:
+    path = scenario_file(tmp_path, TINY + "\n[sweep]\nrates = [1, 2]\n")
+    first = sweep.run_sweep(path, jobs=1, out=tmp_path)
+    points = tmp_path / "sweep" / "points"
+    victim = sorted(points.iterdir())[0]
+    whole = victim.read_bytes()
+    victim.write_bytes(whole[: len(whole) // 2])
+    again = sweep.run_sweep(path, jobs=1, out=tmp_path)
+    assert (again.ran, again.resumed) == (1, first.ran - 1)
+    assert pl.read_parquet(victim).height == 1
+    assert again.points.sort("point_key").equals(first.points.sort("point_key"))

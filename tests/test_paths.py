@@ -1,0 +1,93 @@
+"""Names from a scenario never lead outside the output folder, and output files get the umask's modes."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_manifest import TINY
+from typer.testing import CliRunner
+
+from sim import sweep
+from sim.cli import app
+from sim.outputs import SAFE_CHARS, path_component
+
+runner = CliRunner()
+HOSTILE = TINY.replace('name = "tiny"', 'name = ".."').replace(
+    "[policies.static]", '[policies."../../x"]'
+).replace("[policies.continuous]", "[policies.sweep]")
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@given(st.text(max_size=40))
+def test_path_component_is_one_safe_name(name: str) -> None:
+    part = path_component(name, frozenset({"sweep"}))
+    assert part and set(part) <= SAFE_CHARS and part not in {".", "..", "sweep"}
+    assert Path(part).name == part and len(part) <= 120
+    if name and set(name) <= SAFE_CHARS and name.strip(".") and name != "sweep":
+        assert part == name  # ordinary names are kept as they are
+
+
+@given(st.text(max_size=12), st.text(max_size=12))
+def test_distinct_names_get_distinct_folders(a: str, b: str) -> None:
+    if a != b:
+        assert path_component(a) != path_component(b)
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_hostile_scenario_and_policy_names_stay_in_the_output_folder(in_tmp: Path) -> None:
+    path = in_tmp / "hostile.toml"
+    path.write_text(HOSTILE + '\n[sweep]\nrates = [1]\npolicies = ["../../x"]\n')
+    outside = in_tmp.parent
+    before = files_under(outside)
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["sweep", str(path), "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    new = files_under(outside) - before
+    reports = (in_tmp / "reports").resolve()
+    assert new and all(p.resolve().is_relative_to(reports) for p in new), sorted(map(str, new))
+    (folder,) = [p for p in reports.iterdir()]  # the scenario's own folder, under reports/
+    runs = sorted(p.name for p in folder.iterdir() if (p / "summary.json").is_file())
+    assert len(runs) == 2 and "sweep" not in runs  # a policy named "sweep" does not take the sweep's folder
+    assert (folder / "sweep" / "manifest.json").is_file()
+    result = runner.invoke(app, ["report", str(folder), "--no-png"])
+    assert result.exit_code == 0, result.output
+    assert "../../x" in (folder / "index.html").read_text()  # shown under its own name
+
+
+def modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_outputs_get_the_modes_the_umask_gives(tmp_path: Path, umask: int) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY + "\n[sweep]\nrates = [1]\nreplications = 1\n")
+    out = tmp_path / "out"
+    old = os.umask(umask)
+    try:
+        assert runner.invoke(app, ["run", str(path), "--out", str(out)]).exit_code == 0
+        sweep.run_sweep(path, jobs=1, out=out)
+        assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    finally:
+        os.umask(old)
+    found = modes(out)
+    assert any(name.endswith("points") for name in found) and "charts/latency_cdf.png" in found
+    for name, mode in found.items():
+        expected = (0o777 if (out / name).is_dir() else 0o666) & ~umask
+        assert mode == expected, f"{name}: {oct(mode)} (expected {oct(expected)})"
