@@ -7,10 +7,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: venv run test bench validate clean
 
 $(STAMP): pyproject.toml
+	@echo "Setting up $(VENV) (first run only, about a minute): creating it and installing servesim"
+	@echo "and its dependencies with pip; nothing is printed until pip is done."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+	@echo "$(VENV) is ready: run the simulator as $(BIN)/sim (or activate it: . $(BIN)/activate)."
 
 venv: $(STAMP)
 

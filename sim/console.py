@@ -84,12 +84,14 @@ def run_line(summary: dict[str, Any], watch: Stopwatch) -> str:
     return f"{summary['policy']}: {req['arrived']:,} requests{span} in {watch}"
 
 
-def rejection_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-    """One (label, count per policy) row per reject reason that any policy has, sorted by reason."""
-    reasons = sorted({r for s in summaries for r in s.get("rejected_reasons", {})})
+def rejection_lines(summaries: list[dict[str, Any]]) -> list[str]:
+    """One line per (policy, reject reason): how many requests were rejected, and why."""
+    width = max((len(s["policy"]) for s in summaries), default=0)
     return [
-        (f"  rejected: {reason}", [f"{s.get('rejected_reasons', {}).get(reason, 0):,}" for s in summaries])
-        for reason in reasons
+        f"  {s['policy']:<{width}}  {count:>7,}  {reason}"
+        for s in summaries
+        for reason, count in sorted(s.get("rejected_reasons", {}).items())
+        if count
     ]
 
 
@@ -110,8 +112,6 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
 
     row("finished / arrived", lambda s: f"{s['requests']['finished']:,} / {s['requests']['arrived']:,}")
     row("rejected", lambda s: f"{s['requests']['rejected']:,}")
-    for label, counts in rejection_rows(summaries):
-        table.add_row(label, *counts)
     row("in flight at horizon", lambda s: f"{s['requests']['in_flight']:,}")
     row("overloaded", lambda s: "YES" if s["overloaded"] else "no")
     row("throughput (req/s)", lambda s: f"{s['throughput']['requests_per_s']:.2f}")
@@ -129,4 +129,9 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
     row("preemptions", lambda s: f"{s['steps']['preemptions']:,}")
     row("prefix-cache hit rate", lambda s: f"{s['prefix_cache_hit_rate']:.0%}")
     console.print(table)
+    rejected = rejection_lines(summaries)
+    if rejected:
+        console.print("rejected requests, by reason:", highlight=False)
+        for line in rejected:
+            console.print(line, markup=False, highlight=False)
     console.print(f"records and summaries in {out_dir}/<policy>/")

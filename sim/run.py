@@ -248,4 +248,3 @@ def other_scenario_runs(out_dir: Path, manifest: dict[str, Any]) -> dict[str, li
         if diff:
             found[sub.name] = diff
     return found
-

@@ -17,9 +17,11 @@ from sim.cli import app
 from sim.outputs import SAFE_CHARS, path_component
 
 runner = CliRunner()
-HOSTILE = TINY.replace('name = "tiny"', 'name = ".."').replace(
-    "[policies.static]", '[policies."../../x"]'
-).replace("[policies.continuous]", "[policies.sweep]")
+HOSTILE = (
+    TINY.replace('name = "tiny"', 'name = ".."')
+    .replace("[policies.static]", '[policies."../../x"]')
+    .replace("[policies.continuous]", "[policies.sweep]")
+)
 
 
 def files_under(root: Path) -> set[Path]:

@@ -277,3 +277,37 @@ def test_capacity_bounds_and_headline() -> None:
     sentence = capacity_sentence([above[0], grid.CapacityMark("c", 0.25)], None)
     assert sentence is not None and sentence.startswith("a holds at least 4.0× the arrival rate of c")
     assert capacity_sentence(above, None) is None
+
+
+def test_latency_bands_on_the_log_axis_are_computed_in_log_space() -> None:
+    """Replications 5, 20 and 40 s: the linear 95% interval reaches below zero, which a log axis used to
+    draw down to its 1e-4 s floor. The band is mean ×/÷ exp(t·s/√n / mean) (delta method for log(mean))."""
+    from scipy import stats as sps
+
+    from sim.report import charts
+
+    values = [5.0, 20.0, 40.0]
+    rows = [point_row("static", 1.0, r) | {"replication": r, "ttft_p99": v} for r, v in enumerate(values)]
+    means = grid.summarize_points(pl.DataFrame(rows, schema=POINT_SCHEMA), ["ttft_p99"])
+    mean = float(np.mean(values))
+    half = float(sps.t.ppf(0.975, 2)) * float(np.std(values, ddof=1)) / np.sqrt(3)
+    assert mean - half < 0  # the linear interval is useless on a log axis
+    band = grid.log_bands(means).row(0, named=True)
+    factor = np.exp(half / mean)
+    assert (band["ci_low"], band["mean"], band["ci_high"]) == pytest.approx(
+        (mean / factor, mean, mean * factor)
+    )
+    spec = charts.latency_vs_rate(grid.log_bands(means), ["static"]).to_dict(validate=False)
+    (data,) = spec["datasets"].values()
+    assert min(d["ci_low"] for d in data) == pytest.approx(mean / factor)  # not the 1e-4 floor
+
+
+def test_sweep_report_draws_log_space_bands(full_report: tuple[Path, list[Path]]) -> None:
+    inputs = load_inputs(full_report[0])
+    (latency,) = [
+        s for s in sweep_sections(inputs, ["continuous", "static"], []) if s.key == "latency_vs_rate"
+    ]
+    assert latency.chart is not None
+    (data,) = latency.chart.to_dict(validate=False)["datasets"].values()
+    for d in data:
+        assert d["ci_low"] > 0 and d["ci_low"] * d["ci_high"] == pytest.approx(d["mean"] ** 2)

@@ -1,0 +1,113 @@
+"""What `sim run` says on screen: a progress bar on a terminal (fed at a coarse interval, not at all
+elsewhere), one line per run, and one line per reason requests were rejected; progress of replay and
+validation."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from rich.console import Console
+from test_manifest import TINY
+from typer.testing import CliRunner
+
+import sim.run
+from sim import console, replay
+from sim.cli import app
+from sim.run import PROGRESS_EVERY, run_policy
+from sim.scenario import load_scenario
+from sim.validate import load_rows, predict_all
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = ROOT / "tests" / "data" / "oracle"
+runner = CliRunner()
+
+
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=120)
+
+
+def test_off_a_terminal_the_engine_gets_no_progress_hook_and_one_line_per_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_progress_wanted(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("progress work off a terminal")
+
+    monkeypatch.setattr(sim.run, "_reporting", no_progress_wanted)
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    for policy in ("static", "continuous"):
+        arrived = pl.read_parquet(tmp_path / "out" / policy / "requests.parquet").height
+        line = rf"^{policy}: {arrived} requests over 10 s simulated in \d+\.\d s$"
+        assert re.search(line, result.output, re.M), result.output
+
+
+def test_on_a_terminal_progress_follows_simulated_time_and_changes_no_result(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("duration_s = 10", "duration_s = 60"))
+    sc = load_scenario(path)
+    calls: list[tuple[float, int]] = []
+    screen = terminal()
+    with console.run_progress("static", 60.0, None, screen) as hook:
+        assert hook is not None
+
+        def record(t: float, n: int) -> None:
+            calls.append((t, n))
+            hook(t, n)
+
+        with_bar = run_policy(sc, "static", tmp_path, progress=record)
+    plain = run_policy(sc, "static", tmp_path)
+    assert with_bar.requests.equals(plain.requests) and with_bar.steps.equals(plain.steps)
+    arrived = plain.summary["requests"]["arrived"]
+    assert calls[-1] == (60.0, arrived)  # the last call closes the bar at the horizon
+    assert [n for _, n in calls[:-1]] == list(range(PROGRESS_EVERY, arrived + 1, PROGRESS_EVERY))
+    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:], strict=False))
+    assert "s simulated" in screen.file.getvalue()  # type: ignore[attr-defined]
+    with console.run_progress("static", 60.0, None, Console(file=io.StringIO())) as off:
+        assert off is None
+
+
+def test_rejections_are_shown_one_line_per_reason(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.toml"
+    text = TINY.replace("rate = 2.0 }", "rate = 40.0 }").replace("duration_s = 10", "duration_s = 5")
+    path.write_text(text.replace("[slo]", "max_waiting = 4\n\n[slo]"))  # in [horizon]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(path), "--set", "model.max_model_len=200", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    counts = {
+        policy: dict(
+            pl.read_parquet(out / policy / "requests.parquet")
+            .filter(pl.col("state") == "rejected")
+            .group_by("reject_reason")
+            .len()
+            .iter_rows()
+        )
+        for policy in ("static", "continuous")
+    }
+    reasons = sorted(set(counts["static"]) | set(counts["continuous"]))
+    assert "queue full" in reasons and "prompt + max_tokens exceeds max_model_len" in reasons
+    shown = re.findall(r"^  (static|continuous) +([\d,]+)  (.+)$", result.output, re.M)
+    expected = [(p, f"{n:,}", r) for p in ("static", "continuous") for r, n in sorted(counts[p].items())]
+    assert shown == expected, result.output
+
+
+def test_replay_reports_finished_requests_and_replays_the_same_steps() -> None:
+    trace = replay.load_trace(ORACLE / "preempt.trace.json")
+    config = replay.config_from(replay.read_steps(ORACLE / "preempt.steps.jsonl.gz")[0])
+    seen: list[int] = []
+    steps = replay.replay(trace, config, progress=seen.append)
+    assert steps == replay.replay(trace, config)
+    assert len(seen) == len(steps) // 256 and seen == sorted(seen) and 0 < seen[-1] <= len(trace)
+
+
+def test_validation_reports_each_finished_row() -> None:
+    rows = [r for r in load_rows() if "62-mistral" in r.exp_key]
+    seen: list[int] = []
+    preds = predict_all(rows, 0.02, None, 1, seen.append)
+    assert seen == list(range(1, len(rows) + 1)) and len(preds) == len(rows)

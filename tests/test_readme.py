@@ -1,0 +1,99 @@
+"""The README's commands work as written (at a small scale), and what it claims about the outputs holds."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SMALL = ["--set", "horizon.duration_s=40"]
+runner = CliRunner()
+
+
+def session_commands() -> list[list[str]]:
+    """The `sim ...` lines of the README's first-session block, comments dropped."""
+    block = re.search(r"## A first session\s+```bash\n(.*?)```", README, re.S)
+    assert block is not None, "README: the first-session block is gone"
+    lines = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith("sim ")]
+
+
+@pytest.fixture
+def repo_like(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working folder with the shipped scenarios, as the README's relative paths expect."""
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def invoke(args: list[str]) -> str:
+    if args[0] == "run":
+        args = [*args, *SMALL]
+    if args[0] == "report":
+        args = [*args, "--no-png"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, (args, result.output)
+    return result.output
+
+
+def test_the_first_session_produces_one_correct_report_per_rate(repo_like: Path) -> None:
+    commands = session_commands()
+    assert [c[0] for c in commands] == ["run", "run", "report", "report"]
+    for args in commands:
+        invoke(args)
+    for folder, rate in (("convoy", 1), ("convoy-3rps", 3)):
+        html = (repo_like / "reports" / folder / "index.html").read_text()
+        assert f"At {rate} req/s, continuous keeps p99 TTFT" in html
+        for policy in ("static", "continuous"):
+            manifest = json.loads((repo_like / "reports" / folder / policy / "manifest.json").read_text())
+            assert manifest["compared"]["workload"]["arrival"]["rate"] == rate
+
+
+def test_the_mix_the_readme_warns_about_is_refused(repo_like: Path) -> None:
+    invoke(["run", "scenarios/convoy.toml"])
+    mixed = re.search(r"\(say `(--set [^`]+)`\s+into `reports/convoy`\)", README.replace("\n", " "))
+    assert mixed is not None, "README: the mixed-run example is gone"
+    invoke(["run", "scenarios/convoy.toml", *shlex.split(mixed.group(1))])
+    result = runner.invoke(app, ["report", "reports/convoy", "--no-png"])
+    assert (
+        result.exit_code == 2 and "workload.arrival.rate: 3.0 in continuous, 1.0 in static" in result.output
+    )
+
+
+def test_example_paths_in_the_readme_exist() -> None:
+    for path in re.findall(r"(?:tests|scenarios)/[\w./-]+\.(?:json|gz|toml)", README):
+        assert (ROOT / path).is_file(), path
+
+
+def test_static_tpot_exceeds_its_itl_as_the_readme_explains(repo_like: Path) -> None:
+    result = runner.invoke(
+        app, ["run", "scenarios/convoy.toml", "--set", "horizon.duration_s=120", "--out", "out"]
+    )
+    assert result.exit_code == 0, result.output
+    s = {
+        p: json.loads((repo_like / "out" / p / "summary.json").read_text()) for p in ("static", "continuous")
+    }
+    static, cont = s["static"]["latency"], s["continuous"]["latency"]
+    assert static["tpot"]["mean"] > 2 * static["itl"]["mean"]  # padding is in TPOT, not in ITL
+    assert cont["tpot"]["mean"] == pytest.approx(cont["itl"]["mean"], rel=0.1)
+
+
+def test_make_says_what_it_does_while_installing() -> None:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(
+        [make, "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    first = out.splitlines()[0]
+    assert first.startswith("echo") and "installing servesim" in first  # said before pip starts
