@@ -111,3 +111,15 @@ def test_validation_reports_each_finished_row() -> None:
     seen: list[int] = []
     preds = predict_all(rows, 0.02, None, 1, seen.append)
     assert seen == list(range(1, len(rows) + 1)) and len(preds) == len(rows)
+
+
+def test_a_sweep_off_a_terminal_says_what_it_starts(tmp_path: Path) -> None:
+    from sim import sweep
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY + "\n[sweep]\nrates = [1]\n")
+    screen = Console(file=io.StringIO(), width=120)
+    sweep.run_sweep(path, jobs=1, out=tmp_path, console=screen)
+    sweep.run_sweep(path, ["sweep.rates=[1, 2]"], jobs=1, out=tmp_path, console=screen)
+    lines = screen.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert lines == ["running 2 points (0 already done)…", "running 2 points (2 already done)…"]
