@@ -94,7 +94,7 @@ def run(
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
     comparison."""
     from sim import console
-    from sim.outputs import path_component
+    from sim.outputs import exit_on_terminate, path_component
     from sim.run import run_policy, write_result
     from sim.scenario import load_scenario
 
@@ -109,7 +109,8 @@ def run(
         watch = console.Stopwatch()
         with console.run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests) as hook:
             result = run_policy(sc, name, scenario.parent, source=str(scenario), progress=hook)
-        write_result(result, out_dir)
+        with exit_on_terminate():
+            write_result(result, out_dir)
         typer.echo(console.run_line(result.summary, watch))
         summaries.append(result.summary)
         manifest = result.manifest

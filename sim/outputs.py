@@ -13,6 +13,8 @@ import hashlib
 import os
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +85,24 @@ def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Pa
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def exit_on_terminate() -> Iterator[None]:
+    """While the block runs, SIGTERM (`kill PID`) exits through Python (SystemExit 143) instead of stopping
+    the process dead, so that `finally` clauses, such as `replace_folder`'s clean-up, still run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

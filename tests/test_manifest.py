@@ -224,3 +224,23 @@ def test_a_truncated_sweep_point_is_redone(tmp_path: Path) -> None:
     assert (again.ran, again.resumed) == (1, first.ran - 1)
     assert pl.read_parquet(victim).height == 1
     assert again.points.sort("point_key").equals(first.points.sort("point_key"))
+
+
+def test_terminate_signal_lets_the_clean_up_run(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from sim.outputs import exit_on_terminate, replace_folder
+
+    target = tmp_path / "static"
+    before = signal.getsignal(signal.SIGTERM)
+    with (
+        pytest.raises(SystemExit) as stop,
+        exit_on_terminate(),
+        replace_folder(target, lambda p: True) as tmp,
+    ):
+        (tmp / "requests.parquet").write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary folder
+    assert signal.getsignal(signal.SIGTERM) is before
