@@ -244,7 +244,10 @@ def other_scenario_runs(out_dir: Path, manifest: dict[str, Any]) -> dict[str, li
         if not is_run_folder(sub):
             continue
         other = read_manifest(sub)
-        diff = [(MANIFEST, "missing", None)] if other is None else manifest_differences(other, manifest)
+        if other is None:
+            diff = [(MANIFEST, "absent (an older run)", "present")]
+        else:
+            diff = manifest_differences(other, manifest)
         if diff:
             found[sub.name] = diff
     return found
