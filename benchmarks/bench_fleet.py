@@ -109,7 +109,10 @@ def saturation(policy: str, requests: int, seed: int, work: Path) -> float:
     arrival = '{ kind = "deterministic", rate = 1e9 }'
     scenario.write_text(scenario_toml(policy, requests, arrival, seed))
     sim_run(scenario, work / "saturation", work / "saturation.log")
-    done = pl.read_parquet(work / "saturation" / policy / "requests.parquet", columns=["finished_at"])
+    records = work / "saturation" / policy / "requests.parquet"
+    if "finished_at" not in pl.read_parquet_schema(records):
+        sys.exit(f"error: {records}: finished_at: expected a column of finish times")
+    done = pl.read_parquet(records, columns=["finished_at"])
     times = done["finished_at"].drop_nulls().drop_nans().sort().to_list()
     lo, hi = int(0.1 * len(times)), int(0.9 * len(times)) - 1
     return (hi - lo) / (times[hi] - times[lo])
