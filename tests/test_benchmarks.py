@@ -1,0 +1,111 @@
+"""The benchmark instruments: the floor loop serves every request, the fleet scenario is valid, the checks
+read the targets right. Nothing here is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.scenario import read_toml, validate_scenario
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+floor = _load("floor")
+fleet = _load("bench_fleet")
+
+
+def test_floor_serves_every_request_of_a_sharegpt_like_stream() -> None:
+    arrivals, outputs = floor.stream(300, 0.7, seed=3)
+    result = floor.run_floor(arrivals, outputs)
+    assert (result.requests, result.finished) == (300, 300)
+    # Every step yields one token per running request, at most max_batch of them.
+    assert result.steps >= outputs.sum() / floor.MAX_BATCH
+    assert result.simulated_s >= arrivals[-1]
+
+
+def test_floor_steps_and_clock_by_hand() -> None:
+    # Batch of 2: step 0 admits the first two (prefill); the 1-token request leaves after it, so step 1
+    # admits the third (prefill); then two decode steps finish the 3-token request.
+    result = floor.run_floor(np.zeros(3), np.array([1, 2, 3]), max_batch=2, prefill_s=0.5, decode_s=0.25)
+    assert (result.finished, result.steps) == (3, 4)
+    assert result.simulated_s == pytest.approx(0.5 + 0.5 + 0.25 + 0.25)
+
+
+def test_floor_sleeps_until_the_next_arrival_when_idle() -> None:
+    result = floor.run_floor(np.array([0.0, 10.0]), np.array([1, 1]), prefill_s=0.5, decode_s=0.25)
+    assert (result.finished, result.steps) == (2, 2)
+    assert result.simulated_s == pytest.approx(10.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    outputs=st.lists(st.integers(1, 40), min_size=1, max_size=40),
+    max_batch=st.integers(1, 8),
+)
+def test_floor_with_everything_at_once_takes_the_token_count_of_a_packed_batch(
+    outputs: list[int], max_batch: int
+) -> None:
+    # All requests queued at t = 0, admitted first come first served: each step serves min(batch, left)
+    # requests, one token each, so the number of steps is at least ceil(total tokens / max_batch) and at
+    # most the tokens of a one-at-a-time replica.
+    result = floor.run_floor(np.zeros(len(outputs)), np.array(outputs), max_batch=max_batch)
+    assert result.finished == len(outputs)
+    assert -(-sum(outputs) // max_batch) <= result.steps <= sum(outputs)
+    if max_batch >= len(outputs):
+        assert result.steps == max(outputs)
+
+
+@pytest.mark.parametrize("policy", list(fleet.POLICIES))
+def test_fleet_scenario_is_a_valid_scenario(tmp_path: Path, policy: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(fleet.scenario_toml(policy, 1234, '{ kind = "poisson", rate = 2.5 }', seed=4))
+    sc = validate_scenario(read_toml(path), str(path))
+    assert list(sc.policies) == [policy] and sc.policy(policy)[0] == policy
+    assert sc.horizon.max_requests == 1234 and sc.horizon.drain
+    assert sc.workload.max_tokens == 2048
+
+
+def _row(what: str, n: int, wall: float, rss_mib: float) -> Any:
+    return fleet.Row(what, n, n, wall, wall, rss_mib)
+
+
+def test_checks_read_the_targets() -> None:
+    floors = {n: _row("floor", n, 1.0, 50) for n in (20_000, 100_000, 1_000_000)}
+    rows = [
+        _row("vllm", 100_000, 0.5, 300),  # twice the floor's requests per second
+        _row("vllm", 20_000, 0.1, 300),
+        _row("vllm", 1_000_000, 9.0, 500),  # +200 MiB = 209.7 MB: over 200 MB
+        _row("continuous", 20_000, 0.1, 300),
+        _row("continuous", 1_000_000, 9.0, 390),  # +90 MiB = 94.4 MB
+    ]
+    lines = fleet.checks(rows, floors, ["vllm", "continuous"])
+    assert lines[0].startswith("speed: vllm at 100,000 requests runs 2.00 x the floor")
+    assert lines[0].endswith(": met")
+    assert "+210 MB" in lines[1] and lines[1].endswith("not met")
+    assert "+94 MB" in lines[2] and lines[2].endswith(": met")
+
+
+def test_checks_extrapolate_when_the_largest_size_is_smaller() -> None:
+    floors = {n: _row("floor", n, 1.0, 50) for n in (20_000, 200_000)}
+    rows = [_row("vllm", 20_000, 1.0, 100), _row("vllm", 200_000, 1.0, 100 + 180 / 1.048576)]
+    (line,) = fleet.checks(rows, floors, ["vllm"])
+    # 180 MB over 180,000 requests is 1 kB per request: 980 MB from 20,000 to 1,000,000.
+    assert "+180 MB" in line and "linear extrapolation 20,000 -> 1,000,000: +980 MB" in line
