@@ -1,19 +1,19 @@
-"""Fit the cost model's calibration (`sim.cost.Calibration`): kernel parameters to measured kernels, host
-parameters to the steady-state ground-truth rows.
+"""Fit the cost model's calibration (`sim.cost.Calibration`) to the steady-state ground-truth rows.
 
-Kernel parameters (GEMM and attention efficiencies, fixed costs per kernel) are fitted to the H200 kernel
-profile (`fit_kernels`, sim/catalog/profiles/h200) as fractions of the catalog's peaks; they are not refitted
-to the end-to-end runs. The host parameters (`step_overhead_s`, `per_row_overhead_s`) and the front end's
-`request_overhead_s` are what the end-to-end vLLM runs determine.
+A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
+re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
+terms (FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the steps it waited
+through, was scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
 
-A full simulation costs seconds per row, so the fit re-costs recorded schedules instead of re-simulating.
-Each row is simulated once with the current calibration, recording every step's GPU time (its kernels, from
-the cost model) and row count, and, per request, the steps it waited through, was scheduled in, and finished
-in. A step then costs gpu_s + `sim.cost.host_seconds(cal, rows)`, the cost model's own definition, and a
-request's TTFT / E2E are sums of its steps' re-costed durations (its wait before admission scaled with the
-step it waited on). `scipy.optimize.least_squares` fits log-parameters to the measured E2E and TTFT (mean and
-p90). The schedule depends on the step times, so the rows are re-simulated with the fitted values and
-refitted: a fixed-point iteration, two rounds in practice.
+    max(FLOPs / (peak · eff(prefill share)),
+        weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
+    + [TP > 1] (2L · allreduce_latency_s + tokens · ring bytes / (link · allreduce_eff))
+    + step_overhead_s + L · layer_overhead_s + rows · per_row_overhead_s
+
+and a request's TTFT / E2E are sums of its steps' re-costed durations (its wait before admission scaled with
+the step it waited on). `scipy.optimize.least_squares` fits log-parameters to the measured E2E and TTFT
+(mean and p90). The schedule itself depends on the step times (faster steps, smaller batches), so the rows
+are re-simulated with the fitted values and refitted: a fixed-point iteration, two rounds in practice.
 
 Cross-validation leaves out one model at a time (all its rows), fits on the rest by re-costing, and
 re-simulates the held-out rows in full with that fold's values.
@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares
 
-from sim.cost import Calibration, fixed_seconds, host_seconds
+from sim.cost import Calibration
 from sim.errors import SimError
 from sim.validate import (
     FRONTEND_KEY,
@@ -48,13 +48,17 @@ from sim.validate import (
     successful,
 )
 
-# Free parameters of the end-to-end fit and their physical bounds.
+# Free parameters and their physical bounds.
 BOUNDS: dict[str, tuple[float, float]] = {
-    # A kernel's fixed cost inside a CUDA-graph-replayed step, at most the isolated kernel's (H200 profile).
-    "graph_kernel_fixed_s": (5e-7, 9.337e-6),
-    "allreduce_latency_s": (2e-6, 3e-5),  # one small all-reduce over NVLink (vLLM custom all-reduce)
-    "step_overhead_s": (1e-4, 2e-2),  # vLLM's CPU side per step: scheduling, input preparation, sampling
-    "per_row_overhead_s": (1e-7, 1e-3),  # per sequence: input preparation, detokenisation, output processing
+    "compute_eff_prefill": (0.2, 0.9),
+    "compute_eff_decode": (0.05, 0.9),
+    "bandwidth_eff": (0.4, 0.95),
+    "kv_bandwidth_eff": (0.4, 0.95),
+    "step_overhead_s": (3e-4, 1e-2),  # floor: CPU-side scheduling and launch of a step (few hundred µs)
+    "layer_overhead_s": (1e-7, 2e-4),
+    "per_row_overhead_s": (1e-8, 1e-4),
+    "allreduce_eff": (0.2, 1.0),
+    "allreduce_latency_s": (1e-7, 1e-4),
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
 # Residual weights: log(predicted / measured) of these metrics, per row. ITL mean (weight 1) and several
@@ -86,18 +90,24 @@ STAGE_MEASURED = stage_measurements()
 
 @dataclass
 class Trace:
-    """One simulated row: per-step GPU time and rows, and per-request step indices."""
+    """One simulated row: per-step roofline terms and per-request step indices."""
 
     exp_key: str
     group: str
     output_len: int
     measured: dict[str, float]
-    gpu_s: np.ndarray  # kernels and all-reduces of each step, without their fixed costs
+    flops: np.ndarray
+    share: np.ndarray  # prefill share of the step's tokens
+    weight_bytes: np.ndarray
+    kv_bytes: np.ndarray  # KV-cache bytes read and written
+    tokens: np.ndarray
     rows: np.ndarray
-    kernels: int  # kernels per step
-    allreduces: int  # all-reduces per step
-    pcie: bool
     duration: np.ndarray  # as simulated
+    peak_flops: float
+    hbm_bandwidth: float
+    layers: int
+    allreduces: int  # all-reduces per step (0 without TP)
+    ring_s_per_token: float  # all-reduce seconds per token at allreduce_eff = 1
     wait_step: np.ndarray  # step in flight at arrival (-1: none)
     wait_frac: np.ndarray  # its remaining fraction at arrival
     first_step: np.ndarray
@@ -122,22 +132,22 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     cost, budget, _ = build_cost_and_memory(scenario)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed, Path.cwd())
-    terms: list[tuple[float, int]] = []
+    terms: list[tuple[float, float, float, float, int, int]] = []
 
     def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        seconds, bound = cost.step_time(new_tokens, context)
-        rows = int(np.asarray(new_tokens).size)
-        terms.append((seconds - float(host_seconds(cost.cal, rows)) - fixed if seconds else 0.0, rows))
-        return seconds, bound
-
-    fixed = fixed_seconds(cost.cal, cost.kernels_per_step, cost.allreduces, cost.pcie)
+        s = cost.step(new_tokens, context)
+        prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
+        share = prefill / s.tokens if s.tokens else 0.0
+        flops = s.flops_linear + s.flops_attention
+        terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
+        return s.seconds, s.compute_s > s.memory_s
 
     h = scenario.horizon
     out = simulate(
         scheduler, step_time, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s)
     )
     steps = out.recorder.steps_frame()
-    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 2)
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 6)
     start = steps["start"].to_numpy()
     dur = steps["duration"].to_numpy()
     end = start + dur
@@ -148,17 +158,24 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     busy = wait < first
     w = wait.clip(0, len(dur) - 1)
     frac = np.where(busy, (end[w] - arrival) / np.maximum(dur[w], 1e-30), 0.0)
+    ar_eff = cost.cal.allreduce_eff
     return Trace(
         exp_key=row.exp_key,
         group=row.model,
         output_len=row.output_len,
         measured=row.measured(),
-        gpu_s=t[:, 0],
-        rows=t[:, 1],
-        kernels=cost.kernels_per_step,
-        allreduces=cost.allreduces,
-        pcie=cost.pcie,
+        flops=t[:, 0],
+        share=t[:, 1],
+        weight_bytes=t[:, 2],
+        kv_bytes=t[:, 3],
+        tokens=t[:, 4],
+        rows=t[:, 5],
         duration=dur,
+        peak_flops=cost.peak_flops,
+        hbm_bandwidth=cost.gpu.hbm_bandwidth,
+        layers=cost.model.num_layers,
+        allreduces=2 * cost.model.num_layers if cost.tp > 1 else 0,
+        ring_s_per_token=cost.ar_per_token * ar_eff,
         wait_step=np.where(busy, wait, -1),
         wait_frac=frac,
         first_step=first,
@@ -170,9 +187,17 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
 
 
 def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
-    """Re-cost every step of a trace under `cal`: its kernels plus the cost model's fixed and host times."""
-    fixed = fixed_seconds(cal, tr.kernels, tr.allreduces, tr.pcie)
-    return np.where(tr.duration > 0, tr.gpu_s + fixed + host_seconds(cal, tr.rows), 0.0)
+    """Re-cost every step of a trace under `cal` (the maths of `CostModel.step_time`)."""
+    eff = tr.share * cal.compute_eff_prefill + (1.0 - tr.share) * cal.compute_eff_decode
+    compute = tr.flops / (tr.peak_flops * eff)
+    bw = tr.hbm_bandwidth
+    memory = tr.weight_bytes / (bw * cal.bandwidth_eff) + tr.kv_bytes / (bw * cal.kv_bandwidth_eff)
+    allreduce = 0.0
+    if tr.allreduces:
+        ring = tr.tokens * tr.ring_s_per_token / cal.allreduce_eff
+        allreduce = tr.allreduces * cal.allreduce_latency_s + ring
+    overhead = cal.step_overhead_s + tr.layers * cal.layer_overhead_s + tr.rows * cal.per_row_overhead_s
+    return np.where(tr.tokens > 0, np.maximum(compute, memory) + allreduce + overhead, 0.0)
 
 
 Params = dict[str, float]  # every Calibration field and the front-end overhead
@@ -362,10 +387,8 @@ def run_calibration(
     print("in-sample (re-costed, last round):", *insample, sep="\n  ")
     print(f"leave-one-model-out (simulated, stages x{cv_scale:g}):", *cv, sep="\n  ")
     header = [
-        "Calibration of the kernel cost model (sim/cost.py). Kernel parameters: fitted to the H200 kernel",
-        "profile (sim/catalog/profiles/h200, sim.calibrate.fit_kernels). Host parameters and the front end:",
-        "fitted by `sim calibrate` (sim/calibrate.py, docs/fidelity.md) on the steady-state rows of the real",
-        "vLLM measurements:",
+        "Calibration of the roofline cost model (sim/cost.py), fitted by `sim calibrate` (sim/calibrate.py,",
+        "docs/fidelity.md) on the steady-state rows of the real vLLM measurements:",
         f"  data: {csv_path or default_csv().name}",
         f"  ({len(rows)} steady-state rows of {len(folds)} models on H100; overloaded rows left out)",
         f"  date: {today()}",
@@ -392,136 +415,3 @@ def run_calibration(
 
 def recost_prediction(tr: Trace, cal: Params) -> Prediction:
     return Prediction(tr.exp_key, recost(tr, cal), overloaded=False)
-
-
-# --- kernel parameters from measured kernels -------------------------------------------------------------
-
-PROFILE_GPU = "H200"
-KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
-    # A kernel's fixed cost inside a CUDA-graph-replayed step, at most the isolated kernel's (H200 profile).
-    "graph_kernel_fixed_s": (5e-7, 9.337e-6),
-    "allreduce_latency_s": (2e-6, 3e-5),  # one small all-reduce over NVLink (vLLM custom all-reduce)
-    "gemm_compute_eff": (0.3, 1.0),
-    "gemm_bandwidth_eff": (0.3, 1.0),
-    "kernel_fixed_s": (1e-6, 5e-5),
-    "gemm_compute_eff_fp8": (0.2, 1.0),
-    "attn_compute_eff": (0.1, 1.0),
-    "attn_query_head_s": (1e-12, 1e-8),
-    "kv_bandwidth_eff": (0.3, 1.0),
-    "attn_fixed_s": (1e-6, 5e-5),
-}
-
-
-def profile_dir(gpu: str = "h200") -> Path:
-    return Path(str(resources.files("sim") / "catalog" / "profiles" / gpu))
-
-
-def _read(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def _profile_models() -> dict[str, tuple[int, int, int]]:
-    """(query heads, KV heads, head dim) of the profiled models, from the catalog configs."""
-    from sim.model import load_model
-
-    out = {}
-    for name in ("llama-3.1-8b", "qwen3-14b", "llama-3.1-70b"):
-        m = load_model(name)
-        out[name] = (m.num_heads, m.num_kv_heads, m.head_dim)
-    return out
-
-
-def kernel_data(directory: Path | None = None) -> dict[str, dict[str, np.ndarray]]:
-    """The profile as arrays per kernel kind: FLOPs, bytes, query heads and measured seconds."""
-    d = directory or profile_dir()
-    gemm = _read(d / "gemm.csv")
-    m, k, n = (np.array([float(r[c]) for r in gemm]) for c in ("m", "k", "n"))
-    out = {
-        "gemm": {
-            "flops": 2 * m * k * n,
-            "bytes": 2.0 * (k * n + m * k + m * n),
-            "seconds": np.array([float(r["seconds"]) for r in gemm]),
-            "m": m,
-        }
-    }
-    fp8 = _read(d / "gemm_fp8.csv")
-    m, k, n = (np.array([float(r[c]) for r in fp8]) for c in ("m", "k", "n"))
-    out["gemm_fp8"] = {
-        "flops": 2 * m * k * n,
-        "bytes": k * n + m * k + 2.0 * m * n,  # FP8 weights and inputs, 16-bit outputs
-        "seconds": np.array([float(r["seconds"]) for r in fp8]),
-        "m": m,
-    }
-    shapes = _profile_models()
-    attn = [r for r in _read(d / "attention.csv") if r["model"] in shapes]
-    nh, nkv, hd = (np.array([float(shapes[r["model"]][i]) for r in attn]) for i in range(3))
-    b, ql, kvl = (np.array([float(r[c]) for r in attn]) for c in ("batch", "q_len", "kv_len"))
-    prefill = np.array([r["phase"] == "prefill" for r in attn])
-    pairs = np.where(prefill, ql * (ql + 1) / 2, b * kvl)
-    out["attention"] = {
-        "flops": 4 * nh * hd * pairs,
-        "query_heads": np.where(prefill, ql * nh, 0.0),
-        # prefill writes its K and V; decode reads one cache tensor (the benchmark passes it as K and V)
-        "bytes": np.where(prefill, 2 * 2 * nkv * hd * ql, 2 * nkv * hd * b * kvl),
-        "seconds": np.array([float(r["seconds"]) for r in attn]),
-        "prefill": prefill,
-    }
-    return out
-
-
-def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """Kernel parameters fitted to a GPU profile (soft-L1 least squares on log(predicted / measured)),
-    and per kernel kind the median and 90th-percentile |error| and the share predicted below measurement."""
-    from sim.cost import attention_seconds, kernel_seconds
-    from sim.hardware import get_gpu
-
-    gpu = get_gpu(PROFILE_GPU)
-    data = kernel_data(directory)
-    base = asdict(Calibration())
-
-    def solve(names: tuple[str, ...], predict: Callable[[Params], np.ndarray], seconds: np.ndarray) -> Params:
-        lo = np.log([KERNEL_BOUNDS[n][0] for n in names])
-        hi = np.log([KERNEL_BOUNDS[n][1] for n in names])
-        x0 = np.clip(np.log([base[n] for n in names]), lo + 1e-9, hi - 1e-9)
-        res = least_squares(
-            lambda x: np.log(predict(_with(base, names, x)) / seconds), x0, bounds=(lo, hi), loss="soft_l1",
-            f_scale=0.05,
-        )  # fmt: skip
-        return _with(base, names, res.x)
-
-    g = data["gemm"]
-    names = ("gemm_compute_eff", "gemm_bandwidth_eff", "kernel_fixed_s")
-
-    def gemm(
-        p: Params, d: dict[str, np.ndarray] = g, peak: float = gpu.flops_16bit, eff: str = "gemm_compute_eff"
-    ):  # type: ignore[no-untyped-def]
-        return kernel_seconds(d["flops"], d["bytes"], peak * p[eff], gpu.hbm_bandwidth * p["gemm_bandwidth_eff"],
-                              p["kernel_fixed_s"])  # fmt: skip
-
-    base = solve(names, gemm, g["seconds"])
-    f8 = data["gemm_fp8"]
-
-    def gemm8(p: Params):  # type: ignore[no-untyped-def]
-        return gemm(p, f8, gpu.flops_fp8, "gemm_compute_eff_fp8")
-
-    base = solve(("gemm_compute_eff_fp8",), gemm8, f8["seconds"])
-    a = data["attention"]
-    names = ("attn_compute_eff", "attn_query_head_s", "kv_bandwidth_eff", "attn_fixed_s")
-
-    def attention(p: Params):  # type: ignore[no-untyped-def]
-        cal = Calibration(**p)
-        return attention_seconds(cal, a["flops"], a["query_heads"], a["bytes"], gpu.flops_16bit, gpu.hbm_bandwidth,
-                                 p["attn_fixed_s"])  # fmt: skip
-
-    base = solve(names, attention, a["seconds"])
-    stats = {}
-    for kind, pred, d in (("gemm", gemm, g), ("gemm_fp8", gemm8, f8), ("attention", attention, a)):
-        err = np.log(pred(base) / d["seconds"])
-        stats[kind] = {
-            "median_abs_pct": float(np.median(np.abs(np.expm1(err)))) * 100,
-            "p90_abs_pct": float(np.quantile(np.abs(np.expm1(err)), 0.9)) * 100,
-            "below_share": float(np.mean(err < 0)),
-            "kernels": float(err.size),
-        }
-    return {n: base[n] for n in KERNEL_BOUNDS}, stats

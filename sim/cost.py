@@ -1,23 +1,10 @@
-"""Cost of one engine step as the kernels it runs, per GPU under tensor parallelism of degree `tp`.
+"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads.
 
-Each linear layer is a GEMM of (M tokens x K x N per GPU):
+Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
+(GEMMs and paged attention are separate kernels with different achieved bandwidth).
 
-    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + kernel_fixed_s
-
-with bytes = weights (in their stored dtype) + 16-bit activations in and out. Attention per layer is one
-kernel over every row: max(FLOPs / (16-bit peak · attn_compute_eff) + per-query-head work, KV bytes read and
-written / (HBM · kv_bandwidth_eff)) + attn_fixed_s. MoE layers run a fused expert GEMM pair over the experts
-the step touches. Norms, rotary embedding and activations are memory-bound element-wise kernels. Under TP,
-two all-reduces per layer cost latency plus ring bytes over the link. The host adds a fixed cost per step and
-per row (scheduling, input preparation, sampling, detokenisation).
-
-The kernel parameters are fitted to measured kernels (sim/catalog/profiles/h200, `sim.calibrate.fit_kernels`)
-as fractions of the catalog's peaks, so any GPU in the catalog gets them from its own peaks; the host
-parameters are fitted to end-to-end vLLM runs (`sim calibrate`). docs/fidelity.md lists every parameter.
-
-A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
-chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
-count), so it is computed once per distinct count and reused: the engine's fast path stays a few float ops.
+A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
+(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
 """
 
 from __future__ import annotations
@@ -33,31 +20,22 @@ from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
 
-ACT_BYTES = 2  # activations are 16-bit
-# Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
-# the KV-cache write.
-ELEMENTWISE_KERNELS = 5
+ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Kernel efficiencies and fixed costs, and host overheads; defaults are sim/catalog/calibration.toml."""
+    """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
 
-    gemm_compute_eff: float = 0.7423  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
-    gemm_compute_eff_fp8: float = 0.7243  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
-    gemm_bandwidth_eff: float = 0.7844  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
-    kernel_fixed_s: float = 9.337e-06  # per GEMM kernel: launch, ramp and tail (H200 profile)
-    dequant_compute_eff: float = 0.6  # weight-only INT4/INT8: share of 16-bit GEMM rate left (prior)
-    attn_compute_eff: float = 0.629  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
-    attn_query_head_s: float = 1.531e-10  # prefill attention time per (query token x head) (H200 profile)
-    kv_bandwidth_eff: float = 0.818  # decode attention KV reads, fraction of HBM peak (H200 profile)
-    attn_fixed_s: float = 1.314e-05  # per attention kernel (H200 profile)
-    graph_kernel_fixed_s: float = 3e-6  # per kernel inside a serving step (CUDA graphs; vLLM runs)
-    allreduce_latency_s: float = 1e-5  # per all-reduce over NVLink (prior: vLLM custom all-reduce)
-    allreduce_latency_pcie_s: float = 3e-5  # per all-reduce over PCIe (prior)
-    allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
-    step_overhead_s: float = 3e-3  # host: scheduling, input preparation, launch, per step (vLLM runs)
-    per_row_overhead_s: float = 1e-5  # host: per sequence in the step (vLLM runs)
+    compute_eff_prefill: float = 0.9
+    compute_eff_decode: float = 0.9
+    bandwidth_eff: float = 0.6652  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8662  # KV-cache reads and writes (paged attention)
+    step_overhead_s: float = 0.0003
+    layer_overhead_s: float = 1e-07
+    per_row_overhead_s: float = 1e-08
+    allreduce_eff: float = 1.0
+    allreduce_latency_s: float = 1e-07
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
@@ -73,43 +51,8 @@ class Calibration:
         known = {f.name for f in fields(cls)}
         unknown = set(table) - known
         if unknown:
-            raise SimError(f"{path or 'calibration.toml'}: calibration: unknown keys {sorted(unknown)}")
+            raise SimError(f"unknown calibration keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**{k: float(v) for k, v in table.items()})
-
-
-def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]
-    """max(compute, memory) + fixed cost of a kernel; floats or numpy arrays alike (the profile fit uses it)."""
-    comp, mem = flops / flops_per_s, nbytes / bytes_per_s
-    return 0.5 * (comp + mem + abs(comp - mem)) + fixed_s
-
-
-def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s):  # type: ignore[no-untyped-def]
-    """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes."""
-    comp = flops / (peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_heads
-    return kernel_seconds(comp, nbytes, 1.0, hbm * cal.kv_bandwidth_eff, fixed_s)
-
-
-def host_seconds(cal: Calibration, rows: float | np.ndarray) -> float | np.ndarray:
-    """Host-side time of a step with `rows` sequences (the calibration re-costs steps with this too)."""
-    return cal.step_overhead_s + cal.per_row_overhead_s * rows
-
-
-def fixed_seconds(cal: Calibration, kernels: int, allreduces: int, pcie: bool = False) -> float:
-    """Fixed costs of a step's kernels and all-reduces (the calibration re-costs steps with this too)."""
-    latency = cal.allreduce_latency_pcie_s if pcie else cal.allreduce_latency_s
-    return kernels * cal.graph_kernel_fixed_s + allreduces * latency
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel kind of a step: how many run, their total time, and what bounds them."""
-
-    name: str
-    count: int
-    seconds: float
-    bound: str  # "compute", "memory" or "latency"
-    flops: float
-    bytes: float
 
 
 @dataclass(frozen=True)
@@ -117,20 +60,19 @@ class StepCost:
     """Breakdown of one step (per GPU)."""
 
     seconds: float
-    bound: str  # of the kernels: "compute" when compute-bound kernels take most of the GPU time
-    gpu_s: float  # kernels and all-reduces
-    host_s: float
+    bound: str  # "compute" or "memory"
+    compute_s: float
+    memory_s: float
     allreduce_s: float
-    compute_s: float  # time of compute-bound kernels
-    memory_s: float  # time of memory- and latency-bound kernels
-    flops: float
+    overhead_s: float
+    flops_linear: float
+    flops_attention: float
     weight_bytes: float
     kv_read_bytes: float
     kv_write_bytes: float
     tokens: int
     rows: int
     experts_touched: float  # expected distinct routed experts per MoE layer
-    kernels: tuple[Kernel, ...]
 
 
 def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
@@ -140,18 +82,8 @@ def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> floa
     return n_experts * (1.0 - ((n_experts - top_k) / n_experts) ** tokens)
 
 
-@dataclass(frozen=True)
-class _Gemm:
-    name: str
-    count: int  # per step (layers)
-    k: float
-    n: float
-    weight_bytes_per_param: float
-    group: str
-
-
 class CostModel:
-    """Kernel-level step cost for one model on one GPU type with tensor parallelism `tp`."""
+    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`."""
 
     def __init__(
         self,
@@ -170,248 +102,111 @@ class CostModel:
         self.cal = cal = calibration or Calibration()
         self.peak_flops, self.note = gpu.peak_flops(self.weight_dtype)
         m = model
-        L = m.num_layers
-        self.hbm = gpu.hbm_bandwidth
-        self.gemm_bw = gpu.hbm_bandwidth * cal.gemm_bandwidth_eff
-        self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
-        self.peak16 = gpu.flops_16bit
-        self.gemms = self._gemm_shapes()
-        self.head = _Gemm(
-            "lm_head", 1, m.hidden_size, m.vocab_size / tp, m.param_bytes("lm_head", weight_dtype), "lm_head"
-        )
-        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", weight_dtype) / tp
-        self.weight_bytes_static = sum(g.count * g.k * g.n * g.weight_bytes_per_param for g in self.gemms)
-        self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
-        # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head per GPU);
-        # the MLA latent is replicated on every GPU.
+        if m.quant.dtype and not m.quant.activations and self.weight_dtype == m.default_weight_dtype:
+            self.peak_flops = gpu.flops_16bit
+            self.note = f"{m.quant.method} {m.quant.dtype} weight-only: dequantized, 16-bit compute"
+        # Weights read every step, in the bytes the checkpoint stores them (quantization_config, modules kept
+        # in 16-bit included): all but the routed experts and a gathered (untied) input embedding.
+        wd = self.weight_dtype
+        groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
+        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd) for g in groups) / tp
+        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd) / tp
+        # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head
+        # per GPU); the MLA latent is replicated on every GPU.
         kvb = dtype_bytes(self.kv_dtype)
         if m.attention == "MLA":
             self.kv_layer_bytes = m.kv_values_per_token_layer * kvb
         else:
             self.kv_layer_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * kvb
-        self.kv_token_bytes = self.kv_layer_bytes * L
-        self.full_layers = L - m.num_sliding_layers
+        self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
+        self.full_layers = m.num_layers - m.num_sliding_layers
         self.window = float(m.sliding_window or 0)
+        self.lin_flops_tok = m.linear_flops_per_token / tp
+        self.head_flops_row = m.lm_head_flops / tp
         self.attn_flops_pair = m.attn_flops_per_pair / tp
-        self.heads = max(1.0, m.num_heads / tp)
-        # Element-wise traffic per token per layer (16-bit): two norms (read, write), the activation (read
-        # gate and up, write), rotary embedding of q and k (read, write).
-        inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
-        qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
-        self.elem_bytes_token = ACT_BYTES * L * (4 * m.hidden_size + 3 * inter + 2 * qk)
-        self.elem_kernels = ELEMENTWISE_KERNELS * L
-        self.pcie = "pcie" in gpu.interconnect.lower()
+        self.achievable_bw = gpu.hbm_bandwidth * cal.bandwidth_eff
+        self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
+        self.layer_overhead = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         if tp > 1:
-            latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
             ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
-            link = gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
-            self.allreduces = 2 * L
-            self.ar_per_token = self.allreduces * ring / link
-            self.ar_fixed = self.allreduces * latency
+            self.ar_per_token = 2 * m.num_layers * ring / (gpu.interconnect_bandwidth * cal.allreduce_eff)
+            self.ar_fixed = 2 * m.num_layers * cal.allreduce_latency_s
         else:
-            self.allreduces = 0
             self.ar_per_token = self.ar_fixed = 0.0
-        self._linear_memo: dict[int, float] = {}
-        self._head_memo: dict[int, float] = {}
 
-    @property
-    def kernels_per_step(self) -> int:
-        """Kernels a step launches (GEMMs, MoE, element-wise, LM head, attention), all-reduces apart."""
-        moe = 2 * self.model.num_moe_layers
-        return sum(g.count for g in self.gemms) + moe + self.elem_kernels + 1 + self.model.num_layers
-
-    # ----------------------------------------------------------------------------------------- shapes
-
-    def _gemm_shapes(self) -> list[_Gemm]:
-        """The layers' GEMMs per GPU: q/k/v, output projection, MLP up (gated: gate and up) and down."""
-        m, tp, wd = self.model, self.tp, self.weight_dtype
-        L, H = m.num_layers, m.hidden_size
-        attn = m.attention_params / L
-        o = m.num_heads * m.v_head_dim * H
-        qkv = max(attn - o, 0.0)
-        out = [
-            _Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd), "attention"),
-            _Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd), "attention"),
-        ]
-        if m.dense_params:
-            dense = m.dense_params / L
-            gated = m.model_type != "opt"
-            up = dense * (2 / 3 if gated else 1 / 2)
-            wb = m.param_bytes("dense", wd)
-            out.append(_Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
-            out.append(_Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
-        return out
-
-    def _peak(self, group: str) -> float:
-        """Achievable large-M GEMM FLOP/s for a weight group."""
-        cal, q = self.cal, self.model.quant
-        low = self.model.param_bytes(group, self.weight_dtype) < dtype_bytes(self.model.torch_dtype)
-        if not low:
-            return self.peak16 * cal.gemm_compute_eff
-        own = q.dtype and self.weight_dtype == self.model.default_weight_dtype
-        w8a8 = q.activations if own else self.weight_dtype in ("fp8", "int8")
-        if w8a8 and self.peak_flops > self.peak16:
-            return self.peak_flops * cal.gemm_compute_eff_fp8
-        return self.peak16 * cal.gemm_compute_eff * cal.dequant_compute_eff
-
-    # ----------------------------------------------------------------------------------------- kernels
-
-    def _gemm(self, g: _Gemm, m: float) -> Kernel:
-        flops = 2.0 * m * g.k * g.n
-        nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
-        peak = self._peak(g.group)
-        t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, self.cal.graph_kernel_fixed_s)
-        bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
-        return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
-
-    def _experts(self, tokens: float) -> Kernel | None:
+    def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
-        if not m.num_moe_layers:
-            return None
         touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
-        flops = 2.0 * tokens * m.experts_per_token * m.expert_params / self.tp
-        nbytes = touched * self.expert_bytes_per_layer + ACT_BYTES * tokens * m.experts_per_token * 2 * (
-            m.hidden_size
-        )
-        peak = self._peak("experts")
-        # One fused kernel for gate/up and one for down over all touched experts (vLLM's fused MoE).
-        t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, 2 * self.cal.graph_kernel_fixed_s)
-        bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
-        n = m.num_moe_layers
-        return Kernel("moe_experts", 2 * n, n * t, bound, n * flops, n * nbytes)
+        return self.static_weight_bytes + m.num_moe_layers * touched * self.expert_bytes_per_layer, touched
 
-    def linear_kernels(self, tokens: int, rows: int) -> list[Kernel]:
-        """GEMMs, MoE experts, element-wise kernels, LM head and all-reduces of a step of `tokens` tokens."""
-        out = [self._gemm(g, tokens) for g in self.gemms]
-        experts = self._experts(tokens)
-        if experts is not None:
-            out.append(experts)
-        eb = self.elem_bytes_token * tokens
-        t_elem = self.elem_kernels * self.cal.graph_kernel_fixed_s + eb / self.gemm_bw
-        out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
-        out.append(self._gemm(self.head, rows))
-        if self.allreduces:
-            ar = self.ar_fixed + self.ar_per_token * tokens
-            out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
-        return out
+    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
+        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens).
 
-    def _linear_time(self, tokens: int) -> float:
-        """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""
-        t = self._linear_memo.get(tokens)
-        if t is None:
-            t = sum(k.seconds for k in self.linear_kernels(tokens, 0) if k.name != "lm_head")
-            self._linear_memo[tokens] = t
-        return t
-
-    def _head_time(self, rows: int) -> float:
-        t = self._head_memo.get(rows)
-        if t is None:
-            t = self._head_memo[rows] = self._gemm(self.head, rows).seconds
-        return t
-
-    def attention(
-        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, layers: int
-    ) -> Kernel:
-        """Attention kernels of `layers` layers: `pairs` (query, key) pairs and `kv_tokens` cached tokens read
-        per layer, `query_tokens` prefill queries, `tokens` new KV entries written."""
-        cal = self.cal
-        flops = self.attn_flops_pair * pairs
-        nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
-        t = self._attention_time(pairs, kv_tokens, query_tokens, tokens)
-        comp = (
-            flops / (self.peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_tokens * self.heads
-        )
-        bound = "compute" if comp > nbytes / self.kv_bw else "memory"
-        return Kernel("attention", layers, layers * t, bound, layers * flops, layers * nbytes)
-
-    def _attention_time(self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float) -> float:
-        flops = self.attn_flops_pair * pairs
-        nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
-        return attention_seconds(self.cal, flops, query_tokens * self.heads, nbytes, self.peak16, self.hbm,
-                                 self.cal.graph_kernel_fixed_s)  # fmt: skip
-
-    # ----------------------------------------------------------------------------------------- steps
-
-    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float, float]:
-        """Per-layer sums: (pairs and KV tokens read on full layers, the same on sliding layers, prefill
-        query tokens). A row adds c·q + c(c+1)/2 pairs, so full layers need only Σc·q and Σc²."""
+        Full layers: a row adds c·q + c(c+1)/2 pairs, so the sums need only c·q and c·c.
+        """
         tokens = float(c.sum())
         cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
-        pairs = cq + 0.5 * (cc + tokens)
-        ctx = float(q.sum())
-        queries = tokens - float(np.count_nonzero(c == 1))
-        if not self.model.num_sliding_layers or float((q + c).max()) <= self.window:
-            return pairs, ctx, pairs, ctx, queries
-        w = self.window
-        end, start = (q + c).astype(np.float64), q.astype(np.float64)
-        s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
-        s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
-        return pairs, ctx, float((s_end - s_start).sum()), float(np.minimum(start, w).sum()), queries
-
-    def _seconds(self, tokens: int, rows: int, sums: tuple[float, float, float, float, float]) -> float:
-        """GPU and host seconds of a step: the one definition behind `step`, `step_time`, `step_time_totals`."""
-        pairs, ctx, s_pairs, s_ctx, queries = sums
-        t = self._linear_time(tokens) + self._head_time(rows)
-        if self.full_layers:
-            t += self.full_layers * self._attention_time(pairs, ctx, queries, tokens)
+        pairs = self.full_layers * (cq + 0.5 * (cc + tokens))
+        kv_tokens = self.full_layers * float(q.sum())
+        prefill = tokens - float(np.count_nonzero(c == 1))
         ns = self.model.num_sliding_layers
-        if ns:
-            t += ns * self._attention_time(s_pairs, s_ctx, queries, tokens)
-        return t + self.cal.step_overhead_s + self.cal.per_row_overhead_s * rows
+        if ns and float((q + c).max()) <= self.window:  # no row reaches the window
+            pairs += ns * (cq + 0.5 * (cc + tokens))
+            kv_tokens += ns * float(q.sum())
+        elif ns:
+            w = self.window
+            end, start = (q + c).astype(np.float64), q.astype(np.float64)
+            s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
+            s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
+            pairs += ns * float((s_end - s_start).sum())
+            kv_tokens += ns * float(np.minimum(start, w).sum())
+        return tokens, pairs, kv_tokens, prefill
+
+    def _eff(self, prefill_tokens: float, tokens: float) -> float:
+        share = prefill_tokens / tokens
+        return share * self.cal.compute_eff_prefill + (1.0 - share) * self.cal.compute_eff_decode
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
-        """Full breakdown of one step, kernel by kernel."""
+        """Full breakdown of one step."""
         c, q = _arrays(new_tokens, context)
         rows = int(c.size)
-        tokens = int(c.sum()) if rows else 0
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
         if tokens <= 0:
-            return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0, ())
-        sums = self._reduce(c, q)
-        pairs, ctx, s_pairs, s_ctx, queries = sums
-        kernels = self.linear_kernels(tokens, rows)
-        if self.full_layers:
-            kernels.append(self.attention(pairs, ctx, queries, tokens, self.full_layers))
-        if self.model.num_sliding_layers:
-            k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers)
-            kernels.append(Kernel("attention_sliding", k.count, k.seconds, k.bound, k.flops, k.bytes))
-        host = float(host_seconds(self.cal, rows))
-        seconds = self._seconds(tokens, rows, sums)
-        compute = sum(k.seconds for k in kernels if k.bound == "compute")
-        gpu = sum(k.seconds for k in kernels)
-        ar = sum(k.seconds for k in kernels if k.name == "allreduce")
-        m = self.model
-        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
-        weights = self.weight_bytes_static + m.num_moe_layers * touched * self.expert_bytes_per_layer
-        kv_read = self.kv_layer_bytes * (self.full_layers * ctx + m.num_sliding_layers * s_ctx)
+            return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
+        flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
+        flops_attn = self.attn_flops_pair * pairs
+        weight_bytes, touched = self._weights(tokens)
+        kv_read = self.kv_layer_bytes * kv_tokens
+        kv_write = self.kv_token_bytes * tokens
+        compute_s = (flops_lin + flops_attn) / (self.peak_flops * self._eff(prefill, tokens))
+        memory_s = weight_bytes / self.achievable_bw + (kv_read + kv_write) / self.kv_bw
+        allreduce_s = self.ar_fixed + self.ar_per_token * tokens
+        overhead_s = self.layer_overhead + self.cal.per_row_overhead_s * rows
+        seconds = max(compute_s, memory_s) + allreduce_s + overhead_s
         return StepCost(
             seconds=seconds,
-            bound="compute" if compute > (gpu - compute) else "memory",
-            gpu_s=gpu,
-            host_s=host,
-            allreduce_s=ar,
-            compute_s=compute,
-            memory_s=gpu - compute,
-            flops=sum(k.flops for k in kernels),
-            weight_bytes=weights,
+            bound="compute" if compute_s > memory_s else "memory",
+            compute_s=compute_s,
+            memory_s=memory_s,
+            allreduce_s=allreduce_s,
+            overhead_s=overhead_s,
+            flops_linear=flops_lin,
+            flops_attention=flops_attn,
+            weight_bytes=weight_bytes,
             kv_read_bytes=kv_read,
-            kv_write_bytes=self.kv_token_bytes * tokens,
-            tokens=tokens,
+            kv_write_bytes=kv_write,
+            tokens=int(tokens),
             rows=rows,
             experts_touched=touched,
-            kernels=tuple(kernels),
         )
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        """(seconds, compute_bound) of one step: the engine's path, same seconds as `step`.
-
-        compute_bound: the step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
+        """(seconds, compute_bound) of one step: the engine's fast path, same maths as `step`."""
         c, q = _arrays(new_tokens, context)
         if c.size == 0:
             return 0.0, False
-        tokens = int(c.sum())
-        if tokens <= 0:
-            return 0.0, False
-        return self._seconds(tokens, int(c.size), self._reduce(c, q)), self._compute_bound(tokens)
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
+        return self._time(tokens, pairs, kv_tokens, prefill, c.size)
 
     def step_time_totals(
         self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
@@ -422,21 +217,45 @@ class CostModel:
         over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
         window may be reached: then only the per-row arrays give the answer.
         """
-        if self.model.num_sliding_layers and max_end > self.window:
+        ns = self.model.num_sliding_layers
+        if ns and max_end > self.window:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
-        pairs = float(cq) + 0.5 * (float(cc) + float(tokens))
-        c = float(ctx)
-        sums = (pairs, c, pairs, c, float(tokens - ones))
-        return self._seconds(tokens, rows, sums), self._compute_bound(tokens)
-
-    def _compute_bound(self, tokens: int) -> bool:
-        g = self.gemms[0] if self.gemms else self.head
-        return (
-            2.0 * tokens * g.k * g.n / self._peak(g.group)
-            > g.k * g.n * g.weight_bytes_per_param / self.gemm_bw
+        # `_time` inlined (same operations in the same order: identical seconds).
+        t = float(tokens)
+        q = float(cq) + 0.5 * (float(cc) + t)
+        pairs = self.full_layers * q
+        kv_tokens = self.full_layers * float(ctx)
+        if ns:
+            pairs += ns * q
+            kv_tokens += ns * float(ctx)
+        flops = self.lin_flops_tok * t + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        weight_bytes = self._weights(t)[0] if self.model.num_experts else self.static_weight_bytes
+        cal = self.cal
+        share = (t - float(ones)) / t
+        compute_s = flops / (
+            self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
         )
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
+        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
+        extra = self.ar_fixed + self.ar_per_token * t + self.layer_overhead
+        seconds = (memory_s if memory_s > compute_s else compute_s) + extra + cal.per_row_overhead_s * rows
+        return seconds, compute_s > memory_s
+
+    def _time(
+        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
+    ) -> tuple[float, bool]:
+        if tokens <= 0:
+            return 0.0, False
+        flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        weight_bytes = self._weights(tokens)[0] if self.model.num_experts else self.static_weight_bytes
+        compute_s = flops / (self.peak_flops * self._eff(prefill, tokens))
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
+        extra = self.ar_fixed + self.ar_per_token * tokens + self.layer_overhead
+        seconds = max(compute_s, memory_s) + extra + self.cal.per_row_overhead_s * rows
+        return seconds, compute_s > memory_s
 
 
 def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -446,37 +265,3 @@ def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np
     if c.shape != q.shape:
         raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
     return c, q
-
-
-def step_summary(cost: CostModel, new_tokens: np.ndarray, context: np.ndarray) -> dict[str, object]:
-    """One step's time and breakdown as plain data (`sim step --json`)."""
-    s = cost.step(new_tokens, context)
-    return {
-        "model": cost.model.name,
-        "gpu": cost.gpu.name,
-        "tp": cost.tp,
-        "weight_dtype": cost.weight_dtype,
-        "kv_dtype": cost.kv_dtype,
-        "rows": s.rows,
-        "tokens": s.tokens,
-        "seconds": s.seconds,
-        "bound": s.bound,
-        "gpu_s": s.gpu_s,
-        "host_s": s.host_s,
-        "allreduce_s": s.allreduce_s,
-        "flops": s.flops,
-        "weight_bytes": s.weight_bytes,
-        "kv_read_bytes": s.kv_read_bytes,
-        "kernels": [
-            {
-                "kernel": k.name,
-                "count": k.count,
-                "bound": k.bound,
-                "seconds": k.seconds,
-                "flops": k.flops,
-                "bytes": k.bytes,
-            }
-            for k in s.kernels
-        ],  # fmt: skip
-        "notes": [n for n in (cost.note,) if n],
-    }

@@ -82,7 +82,8 @@ def _cum_keys(n: np.ndarray, window: int | None) -> np.ndarray:
     return np.where(n <= w, full, w * (w + 1) / 2 + (n - w) * w)
 
 
-LINEAR_GROUPS = ("attention", "dense", "experts", "lm_head")  # matmul weights, by how the cost model uses them
+# Matmul weights, grouped by how the cost model uses them.
+LINEAR_GROUPS = ("attention", "dense", "experts", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class ModelSpec:
         }[group]
 
     def param_bytes(self, group: str, dtype: str | None = None) -> float:
-        """Mean stored bytes per parameter of a group, served with weight dtype `dtype` (default: the model's).
+        """Mean stored bytes per parameter of a group served with weight dtype `dtype` (default: the model's).
 
         The checkpoint's own dtype follows its quantization_config (modules it keeps in 16-bit included).
         Another `dtype` (online quantization) applies to the layers' matmul weights; embeddings, norms and
@@ -325,7 +326,7 @@ _IGNORE_GROUPS = (
 )
 
 
-def _kept_groups(ignore: list[str], num_layers: int, lm_head_quantized: bool) -> tuple[tuple[str, float], ...]:
+def _kept_groups(ignore: list[str], num_layers: int, lm_head_q: bool) -> tuple[tuple[str, float], ...]:
     """Fraction of each linear group kept in 16-bit, from a list of ignored module names.
 
     A whole-layer group (attention, dense) counts by the layers named; vision-tower and projector modules
@@ -347,7 +348,7 @@ def _kept_groups(ignore: list[str], num_layers: int, lm_head_quantized: bool) ->
                 break
     kept = {g: min(1.0, len(ls) / max(num_layers, 1)) for g, ls in layers.items()}
     kept.update(dict.fromkeys(whole, 1.0))
-    if not lm_head_quantized:
+    if not lm_head_q:
         kept["lm_head"] = 1.0
     return tuple(sorted(kept.items()))
 
@@ -372,7 +373,8 @@ def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantizat
             raise SimError(f"{source}: quantization_config.bits: expected 4 or 8, got {bits}")
         group = int(q.get("group_size") or q.get("q_group_size") or 0)
         return Quantization(
-            method, f"int{bits}", False, max(group, 0), _kept_groups(ignore, num_layers, bool(q.get("lm_head")))
+            method, f"int{bits}", False, max(group, 0),
+            _kept_groups(ignore, num_layers, bool(q.get("lm_head"))),
         )
     if method == "compressed-tensors" or q.get("format") or q.get("config_groups"):
         groups = list((q.get("config_groups") or {}).values())

@@ -40,13 +40,13 @@ def print_step(
     from rich.console import Console
     from rich.table import Table
 
-    from sim.cost import Calibration, CostModel, step_summary
     from sim.hardware import get_gpu
+    from sim.kernel_cost import KernelCalibration, KernelCostModel, step_summary
     from sim.model import load_model
 
     c, q = step_rows(batch, context, prefill)
-    cost = CostModel(
-        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, Calibration.load(calibration)
+    cost = KernelCostModel(
+        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration)
     )
     summary = step_summary(cost, c, q)
     if as_json:
@@ -58,7 +58,8 @@ def print_step(
         else f"decode of {batch} x 1 token at context {context}"
     )
     table = Table(
-        title=f"{cost.model.name} on {cost.gpu.name} x{tp} ({cost.weight_dtype} weights, {cost.kv_dtype} KV): {kind}"
+        title=f"{cost.model.name} on {cost.gpu.name} x{tp} "
+        f"({cost.weight_dtype} weights, {cost.kv_dtype} KV): {kind}"
     )
     for col in ("kernel", "count", "bound", "ms", "share"):
         table.add_column(col, justify="left" if col in ("kernel", "bound") else "right")
@@ -76,7 +77,8 @@ def print_step(
     console = Console()
     console.print(table)
     console.print(
-        f"step: {total * 1e3:.3f} ms ({summary['bound']}-bound kernels), all-reduce {float(summary['allreduce_s']) * 1e3:.3f} ms"
+        f"step: {total * 1e3:.3f} ms ({summary['bound']}-bound kernels), "
+        f"all-reduce {float(summary['allreduce_s']) * 1e3:.3f} ms"
     )  # type: ignore[arg-type]
     for note in summary["notes"]:  # type: ignore[attr-defined]
         console.print(f"note: {note}")
