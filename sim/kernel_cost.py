@@ -56,6 +56,7 @@ class KernelCalibration:
     kv_bandwidth_eff: float = 0.797  # decode attention KV reads, fraction of HBM peak (H200 profile)
     attn_fixed_s: float = 1.632e-05  # per attention kernel (H200 profile)
     graph_kernel_fixed_s: float = 1.004e-05  # per kernel in a serving step (default: an isolated kernel's)
+    elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
     allreduce_latency_s: float = 1e-05  # per all-reduce over NVLink (prior: vLLM custom all-reduce)
     allreduce_latency_pcie_s: float = 3e-5  # per all-reduce over PCIe (prior)
     allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
@@ -287,7 +288,7 @@ class KernelCostModel:
         if experts is not None:
             out.append(experts)
         eb = self.elem_bytes_token * tokens
-        t_elem = self.elem_kernels * self.cal.graph_kernel_fixed_s + eb / self.gemm_bw
+        t_elem = self.elem_kernels * self.cal.elementwise_fixed_s + eb / self.gemm_bw
         out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
         out.append(self._gemm(self.head, rows))
         if self.allreduces:
