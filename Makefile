@@ -40,7 +40,7 @@ bench: $(STAMP)
 # against the real vLLM measurements (reports/fidelity/fidelity.csv and fidelity.html).
 validate: $(STAMP)
 	$(BIN)/pytest -q tests/test_engine.py tests/test_replay.py tests/test_vllm.py
-	$(BIN)/sim validate ground-truth --out reports/fidelity
+	$(BIN)/sim validate ground-truth --scale 0.25 --jobs 2 --out reports/fidelity
 
 clean:
 	rm -rf $(VENV) reports/*

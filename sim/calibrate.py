@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares
 
-from sim.cost import Calibration
+from sim.cost import Calibration, roofline_seconds
 from sim.errors import SimError
 from sim.validate import (
     FRONTEND_KEY,
@@ -107,7 +107,7 @@ class Trace:
     hbm_bandwidth: float
     layers: int
     allreduces: int  # all-reduces per step (0 without TP)
-    ring_s_per_token: float  # all-reduce seconds per token at allreduce_eff = 1
+    ring_s_per_token: float  # all-reduce seconds per token over the step's all-reduces, allreduce_eff = 1
     wait_step: np.ndarray  # step in flight at arrival (-1: none)
     wait_frac: np.ndarray  # its remaining fraction at arrival
     first_step: np.ndarray
@@ -158,7 +158,6 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     busy = wait < first
     w = wait.clip(0, len(dur) - 1)
     frac = np.where(busy, (end[w] - arrival) / np.maximum(dur[w], 1e-30), 0.0)
-    ar_eff = cost.cal.allreduce_eff
     return Trace(
         exp_key=row.exp_key,
         group=row.model,
@@ -174,8 +173,8 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         peak_flops=cost.peak_flops,
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
         layers=cost.model.num_layers,
-        allreduces=2 * cost.model.num_layers if cost.tp > 1 else 0,
-        ring_s_per_token=cost.ar_per_token * ar_eff,
+        allreduces=cost.allreduces,
+        ring_s_per_token=cost.ring_s_per_token,
         wait_step=np.where(busy, wait, -1),
         wait_frac=frac,
         first_step=first,
@@ -187,17 +186,12 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
 
 
 def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
-    """Re-cost every step of a trace under `cal` (the maths of `CostModel.step_time`)."""
-    eff = tr.share * cal.compute_eff_prefill + (1.0 - tr.share) * cal.compute_eff_decode
-    compute = tr.flops / (tr.peak_flops * eff)
-    bw = tr.hbm_bandwidth
-    memory = tr.weight_bytes / (bw * cal.bandwidth_eff) + tr.kv_bytes / (bw * cal.kv_bandwidth_eff)
-    allreduce = 0.0
-    if tr.allreduces:
-        ring = tr.tokens * tr.ring_s_per_token / cal.allreduce_eff
-        allreduce = tr.allreduces * cal.allreduce_latency_s + ring
-    overhead = cal.step_overhead_s + tr.layers * cal.layer_overhead_s + tr.rows * cal.per_row_overhead_s
-    return np.where(tr.tokens > 0, np.maximum(compute, memory) + allreduce + overhead, 0.0)
+    """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`)."""
+    seconds, _ = roofline_seconds(
+        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.allreduces, tr.ring_s_per_token,
+        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.tokens, tr.rows,
+    )  # fmt: skip
+    return np.where(tr.tokens > 0, seconds, 0.0)
 
 
 Params = dict[str, float]  # every Calibration field and the front-end overhead

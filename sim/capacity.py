@@ -209,7 +209,9 @@ def _single_table(model: ModelSpec, kv: KvMemory, s: dict[str, object]) -> objec
     t.add_row(
         "weights / GPU",
         _gb(kv.weight_bytes),
-        f"{model.params_total / 1e9:.2f}e9 params x {dtype_bytes(kv.weight_dtype):g} B / {kv.tp}",
+        f"{model.params_total / 1e9:.2f}e9 params x "
+        f"{model.weight_bytes(kv.weight_dtype) / model.params_total:.3g} B / {kv.tp}"
+        + _mixed_note(model, kv.weight_dtype),
     )
     t.add_row("reserve / GPU", _gb(kv.reserve_bytes), "context + activation peak + sampler")
     t.add_row("KV available", _gb(kv.kv_bytes_available), "budget - weights - reserve")
@@ -309,3 +311,11 @@ def capacity_report(
         return
     console.print(_compare_table(specs, kvs, sums))
     console.print(note, soft_wrap=True)
+
+
+def _mixed_note(model: ModelSpec, weight_dtype: str) -> str:
+    """How the mean bytes per parameter arise when not every parameter has the weight dtype's width."""
+    if model.weight_bytes(weight_dtype) == model.params_total * dtype_bytes(weight_dtype):
+        return ""
+    return f" ({weight_dtype} matmuls; embeddings, norms, modules quantization_config keeps: 16-bit)"
+

@@ -240,3 +240,23 @@ def calibrate(
     from sim.calibrate import run_calibration
 
     run_calibration(csv, scale, rounds, cv_scale, jobs, write, "sim calibrate " + " ".join(sys.argv[2:]))
+
+
+@app.command("step")
+def step(
+    model: str = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. H100, H200, A100-80GB."),
+    tp: int = typer.Option(1, "--tp", help="Tensor parallel degree."),
+    weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
+    kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
+    batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
+    context: int | None = typer.Option(None, "--context", help="Decode step: cached tokens per sequence."),
+    prefill: int | None = typer.Option(None, "--prefill", help="Prefill: one prompt of L tokens."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """One engine step's time and its kernel-by-kernel breakdown (the cost model the engine uses)."""
+    from sim.step_report import print_step
+
+    print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json)
+

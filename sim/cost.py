@@ -29,8 +29,8 @@ class Calibration:
 
     compute_eff_prefill: float = 0.9
     compute_eff_decode: float = 0.9
-    bandwidth_eff: float = 0.655  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8774  # KV-cache reads and writes (paged attention)
+    bandwidth_eff: float = 0.6652  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8662  # KV-cache reads and writes (paged attention)
     step_overhead_s: float = 0.0003
     layer_overhead_s: float = 1e-07
     per_row_overhead_s: float = 1e-08
@@ -75,6 +75,22 @@ class StepCost:
     experts_touched: float  # expected distinct routed experts per MoE layer
 
 
+def roofline_seconds(  # type: ignore[no-untyped-def]
+    cal, peak, hbm, layers, allreduces, ring_s, flops, share, weight_bytes, kv_bytes, tokens, rows
+):
+    """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
+    `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
+
+    `share` is the prefill share of the tokens, `ring_s` the all-reduce seconds per token at
+    allreduce_eff = 1 over the step's `allreduces` all-reduces."""
+    eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
+    compute = flops / (peak * eff)
+    memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
+    extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
+    extra = extra + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * cal.per_row_overhead_s
+    return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+
+
 def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
     """Expected distinct experts hit by `tokens` tokens each routing to `top_k` of `n_experts` uniformly."""
     if n_experts <= 0 or tokens <= 0:
@@ -99,14 +115,18 @@ class CostModel:
         self.model, self.gpu, self.tp = model, gpu, tp
         self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
-        self.cal = cal = calibration or Calibration()
+        self.cal = calibration or Calibration()
         self.peak_flops, self.note = gpu.peak_flops(self.weight_dtype)
-        wb = dtype_bytes(self.weight_dtype)
         m = model
-        # Weights read every step: all but the routed experts and a gathered (untied) input embedding.
-        gathered = m.embedding_params if m.lm_head_params > 0 else 0
-        self.static_weight_bytes = (m.params_total - m.routed_expert_params - gathered) * wb / tp
-        self.expert_bytes_per_layer = m.expert_params * wb / tp
+        if m.quant.dtype and not m.quant.activations and self.weight_dtype == m.default_weight_dtype:
+            self.peak_flops = gpu.flops_16bit
+            self.note = f"{m.quant.method} {m.quant.dtype} weight-only: dequantized, 16-bit compute"
+        # Weights read every step, in the bytes the checkpoint stores them (quantization_config, modules kept
+        # in 16-bit included): all but the routed experts and a gathered (untied) input embedding.
+        wd = self.weight_dtype
+        groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
+        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd) for g in groups) / tp
+        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd) / tp
         # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head
         # per GPU); the MLA latent is replicated on every GPU.
         kvb = dtype_bytes(self.kv_dtype)
@@ -120,15 +140,10 @@ class CostModel:
         self.lin_flops_tok = m.linear_flops_per_token / tp
         self.head_flops_row = m.lm_head_flops / tp
         self.attn_flops_pair = m.attn_flops_per_pair / tp
-        self.achievable_bw = gpu.hbm_bandwidth * cal.bandwidth_eff
-        self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
-        self.layer_overhead = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
-        if tp > 1:
-            ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
-            self.ar_per_token = 2 * m.num_layers * ring / (gpu.interconnect_bandwidth * cal.allreduce_eff)
-            self.ar_fixed = 2 * m.num_layers * cal.allreduce_latency_s
-        else:
-            self.ar_per_token = self.ar_fixed = 0.0
+        self.hbm = gpu.hbm_bandwidth
+        self.allreduces = 2 * m.num_layers if tp > 1 else 0
+        ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
+        self.ring_s_per_token = self.allreduces * ring / gpu.interconnect_bandwidth  # at allreduce_eff = 1
 
     def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
@@ -158,9 +173,20 @@ class CostModel:
             kv_tokens += ns * float(np.minimum(start, w).sum())
         return tokens, pairs, kv_tokens, prefill
 
-    def _eff(self, prefill_tokens: float, tokens: float) -> float:
-        share = prefill_tokens / tokens
-        return share * self.cal.compute_eff_prefill + (1.0 - share) * self.cal.compute_eff_decode
+    def _seconds(
+        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
+    ) -> tuple[float, bool]:
+        if tokens <= 0:
+            return 0.0, False
+        m = self.model
+        flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        seconds, compute_bound = roofline_seconds(
+            self.cal, self.peak_flops, self.hbm, m.num_layers, self.allreduces, self.ring_s_per_token,
+            flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
+        )  # fmt: skip
+        return seconds, bool(compute_bound)
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """Full breakdown of one step."""
@@ -169,19 +195,28 @@ class CostModel:
         tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
         if tokens <= 0:
             return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
+        cal = self.cal
         flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
         flops_attn = self.attn_flops_pair * pairs
         weight_bytes, touched = self._weights(tokens)
         kv_read = self.kv_layer_bytes * kv_tokens
         kv_write = self.kv_token_bytes * tokens
-        compute_s = (flops_lin + flops_attn) / (self.peak_flops * self._eff(prefill, tokens))
-        memory_s = weight_bytes / self.achievable_bw + (kv_read + kv_write) / self.kv_bw
-        allreduce_s = self.ar_fixed + self.ar_per_token * tokens
-        overhead_s = self.layer_overhead + self.cal.per_row_overhead_s * rows
-        seconds = max(compute_s, memory_s) + allreduce_s + overhead_s
+        share = prefill / tokens
+        eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
+        compute_s = (flops_lin + flops_attn) / (self.peak_flops * eff)
+        memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
+            self.hbm * cal.kv_bandwidth_eff
+        )
+        allreduce_s = (
+            self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
+        )
+        overhead_s = (
+            cal.step_overhead_s + self.model.num_layers * cal.layer_overhead_s + cal.per_row_overhead_s * rows
+        )
+        seconds, compute_bound = self._seconds(tokens, pairs, kv_tokens, prefill, rows)
         return StepCost(
             seconds=seconds,
-            bound="compute" if compute_s > memory_s else "memory",
+            bound="compute" if compute_bound else "memory",
             compute_s=compute_s,
             memory_s=memory_s,
             allreduce_s=allreduce_s,
@@ -197,12 +232,12 @@ class CostModel:
         )
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        """(seconds, compute_bound) of one step: the engine's fast path, same maths as `step`."""
+        """(seconds, compute_bound) of one step: the engine's fast path, same seconds as `step`."""
         c, q = _arrays(new_tokens, context)
         if c.size == 0:
             return 0.0, False
         tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
-        return self._time(tokens, pairs, kv_tokens, prefill, c.size)
+        return self._seconds(tokens, pairs, kv_tokens, prefill, c.size)
 
     def step_time_totals(
         self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
@@ -218,40 +253,14 @@ class CostModel:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
-        # `_time` inlined (same operations in the same order: identical seconds).
         t = float(tokens)
         q = float(cq) + 0.5 * (float(cc) + t)
         pairs = self.full_layers * q
         kv_tokens = self.full_layers * float(ctx)
-        if ns:
+        if ns:  # the same sums as `_reduce`, in the same order: identical seconds
             pairs += ns * q
             kv_tokens += ns * float(ctx)
-        flops = self.lin_flops_tok * t + self.head_flops_row * rows + self.attn_flops_pair * pairs
-        weight_bytes = self._weights(t)[0] if self.model.num_experts else self.static_weight_bytes
-        cal = self.cal
-        share = (t - float(ones)) / t
-        compute_s = flops / (
-            self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
-        )
-        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
-        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
-        extra = self.ar_fixed + self.ar_per_token * t + self.layer_overhead
-        seconds = (memory_s if memory_s > compute_s else compute_s) + extra + cal.per_row_overhead_s * rows
-        return seconds, compute_s > memory_s
-
-    def _time(
-        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
-    ) -> tuple[float, bool]:
-        if tokens <= 0:
-            return 0.0, False
-        flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
-        weight_bytes = self._weights(tokens)[0] if self.model.num_experts else self.static_weight_bytes
-        compute_s = flops / (self.peak_flops * self._eff(prefill, tokens))
-        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
-        memory_s = weight_bytes / self.achievable_bw + kv_bytes / self.kv_bw
-        extra = self.ar_fixed + self.ar_per_token * tokens + self.layer_overhead
-        seconds = max(compute_s, memory_s) + extra + self.cal.per_row_overhead_s * rows
-        return seconds, compute_s > memory_s
+        return self._seconds(t, pairs, kv_tokens, t - float(ones), rows)
 
 
 def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

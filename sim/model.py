@@ -82,6 +82,39 @@ def _cum_keys(n: np.ndarray, window: int | None) -> np.ndarray:
     return np.where(n <= w, full, w * (w + 1) / 2 + (n - w) * w)
 
 
+# Matmul weights, grouped by how the cost model uses them.
+LINEAR_GROUPS = ("attention", "dense", "experts", "lm_head")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a checkpoint stores its linear weights (its `quantization_config`).
+
+    `dtype` is the stored dtype of the quantized matmul weights ("" when none); `activations` says W8A8
+    (matmuls run at the low-precision tensor peak) rather than weight-only (weights dequantized to 16-bit in
+    the kernel); `group_size` > 0 adds one 16-bit scale per group; `sixteen_bit` lists the LINEAR_GROUPS kept
+    in 16-bit (`ignore` / `modules_to_not_convert`, and the LM head unless the scheme quantizes it), with the
+    fraction of each group's parameters kept.
+    """
+
+    method: str = "none"
+    dtype: str = ""
+    activations: bool = False
+    group_size: int = 0
+    sixteen_bit: tuple[tuple[str, float], ...] = ()
+
+    def kept_fraction(self, group: str) -> float:
+        """Fraction of a group's parameters kept in 16-bit (1 for every group when unquantized)."""
+        if not self.dtype:
+            return 1.0
+        return dict(self.sixteen_bit).get(group, 0.0)
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Stored bytes per quantized weight, group scales included."""
+        return dtype_bytes(self.dtype) + (2.0 / self.group_size if self.group_size > 0 else 0.0)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of a decoder-only transformer, with parameter counts grouped by how they are used."""
@@ -114,6 +147,7 @@ class ModelSpec:
     norm_params: int
     torch_dtype: str  # 16-bit dtype the weights are served in by default
     default_weight_dtype: str
+    quant: Quantization = Quantization()  # the checkpoint's own quantization (quantization_config)
 
     @property
     def is_moe(self) -> bool:
@@ -138,9 +172,39 @@ class ModelSpec:
         chosen = self.num_moe_layers * self.experts_per_token * self.expert_params
         return self.params_total - self.routed_expert_params + chosen
 
+    def group_params(self, group: str) -> int:
+        """Parameters of one LINEAR_GROUPS group, or of "embedding" / "norm"."""
+        return {
+            "attention": self.attention_params,
+            "dense": self.dense_params,
+            "experts": self.routed_expert_params,
+            "lm_head": self.lm_head_params,
+            "embedding": self.embedding_params,
+            "norm": self.norm_params,
+        }[group]
+
+    def param_bytes(self, group: str, dtype: str | None = None) -> float:
+        """Mean stored bytes per parameter of a group served with weight dtype `dtype` (default: the model's).
+
+        The checkpoint's own dtype follows its quantization_config (modules it keeps in 16-bit included).
+        Another `dtype` (online quantization) applies to the layers' matmul weights; embeddings, norms and
+        the LM head stay 16-bit, as vLLM keeps them.
+        """
+        sixteen = dtype_bytes(self.torch_dtype)
+        d = normalize_dtype(dtype or self.default_weight_dtype)
+        if group in ("embedding", "norm"):
+            return sixteen if d != "fp32" else 4.0
+        if self.quant.dtype and d == self.default_weight_dtype:
+            kept = self.quant.kept_fraction(group)
+            return kept * sixteen + (1.0 - kept) * self.quant.bytes_per_param
+        if group == "lm_head" and dtype_bytes(d) < sixteen:
+            return sixteen
+        return dtype_bytes(d)
+
     def weight_bytes(self, dtype: str | None = None) -> float:
-        """Bytes of all weights in `dtype` (default: the model's default weight dtype)."""
-        return self.params_total * dtype_bytes(dtype or self.default_weight_dtype)
+        """Bytes of all weights served with weight dtype `dtype` (default: the model's own, as quantized)."""
+        groups = (*LINEAR_GROUPS, "embedding", "norm")
+        return float(sum(self.group_params(g) * self.param_bytes(g, dtype) for g in groups))
 
     @property
     def kv_values_per_token_layer(self) -> int:
@@ -248,15 +312,94 @@ class _Cfg:
         return default if val is None else val
 
 
-def _weight_dtype(cfg: dict[str, Any], torch_dtype: str) -> str:
+# Module-name fragments of `ignore` / `modules_to_not_convert` entries, and the group each belongs to.
+_IGNORE_GROUPS = (
+    ("lm_head", "lm_head"),
+    ("router", "router"),  # H x n_experts: negligible, tracked apart from the MLPs
+    ("mlp.gate.", "router"),
+    ("shared_expert", "dense"),
+    ("experts", "experts"),
+    ("self_attn", "attention"),
+    ("attention", "attention"),
+    ("mlp", "dense"),
+    ("feed_forward", "dense"),
+)
+
+
+def _kept_groups(ignore: list[str], num_layers: int, lm_head_q: bool) -> tuple[tuple[str, float], ...]:
+    """Fraction of each linear group kept in 16-bit, from a list of ignored module names.
+
+    A whole-layer group (attention, dense) counts by the layers named; vision-tower and projector modules
+    are outside the language model and do not count.
+    """
+    layers: dict[str, set[str]] = {}
+    whole: set[str] = set()
+    for name in ignore:
+        text = str(name)
+        if text.startswith(("re:", "vision", "multi_modal")) or "vision" in text:
+            continue
+        for fragment, group in _IGNORE_GROUPS:
+            if fragment in text:
+                layer = next((part for part in text.split(".") if part.isdigit()), None)
+                if layer is None:
+                    whole.add(group)
+                else:
+                    layers.setdefault(group, set()).add(layer)
+                break
+    kept = {g: min(1.0, len(ls) / max(num_layers, 1)) for g, ls in layers.items()}
+    kept.update(dict.fromkeys(whole, 1.0))
+    if not lm_head_q:
+        kept["lm_head"] = 1.0
+    return tuple(sorted(kept.items()))
+
+
+def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantization:
+    """The checkpoint's quantization from its `quantization_config` (none when absent).
+
+    FP8 (`quant_method: fp8`, compressed-tensors float-quantized) is W8A8 when activations are 8-bit;
+    GPTQ, AWQ and compressed-tensors `pack-quantized` / `int-quantized` are INT4/INT8, weight-only unless
+    the activations are quantized too. Unknown methods are errors rather than silently 16-bit.
+    """
     q = cfg.get("quantization_config") or {}
-    if q.get("quant_method") == "fp8":
-        return "fp8"
-    if q.get("format") == "float-quantized":
-        groups = (q.get("config_groups") or {}).values()
-        if any((g.get("weights") or {}).get("num_bits") == 8 for g in groups):
-            return "fp8"
-    return torch_dtype
+    if not q:
+        return Quantization()
+    method = str(q.get("quant_method", "")).lower()
+    ignore = list(q.get("ignore") or q.get("modules_to_not_convert") or [])
+    if method == "fp8":
+        return Quantization("fp8", "fp8", True, 0, _kept_groups(ignore, num_layers, False))
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
+        bits = int(q.get("bits") or q.get("w_bit") or 4)
+        if bits not in (4, 8):
+            raise SimError(f"{source}: quantization_config.bits: expected 4 or 8, got {bits}")
+        group = int(q.get("group_size") or q.get("q_group_size") or 0)
+        return Quantization(
+            method, f"int{bits}", False, max(group, 0),
+            _kept_groups(ignore, num_layers, bool(q.get("lm_head"))),
+        )
+    if method == "compressed-tensors" or q.get("format") or q.get("config_groups"):
+        groups = list((q.get("config_groups") or {}).values())
+        weights = [g.get("weights") or {} for g in groups]
+        if not weights:
+            raise SimError(f"{source}: quantization_config.config_groups: expected a group with weights")
+        w = weights[0]
+        bits, kind = int(w.get("num_bits") or 16), str(w.get("type") or "int")
+        acts = any((g.get("input_activations") or {}).get("num_bits") == 8 for g in groups)
+        lm_quantized = "lm_head" in str(groups[0].get("targets")) and "lm_head" not in str(ignore)
+        kept = _kept_groups(ignore, num_layers, lm_quantized)
+        if kind == "float" and bits == 8:
+            return Quantization("compressed-tensors", "fp8", acts, 0, kept)
+        if kind == "int" and bits in (4, 8):
+            group = int(w.get("group_size") or 0)
+            return Quantization("compressed-tensors", f"int{bits}", acts and bits == 8, group, kept)
+        raise SimError(f"{source}: quantization_config: unsupported {kind} {bits}-bit weights")
+    raise SimError(
+        f"{source}: quantization_config.quant_method: expected fp8, gptq, awq or compressed-tensors, "
+        f"got {method or '?'}"
+    )
+
+
+def _weight_dtype(quant: Quantization, torch_dtype: str) -> str:
+    return quant.dtype or torch_dtype
 
 
 def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> ModelSpec:
@@ -277,13 +420,15 @@ def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> Mode
     tied = c.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
     H, V = shape["hidden_size"], shape["vocab_size"]
     lm_head = 0 if tied else V * shape.get("lm_head_in", H)
+    quant = quantization(raw, shape["num_layers"], source)
     return ModelSpec(
         name=name,
         hf_id=hf_id,
         model_type=model_type,
         lm_head_params=lm_head,
         torch_dtype=torch_dtype,
-        default_weight_dtype=_weight_dtype(raw, torch_dtype),
+        default_weight_dtype=_weight_dtype(quant, torch_dtype),
+        quant=quant,
         **{k: v for k, v in shape.items() if k != "lm_head_in"},
     )
 

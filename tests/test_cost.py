@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.cost import Calibration, CostModel, expected_distinct_experts
 from sim.errors import SimError
@@ -134,3 +136,35 @@ def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
     p.write_text("[calibration]\nbogus = 1\n")
     with pytest.raises(SimError, match="bogus"):
         Calibration.load(p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["llama-2-7b", "mixtral-8x7b", "gemma-2-9b", "llama-4-scout-fp8"]),
+    st.integers(1, 4),
+    st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), min_size=1, max_size=40),
+)
+def test_one_definition_behind_step_fast_paths_and_recosting(
+    name: str, tp: int, rows: list[tuple[int, int]]
+) -> None:
+    """`step`, `step_time`, `step_time_totals` and the calibration's re-costing give the same seconds."""
+    from sim.calibrate import Trace, step_seconds
+
+    cm = CostModel(load_model(name), get_gpu("H100"), tp=tp)
+    c = np.array([r[0] for r in rows], np.int64)
+    q = np.array([r[1] for r in rows], np.int64)
+    seconds, bound = cm.step_time(c, q)
+    assert cm.step(c, q).seconds == seconds
+    sums = (int(c.sum()), int((c == 1).sum()), int(c @ q), int(c @ c), int(q.sum()), int((c + q).max()))
+    totals = cm.step_time_totals(c.size, *sums)
+    assert totals is None or totals == (seconds, bound)
+    s = cm.step(c, q)
+    one = np.ones(1)
+    tr = Trace(
+        "x", "x", 1, {}, one * (s.flops_linear + s.flops_attention),
+        one * ((s.tokens - (c == 1).sum()) / s.tokens),
+        one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
+        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.allreduces, cm.ring_s_per_token,
+        *([np.zeros(0, np.int64)] * 6), 0.0,
+    )  # fmt: skip
+    assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)

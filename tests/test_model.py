@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim.errors import SimError
-from sim.model import catalog_names, causal_pairs, dtype_bytes, load_model
+from sim.model import catalog_names, causal_pairs, dtype_bytes, from_config, load_model
 
 KV_16BIT = {
     "llama-2-7b": 524_288,
@@ -109,7 +109,9 @@ def test_weight_bytes_dtypes() -> None:
     m = load_model("llama-2-7b")
     assert m.default_weight_dtype == "fp16"
     assert m.weight_bytes() == m.params_total * 2
-    assert m.weight_bytes("int4") == m.params_total / 2
+    # online INT4: the layers' matmul weights at half a byte; embeddings, LM head and norms stay 16-bit
+    sixteen = m.embedding_params + m.lm_head_params + m.norm_params
+    assert m.weight_bytes("int4") == (m.params_total - sixteen) / 2 + sixteen * 2
     assert dtype_bytes("float16") == 2
     with pytest.raises(SimError, match="unknown dtype"):
         m.weight_bytes("fp6")
@@ -159,3 +161,62 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
     path.write_text(json.dumps({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}))
     with pytest.raises(SimError, match="unsupported architecture mamba"):
         load_model(str(path))
+
+
+def _llama_config(**quant: object) -> dict[str, object]:
+    cfg: dict[str, object] = {
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    if quant:
+        cfg["quantization_config"] = quant
+    return cfg
+
+
+def test_fp8_checkpoint_keeps_its_ignored_modules_in_16_bit() -> None:
+    """Llama-4-Scout-FP8 keeps q/k/v/o of all 48 layers, the routers and the LM head in bf16 (`ignore`)."""
+    m = load_model("llama-4-scout-fp8")
+    assert (m.quant.dtype, m.quant.activations) == ("fp8", True)
+    kept = dict(m.quant.sixteen_bit)
+    assert kept["attention"] == 1.0 and kept["lm_head"] == 1.0
+    assert "dense" not in kept and "experts" not in kept
+    # one byte per parameter, plus a second byte for every parameter kept in 16-bit
+    sixteen = m.attention_params + m.lm_head_params + m.embedding_params + m.norm_params
+    assert m.weight_bytes() == pytest.approx(m.params_total + sixteen)
+    static_before = m.params_total - m.routed_expert_params - m.embedding_params  # all at one byte
+    static_now = sum(m.group_params(g) * m.param_bytes(g) for g in ("attention", "dense", "lm_head", "norm"))
+    assert 1 - static_before / static_now == pytest.approx(0.29, abs=0.01)  # was understated by 29%
+
+
+def test_gptq_and_awq_are_int4_weight_only_with_group_scales() -> None:
+    gptq = from_config(_llama_config(quant_method="gptq", bits=4, group_size=128), "g", "g", "g.json")
+    awq = from_config(_llama_config(quant_method="awq", w_bit=4, q_group_size=128), "a", "a", "a.json")
+    plain = from_config(_llama_config(), "p", "p", "p.json")
+    for m in (gptq, awq):
+        assert (m.default_weight_dtype, m.quant.activations, m.quant.group_size) == ("int4", False, 128)
+        layers = m.attention_params + m.dense_params
+        sixteen = m.embedding_params + m.lm_head_params + m.norm_params
+        assert m.weight_bytes() == pytest.approx(layers * (0.5 + 2 / 128) + sixteen * 2)
+    assert plain.weight_bytes() == plain.params_total * 2
+    int8 = from_config(_llama_config(quant_method="gptq", bits=8, group_size=-1), "i", "i", "i.json")
+    assert (int8.default_weight_dtype, int8.quant.group_size) == ("int8", 0)
+
+
+def test_compressed_tensors_int_schemes() -> None:
+    w4a16 = {"format": "pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "group_size": 128},
+        "input_activations": None}}, "ignore": ["lm_head"]}  # fmt: skip
+    m = from_config(_llama_config(quant_method="compressed-tensors", **w4a16), "w", "w", "w.json")
+    assert (m.default_weight_dtype, m.quant.activations) == ("int4", False)
+    w8a8 = {"format": "int-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int"},
+        "input_activations": {"num_bits": 8, "type": "int"}}}, "ignore": ["lm_head"]}  # fmt: skip
+    m = from_config(_llama_config(quant_method="compressed-tensors", **w8a8), "w", "w", "w.json")
+    assert (m.default_weight_dtype, m.quant.activations) == ("int8", True)
+
+
+def test_unknown_quantization_is_an_error_not_16_bit() -> None:
+    with pytest.raises(SimError, match="quant_method: expected fp8, gptq, awq or compressed-tensors"):
+        from_config(_llama_config(quant_method="bitsandbytes"), "b", "b", "b.json")
+    with pytest.raises(SimError, match="bits: expected 4 or 8"):
+        from_config(_llama_config(quant_method="gptq", bits=3), "b", "b", "b.json")

@@ -18,8 +18,12 @@ from sim.errors import SimError
 from sim.scenario import validate_scenario
 from sim.validate import (
     CHAT_TEMPLATE_TOKENS,
+    CPU_OFFLOAD_NOTE,
     CSV_COLUMNS,
     GroundTruthRow,
+    Prediction,
+    bar_misses,
+    compare,
     errors,
     itl_from,
     load_rows,
@@ -63,13 +67,13 @@ def test_fp8_moe_row_translates_knobs() -> None:
     validate_scenario(data, "test")
 
 
-def test_missing_blocks_fall_back_to_memory_and_cpu_blocks_add_capacity() -> None:
+def test_missing_blocks_fall_back_to_memory() -> None:
     data, notes = row_scenario(row("20260217-202857"))  # Llama-2-70B TP4, no block counts
     assert "num_kv_blocks" not in data["model"] and data["model"]["gpu_memory_utilization"] == 0.9
     assert data["model"]["max_model_len"] == 4096
     assert any("gpu_mem_util 0.9" in n for n in notes)
     data, _ = row_scenario(row("60-llama-3-1-70b"))
-    assert (data["model"]["tp"], data["model"]["cpu_offload_blocks"]) == (4, 6553)
+    assert data["model"]["tp"] == 4
     assert data["policies"]["vllm"]["max_num_batched_tokens"] == 8192
     assert "weight_dtype" not in data["model"]
 
@@ -77,6 +81,33 @@ def test_missing_blocks_fall_back_to_memory_and_cpu_blocks_add_capacity() -> Non
 def test_scale_shortens_stages_and_keeps_the_mix() -> None:
     data, _ = row_scenario(row("61-llama"), scale=0.1)
     assert data["workload"]["arrival"]["stages"] == [[5.0, 60.0], [10.0, 60.0]]
+
+
+def test_cpu_offload_rows_get_no_extra_gpu_blocks() -> None:
+    """vLLM's CPU KV offloading is a host-memory prefix tier: its blocks never hold running sequences."""
+    for key, r in ROWS.items():
+        data, notes = row_scenario(r)
+        assert "cpu_offload_blocks" not in data["model"], key
+        assert (CPU_OFFLOAD_NOTE in notes) == (r.get("cpu_offload") == "True"), key
+    data, _ = row_scenario(row("20260217-162547"))  # Llama-2-7B, 7,463 GPU blocks and 1,023 CPU blocks
+    assert data["model"]["num_kv_blocks"] == 7463
+    assert validate_scenario(data, "test").model.cpu_offload_blocks == 0
+
+
+def test_rows_the_simulator_saturates_stay_in_the_steady_state_medians() -> None:
+    """Only the measurement decides that a row was overloaded; a saturated prediction counts (its error)."""
+    r = row("62-mistral")
+    measured = r.measured()
+    blown = Prediction(r.exp_key, {m: v * 13.79 for m, v in measured.items()}, overloaded=True)
+    frame = compare([r], [blown])
+    assert not frame["overloaded"].any() and frame["sim_overloaded"].all()
+    med = median_errors(frame).filter(pl.col("metric") == "ttft_mean").row(0, named=True)
+    assert med["overloaded"] is False and med["median_ape_pct"] == pytest.approx(1279.0)
+    assert "ttft_mean 1279.0% > 20%" in bar_misses(frame)
+    failed = Prediction(r.exp_key, dict.fromkeys(measured, math.nan), overloaded=True)
+    assert median_errors(compare([r], [failed]))["median_ape_pct"].to_list() == [math.inf] * 7
+    exact = Prediction(r.exp_key, measured, overloaded=False)
+    assert bar_misses(compare([r], [exact])) == ""
 
 
 def test_bad_rows_are_user_errors(tmp_path: Path) -> None:
@@ -100,8 +131,8 @@ def test_error_maths_and_medians() -> None:
     assert errors(110.0, 100.0) == pytest.approx((10.0, 10.0))
     assert errors(80.0, 100.0) == pytest.approx((20.0, -20.0))
     frame = pl.DataFrame(
-        [("a", "e2e_mean", 0, 0, 10.0, -10.0, False), ("b", "e2e_mean", 0, 0, 30.0, 30.0, False),
-         ("c", "e2e_mean", 0, 0, 20.0, 20.0, False), ("d", "e2e_mean", 0, 0, 90.0, -90.0, True)],
+        [("a", "e2e_mean", 0, 0, 10.0, -10.0, False, False), ("b", "e2e_mean", 0, 0, 30.0, 30.0, False, True),
+         ("c", "e2e_mean", 0, 0, 20.0, 20.0, False, False), ("d", "e2e_mean", 0, 0, 90.0, -90.0, True, True)],
         schema=list(CSV_COLUMNS), orient="row",
     )  # fmt: skip
     med = median_errors(frame)

@@ -1,0 +1,85 @@
+"""`sim step`: one step's time and kernel breakdown from the cost model, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import SimError
+
+
+def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(new tokens, cached tokens) per row: B decodes at context C, or one prefill of L tokens."""
+    if prefill is not None:
+        if batch is not None or context is not None:
+            raise SimError("step: give either --prefill L or --batch B --context C, not both")
+        if prefill < 1:
+            raise SimError(f"step: --prefill: expected a token count >= 1, got {prefill}")
+        return np.array([prefill]), np.array([0])
+    if batch is None or context is None:
+        raise SimError("step: give --prefill L, or --batch B with --context C")
+    if batch < 1 or context < 0:
+        raise SimError(f"step: expected --batch >= 1 and --context >= 0, got {batch} and {context}")
+    return np.ones(batch, dtype=np.int64), np.full(batch, context, dtype=np.int64)
+
+
+def print_step(
+    model: str,
+    gpu: str,
+    tp: int,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    batch: int | None,
+    context: int | None,
+    prefill: int | None,
+    calibration: Path | None,
+    as_json: bool,
+) -> dict[str, object]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.hardware import get_gpu
+    from sim.kernel_cost import KernelCalibration, KernelCostModel, step_summary
+    from sim.model import load_model
+
+    c, q = step_rows(batch, context, prefill)
+    cost = KernelCostModel(
+        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration)
+    )
+    summary = step_summary(cost, c, q)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return summary
+    kind = (
+        f"prefill of {prefill} tokens"
+        if prefill is not None
+        else f"decode of {batch} x 1 token at context {context}"
+    )
+    table = Table(
+        title=f"{cost.model.name} on {cost.gpu.name} x{tp} "
+        f"({cost.weight_dtype} weights, {cost.kv_dtype} KV): {kind}"
+    )
+    for col in ("kernel", "count", "bound", "ms", "share"):
+        table.add_column(col, justify="left" if col in ("kernel", "bound") else "right")
+    total = float(summary["seconds"])  # type: ignore[arg-type]
+    for k in summary["kernels"]:  # type: ignore[attr-defined]
+        table.add_row(
+            k["kernel"],
+            str(k["count"]),
+            k["bound"],
+            f"{k['seconds'] * 1e3:.3f}",
+            f"{k['seconds'] / total:.0%}",
+        )
+    host = float(summary["host_s"])  # type: ignore[arg-type]
+    table.add_row("host (step + rows)", "", "", f"{host * 1e3:.3f}", f"{host / total:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(
+        f"step: {total * 1e3:.3f} ms ({summary['bound']}-bound kernels), "
+        f"all-reduce {float(summary['allreduce_s']) * 1e3:.3f} ms"
+    )  # type: ignore[arg-type]
+    for note in summary["notes"]:  # type: ignore[attr-defined]
+        console.print(f"note: {note}")
+    return summary
