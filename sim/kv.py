@@ -3,8 +3,10 @@
 Semantics follow vLLM v1 (`block_pool.py`, `single_type_kv_cache_manager.py`, `kv_cache_manager.py`):
 
 - Block 0 is the reserved null block, so `num_blocks - 1` blocks are usable.
-- Free blocks wait in one LRU queue; allocation takes from its head. A freed block keeps its hash (it stays
-  a cache hit until it is taken again); a sequence's blocks are freed tail first, so its tail goes first.
+- Free blocks wait in one queue; allocation takes from its head. A freed block keeps its hash (it stays
+  a cache hit until it is taken again) and joins the tail (LRU eviction); a freed block without cached
+  content joins the head, so it is reused before any cached content is evicted. A sequence's blocks are
+  freed tail first, so its tail goes first.
 - A full block is cached (hashed) when it is allocated for tokens that fill it; hits count full blocks only,
   capped at `num_tokens - 1` tokens. Touching a cached free block takes it out of the free queue.
 
@@ -70,12 +72,21 @@ class BlockPool:
         return out
 
     def release(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference from each block; unreferenced ones join the free queue's tail in this order."""
+        """Drop one reference from each block (given in eviction order). Unreferenced blocks without cached
+        content go to the free queue's head, to be reused first; cached ones to its tail, so the cache
+        evicts least recently used content first (vLLM `BlockPool.free_blocks`)."""
         free = self._free
+        uncached: list[Block] = []
         for block in blocks:
             block.ref -= 1
             if block.ref == 0:
-                free[block.id] = block
+                if block.hash is None:
+                    uncached.append(block)
+                else:
+                    free[block.id] = block
+        for block in reversed(uncached):
+            free[block.id] = block
+            free.move_to_end(block.id, last=False)
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Take a reference on cache-hit blocks, removing free ones from the free queue."""

@@ -213,18 +213,20 @@ class VllmScheduler:
     def schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
-        budget = self._schedule_running(info, self.token_budget)
+        # the threshold keeps a long prefill from starving others: with nobody else to starve it is off
+        threshold = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        budget = self._schedule_running(info, self.token_budget, threshold)
         if self.waiting and not info.preempted:
-            self._schedule_waiting(info, budget, now)
+            self._schedule_waiting(info, budget, now, threshold)
         if not info.seqs:
             return None
         return self._plan(info)
 
-    def _schedule_running(self, info: StepInfo, budget: int) -> int:
+    def _schedule_running(self, info: StepInfo, budget: int, threshold: int) -> int:
         running = self.running
         if not running:
             return budget
-        kv, threshold, limit = self.kv, self.threshold, self.max_model_len - 1
+        kv, limit = self.kv, self.max_model_len - 1
         add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
         add_emit = info.emit.append
         decode = grown = 0
@@ -302,9 +304,9 @@ class VllmScheduler:
         seq.req.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _schedule_waiting(self, info: StepInfo, budget: int, now: float) -> None:
+    def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
-        threshold, max_num_seqs, chunked = self.threshold, self.max_num_seqs, self.chunked
+        max_num_seqs, chunked = self.max_num_seqs, self.chunked
         while waiting and budget > 0 and len(running) < max_num_seqs:
             seq = waiting[0]
             hits, num_hit = kv.lookup(seq)
