@@ -8,8 +8,11 @@ Each step (`vllm/v1/core/sched/scheduler.py`):
    its blocks, forgets its computed tokens, keeps its generated ones and goes to the front of the queue.
 2. If nothing was preempted, waiting sequences are admitted FCFS while budget remains and fewer than
    `max_num_seqs` run. Admission needs free blocks for the whole current sequence (minus prefix-cache hits)
-   plus the watermark, else admission stops (head-of-line blocking); without chunked prefill a prompt that
-   exceeds the remaining budget also stops it.
+   plus, while any sequence runs, the watermark, else admission stops (head-of-line blocking); without
+   chunked prefill a prompt that exceeds the remaining budget also stops it.
+
+`long_prefill_token_threshold` applies only in steps that begin with more than one sequence running or
+waiting: a lone sequence may use the whole budget.
 
 A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does; they share
 the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
@@ -202,8 +205,8 @@ class VllmScheduler:
         if r.prompt_len >= self.max_model_len:
             return f"prompt of {r.prompt_len} tokens leaves no room within max_model_len {self.max_model_len}"
         usable = self.kv.pool.num_usable
-        if cdiv(r.prompt_len, self.block_size) + self.watermark_blocks > usable:
-            return f"prompt needs more than the {usable} KV blocks (watermark included)"
+        if cdiv(r.prompt_len, self.block_size) > usable:
+            return f"prompt needs more than the {usable} KV blocks"
         longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
         if cdiv(longest, self.block_size) > usable:
             return f"a sequence of {longest} tokens needs more than the {usable} KV blocks"
@@ -317,7 +320,8 @@ class VllmScheduler:
             n = min(n, budget if chunked else length)
             if n > budget:
                 break
-            if kv.blocks_needed(seq, length, hits) + self.watermark_blocks > kv.num_free:
+            watermark = self.watermark_blocks if running else 0  # kept free only beside running sequences
+            if kv.blocks_needed(seq, length, hits) + watermark > kv.num_free:
                 break
             if not kv.allocate(seq, n, hits, num_hit):
                 break

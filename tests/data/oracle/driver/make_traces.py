@@ -57,18 +57,28 @@ def long_prefill_running() -> list[dict[str, Any]]:
 
 
 def watermark() -> list[dict[str, Any]]:
-    """Admissions gated by the watermark under memory pressure; the first one arrives alone."""
+    """Admissions gated by the watermark under memory pressure. A lone request first, and again after the
+    others drained, needs more blocks than the watermark leaves: it is admitted, as nothing else runs."""
     rng = random.Random(13)
-    trace = [request(0, 0, 1400, 60)]
-    trace += spread(rng, 29, (100, 800), (20, 120), start=1, first=1)
+    trace = [request(0, 0, 2900, 8)]
+    trace += spread(rng, 28, (100, 800), (20, 160), start=12, first=1)
+    trace.append(request(29, 400, 2950, 4))
     return trace
 
 
 def multi_preempt() -> list[dict[str, Any]]:
-    """A burst of equal requests that cross block boundaries together: several preemptions per step."""
-    trace = [request(i, 0, 24, 90) for i in range(8)]
-    rng = random.Random(14)
-    trace += spread(rng, 10, (16, 120), (30, 90), start=5, first=8)
+    """Equal requests that cross a block boundary in the same step, small ones admitted behind them: in
+    one step several running requests each preempt the most recently admitted one."""
+    trace = [request(i, 0, 31, 60) for i in range(6)]
+    trace += [request(i, 1 + (i - 6) // 2, 8, 60) for i in range(6, 16)]
+    return trace
+
+
+def preempt_chain() -> list[dict[str, Any]]:
+    """A long prompt chunked by the threshold while small requests are admitted beside it: its next chunk
+    preempts several of them in one step."""
+    trace = [request(0, 0, 4000, 5), request(1, 0, 40, 200)]
+    trace += [request(i, i - 1, 60, 60) for i in range(2, 22)]
     return trace
 
 
@@ -132,6 +142,7 @@ TRACES = {
     "long-prefill-running": long_prefill_running,
     "watermark": watermark,
     "multi-preempt": multi_preempt,
+    "preempt-chain": preempt_chain,
     "max-model-len": max_model_len,
     "n-parallel": lambda: parallel_sampling(21, prefix=False),
     "n-parallel-prefix": lambda: parallel_sampling(22, prefix=True),
