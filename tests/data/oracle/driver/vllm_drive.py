@@ -35,8 +35,10 @@ scheduler never sees the parent. The stand-in runner gives child k the token FAK
 sibling sequences diverge after the prompt as sampled ones do (their output blocks never share a
 prefix-cache entry).
 
-This copy extends the shared driver (vllm 0.32.0) with "n" only; everything else is unchanged.
+This copy extends the shared driver (vllm 0.32.0) with "n" only (and is ruff-formatted); its
+scheduling and logging are otherwise unchanged.
 """
+
 import argparse
 import json
 import os
@@ -197,8 +199,7 @@ def make_requests(t: dict, block_hasher) -> list[tuple[Request, int]]:
     n = t.get("n", 1)
     if n == 1:
         return [(make_request(t, block_hasher, t["id"]), FAKE_TOKEN)]
-    return [(make_request(t, block_hasher, f"{k}_{t['id']}"), FAKE_TOKEN + k)
-            for k in range(n)]
+    return [(make_request(t, block_hasher, f"{k}_{t['id']}"), FAKE_TOKEN + k) for k in range(n)]
 
 
 def make_request(t: dict, block_hasher, request_id: str) -> Request:
@@ -234,14 +235,16 @@ def main() -> int:
     p.add_argument("--watermark", type=float, default=0.0)
     p.add_argument("--prefix-caching", action="store_true")
     p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--no-reserve-full-isl", action="store_true",
-                   help="scheduler_reserve_full_isl=False (default True in "
-                   "this vLLM: admission needs the whole prompt to fit)")
+    p.add_argument(
+        "--no-reserve-full-isl",
+        action="store_true",
+        help="scheduler_reserve_full_isl=False (default True in "
+        "this vLLM: admission needs the whole prompt to fit)",
+    )
     p.add_argument("--max-steps", type=int, default=100000)
     a = p.parse_args()
 
-    trace = json.load(open(a.trace)) if a.trace else synthetic_trace(
-        a.num_requests, a.seed)
+    trace = json.load(open(a.trace)) if a.trace else synthetic_trace(a.num_requests, a.seed)
     trace.sort(key=lambda t: t["arrival_step"])  # stable: ties keep file order
     for i, t in enumerate(trace):
         t["_idx"] = i
@@ -277,8 +280,7 @@ def main() -> int:
         sampled = []
         for rid in req_ids:
             r = sched.requests[rid]
-            sampled.append(
-                [sampled_token[rid]] if r.num_computed_tokens >= r.num_tokens else [])
+            sampled.append([sampled_token[rid]] if r.num_computed_tokens >= r.num_tokens else [])
         mro = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -286,14 +288,14 @@ def main() -> int:
         )
         eco = sched.update_from_output(so, mro)
         finished = sorted(
-            o.request_id
-            for outs in eco.values()
-            for o in outs.outputs
-            if o.finish_reason is not None
+            o.request_id for outs in eco.values() for o in outs.outputs if o.finish_reason is not None
         )
         new_ids = {r.req_id for r in so.scheduled_new_reqs}
-        resumed = set(so.scheduled_cached_reqs.resumed_req_ids) if hasattr(
-            so.scheduled_cached_reqs, "resumed_req_ids") else set()
+        resumed = (
+            set(so.scheduled_cached_reqs.resumed_req_ids)
+            if hasattr(so.scheduled_cached_reqs, "resumed_req_ids")
+            else set()
+        )
         rec = {
             "step": step,
             "arrived": arrived,
