@@ -238,6 +238,29 @@ class Comparison:
     def share(self) -> float:
         return self.identical / self.total if self.total else 1.0
 
+    @property
+    def differing_keys(self) -> list[str]:
+        """The oracle keys on which the first differing pair differs (all of them when a side is missing)."""
+        if self.first_diff is None:
+            return []
+        exp, act = self.first_diff
+        if exp is None or act is None:
+            return list(KEYS)
+        return [k for k in KEYS if exp.get(k) != act.get(k)]
+
+    def report(self) -> list[str]:
+        """Lines for the command's output: the share of identical steps, then the first difference in full."""
+        lines = [f"identical steps: {self.identical}/{self.total} ({100 * self.share:.2f}%)"]
+        if self.first_diff is None:
+            return lines
+        exp, act = self.first_diff
+        step = (exp or act or {}).get("step")
+        lines.append(f"first difference at step {step}, in: {', '.join(self.differing_keys)}")
+        for label, side in (("expected", exp), ("actual", act)):
+            shown = json.dumps(side) if side is not None else f"(no step {step}: this log ends before it)"
+            lines.append(f"  {label + ':':9} {shown}")
+        return lines
+
 
 def compare(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> Comparison:
     """Count identical steps (on the oracle's keys) and keep the first pair that differs."""
@@ -271,10 +294,5 @@ def run(
     if expected is None:
         return "\n".join(lines), 0
     result = compare(expected, steps)
-    lines.append(f"identical steps: {result.identical}/{result.total} ({100 * result.share:.2f}%)")
-    if result.first_diff is not None:
-        exp, act = result.first_diff
-        lines.append(f"first difference at step {(exp or act or {}).get('step')}:")
-        lines.append(f"  expected: {json.dumps(exp)}")
-        lines.append(f"  actual:   {json.dumps(act)}")
+    lines += result.report()
     return "\n".join(lines), 0 if result.first_diff is None else 1

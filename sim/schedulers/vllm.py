@@ -325,13 +325,15 @@ class VllmScheduler:
                 break
             if not kv.allocate(seq, n, hits, num_hit):
                 break
-            kv.record_query(seq, num_hit)
             waiting.popleft()
             running.append(seq)
             (info.resumed if seq.preempted else info.new).append(seq)
             seq.preempted = False
             req = seq.req
-            req.prefix_hit_tokens += num_hit
+            if kv.caching:  # one lookup, counted as vLLM's prefix-cache stats count it
+                kv.record_query(seq, num_hit)
+                req.prefix_query_tokens += length
+                req.prefix_hit_tokens += num_hit
             if math.isnan(req.scheduled_at):
                 req.scheduled_at = now
             end = num_hit + n
