@@ -143,8 +143,10 @@ class KvManager:
         self.max_model_len = max_model_len
         self.caching = caching
         self.waste = 0  # unused slots in the sequences' last blocks (internal fragmentation)
-        self.query_tokens = 0
-        self.hit_tokens = 0
+        # prefix-cache lookups, as vLLM's PrefixCacheStats: tokens looked up and found, apart for sequences
+        # that were preempted before (vLLM reports only the first pair)
+        self.query_tokens = self.hit_tokens = 0
+        self.preempted_query_tokens = self.preempted_hit_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -176,9 +178,14 @@ class KvManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def record_query(self, seq: Tokens, hit_tokens: int) -> None:
-        """Count one admission's lookup in the hit-rate metrics."""
-        if self.caching:
+    def record_query(self, seq: Tokens, hit_tokens: int, preempted: bool = False) -> None:
+        """Count one admission's lookup (`preempted`: by a sequence preempted before)."""
+        if not self.caching:
+            return
+        if preempted:
+            self.preempted_query_tokens += seq.num_tokens
+            self.preempted_hit_tokens += hit_tokens
+        else:
             self.query_tokens += seq.num_tokens
             self.hit_tokens += hit_tokens
 

@@ -326,8 +326,8 @@ def summarize(
     kv_util = (
         float((steps["kv_used"] / steps["kv_capacity"]).mean()) if steps.height else 0.0  # type: ignore[arg-type]
     )
-    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per admission
-    # of a sequence, resumptions included), so it lies in [0, 1]
+    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per sequence,
+    # at its first admission), so it lies in [0, 1]
     lookups = int(fin["prefix_query_tokens"].sum()) if fin.height else 0
     return {
         "requests": counts,

@@ -33,8 +33,8 @@ class Request:
     last_token_at: float = NAN
     finished_at: float = NAN
     preemptions: int = 0
-    # prefix-cache lookups, summed over its sequences' admissions (resumptions included): tokens found, tokens
-    # looked up (the whole current sequence each time), as vLLM counts them
+    # prefix-cache lookups at its sequences' first admissions, as vLLM reports them: tokens found, tokens
+    # looked up (the whole prompt each time; lookups on resumption after a preemption are left out)
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
     itl_max: float = 0.0

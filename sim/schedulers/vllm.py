@@ -327,13 +327,15 @@ class VllmScheduler:
                 break
             waiting.popleft()
             running.append(seq)
-            (info.resumed if seq.preempted else info.new).append(seq)
+            resumed = seq.preempted
+            (info.resumed if resumed else info.new).append(seq)
             seq.preempted = False
             req = seq.req
-            if kv.caching:  # one lookup, counted as vLLM's prefix-cache stats count it
-                kv.record_query(seq, num_hit)
-                req.prefix_query_tokens += length
-                req.prefix_hit_tokens += num_hit
+            if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
+                kv.record_query(seq, num_hit, resumed)
+                if not resumed:  # vLLM reports the lookups of sequences never preempted
+                    req.prefix_query_tokens += length
+                    req.prefix_hit_tokens += num_hit
             if math.isnan(req.scheduled_at):
                 req.scheduled_at = now
             end = num_hit + n
