@@ -88,10 +88,10 @@ def max_model_len() -> list[dict[str, Any]]:
     return spread(rng, 24, (100, 500), (100, 450))
 
 
-def parallel_sampling(seed: int, prefix: bool) -> list[dict[str, Any]]:
+def parallel_sampling(seed: int, prefix: bool, outputs: tuple[int, int]) -> list[dict[str, Any]]:
     """Requests with n in 1..4, fanned out into child sequences."""
     rng = random.Random(seed)
-    trace = spread(rng, 18, (20, 400), (1, 40))
+    trace = spread(rng, 18, (20, 400), outputs)
     for t in trace:
         t["n"] = rng.choice([1, 2, 3, 4])
         if prefix and rng.random() < 0.5:
@@ -144,8 +144,8 @@ TRACES = {
     "multi-preempt": multi_preempt,
     "preempt-chain": preempt_chain,
     "max-model-len": max_model_len,
-    "n-parallel": lambda: parallel_sampling(21, prefix=False),
-    "n-parallel-prefix": lambda: parallel_sampling(22, prefix=True),
+    "n-parallel": lambda: parallel_sampling(21, prefix=False, outputs=(1, 40)),
+    "n-parallel-prefix": lambda: parallel_sampling(22, prefix=True, outputs=(20, 150)),
     "block-32": lambda: block_size(23),
     "block-8": lambda: block_size(24),
     "burst": burst,
