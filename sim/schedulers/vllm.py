@@ -48,7 +48,9 @@ class VllmConfig(BaseModel):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     long_prefill_token_threshold: int = Field(0, ge=0)
-    watermark: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of KV blocks kept free at admission")
+    watermark: float = Field(
+        0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
+    )
 
 
 class SarathiConfig(VllmConfig):

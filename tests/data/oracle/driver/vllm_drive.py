@@ -220,7 +220,7 @@ def make_request(t: dict, block_hasher, request_id: str) -> Request:
     )
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--trace")
     p.add_argument("--out", default=os.path.join(HERE, "steps.jsonl"))
@@ -242,12 +242,13 @@ def main() -> int:
         "this vLLM: admission needs the whole prompt to fit)",
     )
     p.add_argument("--max-steps", type=int, default=100000)
-    a = p.parse_args()
+    return p
 
-    trace = json.load(open(a.trace)) if a.trace else synthetic_trace(a.num_requests, a.seed)
-    trace.sort(key=lambda t: t["arrival_step"])  # stable: ties keep file order
-    for i, t in enumerate(trace):
-        t["_idx"] = i
+
+def drive(trace: list[dict], a: argparse.Namespace) -> tuple[dict, list[dict]]:
+    """Run the trace through a fresh scheduler: (effective config, one record per step)."""
+    trace = sorted(trace, key=lambda t: t["arrival_step"])  # stable: ties keep file order
+    trace = [{**t, "_idx": i} for i, t in enumerate(trace)]
 
     sched, effective = build_scheduler(a)
     block_hasher = None
@@ -256,11 +257,9 @@ def main() -> int:
         block_hasher = get_request_block_hasher(a.block_size, sha256)
     pool = sched.kv_cache_manager.block_pool
 
-    out = open(a.out, "w")
-    out.write(json.dumps({"config": effective}) + "\n")
+    records = []
     nxt, step = 0, 0
     sampled_token: dict[str, int] = {}
-    totals = {"steps": 0, "preemptions": 0, "finished": 0, "tokens": 0}
     while (nxt < len(trace) or sched.has_requests()) and step < a.max_steps:
         arrived = []
         while nxt < len(trace) and trace[nxt]["arrival_step"] <= step:
@@ -296,28 +295,45 @@ def main() -> int:
             if hasattr(so.scheduled_cached_reqs, "resumed_req_ids")
             else set()
         )
-        rec = {
-            "step": step,
-            "arrived": arrived,
-            # dict order == scheduling order (running first, then waiting)
-            "scheduled": [[rid, n] for rid, n in so.num_scheduled_tokens.items()],
-            "new": sorted(new_ids),
-            "resumed": sorted(resumed),
-            "total_tokens": so.total_num_scheduled_tokens,
-            "preempted": sorted(so.preempted_req_ids),
-            "finished": finished,
-            "free_blocks_after_schedule": free_after_schedule,
-            "free_blocks_end": pool.get_num_free_blocks(),
-            "num_running": len(sched.running),
-            "num_waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
-        }
-        out.write(json.dumps(rec) + "\n")
-        totals["steps"] += 1
-        totals["preemptions"] += len(rec["preempted"])
-        totals["finished"] += len(finished)
-        totals["tokens"] += rec["total_tokens"]
+        records.append(
+            {
+                "step": step,
+                "arrived": arrived,
+                # dict order == scheduling order (running first, then waiting)
+                "scheduled": [[rid, n] for rid, n in so.num_scheduled_tokens.items()],
+                "new": sorted(new_ids),
+                "resumed": sorted(resumed),
+                "total_tokens": so.total_num_scheduled_tokens,
+                "preempted": sorted(so.preempted_req_ids),
+                "finished": finished,
+                "free_blocks_after_schedule": free_after_schedule,
+                "free_blocks_end": pool.get_num_free_blocks(),
+                "num_running": len(sched.running),
+                "num_waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
+            }
+        )
         step += 1
-    out.close()
+    return effective, records
+
+
+def write_log(path: str, effective: dict, records: list[dict]) -> None:
+    with open(path, "w") as out:
+        out.write(json.dumps({"config": effective}) + "\n")
+        for rec in records:
+            out.write(json.dumps(rec) + "\n")
+
+
+def main() -> int:
+    a = parser().parse_args()
+    trace = json.load(open(a.trace)) if a.trace else synthetic_trace(a.num_requests, a.seed)
+    effective, records = drive(trace, a)
+    write_log(a.out, effective, records)
+    totals = {
+        "steps": len(records),
+        "preemptions": sum(len(r["preempted"]) for r in records),
+        "finished": sum(len(r["finished"]) for r in records),
+        "tokens": sum(r["total_tokens"] for r in records),
+    }
     print(json.dumps({"out": a.out, "requests": len(trace), **totals}))
     return 0
 
