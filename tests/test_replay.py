@@ -7,6 +7,7 @@ it was made for.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,15 @@ Config = dict[str, Any]
 def test_every_case_has_its_log() -> None:
     assert len(CASES) >= 16
     assert all((DATA / f"{case}.steps.jsonl.gz").exists() for case in CASES)
+
+
+def test_traces_are_those_the_generator_writes() -> None:
+    spec = importlib.util.spec_from_file_location("make_traces", DATA / "driver" / "make_traces.py")
+    assert spec is not None and spec.loader is not None
+    make_traces = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_traces)
+    for name, make in make_traces.TRACES.items():
+        assert json.loads((DATA / f"{name}.trace.json").read_text()) == make(), name
 
 
 @pytest.mark.parametrize("case", CASES)
