@@ -235,6 +235,9 @@ def test_bad_trace_names_file_and_field(tmp_path: Path) -> None:
     path.write_text(json.dumps([{"id": "a", "arrival_step": 0, "prompt_len": 1, "max_tokens": 1}] * 2))
     with pytest.raises(SimError, match="'id' repeats"):
         load_trace(path)
+    path.write_text(json.dumps([{"id": "a", "arrival_step": 0, "prompt_len": 1, "max_tokens": 1, "n": 0}]))
+    with pytest.raises(SimError, match=r"\(a\).*n out of range"):
+        load_trace(path)
     path.write_text("{not json")
     with pytest.raises(SimError, match=r"t\.json"):
         load_trace(path)
