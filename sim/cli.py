@@ -49,7 +49,7 @@ def main() -> None:
 
 @app.command("replay-steps")
 def replay_steps(
-    trace: Path = typer.Argument(..., help="Trace JSON: id, arrival_step, prompt_len, max_tokens, prefix_*."),
+    trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
     out: Path | None = typer.Option(None, "--out", help="Write the steps as JSONL here."),
     compare: Path | None = typer.Option(None, "--compare", help="Expected steps (.jsonl[.gz]) to compare."),
     block_size: int | None = typer.Option(None, "--block-size"),

@@ -3,8 +3,10 @@
 Semantics follow vLLM v1 (`block_pool.py`, `single_type_kv_cache_manager.py`, `kv_cache_manager.py`):
 
 - Block 0 is the reserved null block, so `num_blocks - 1` blocks are usable.
-- Free blocks wait in one LRU queue; allocation takes from its head. A freed block keeps its hash (it stays
-  a cache hit until it is taken again); a sequence's blocks are freed tail first, so its tail goes first.
+- Free blocks wait in one queue; allocation takes from its head. A freed block keeps its hash (it stays
+  a cache hit until it is taken again) and joins the tail (LRU eviction); a freed block without cached
+  content joins the head, so it is reused before any cached content is evicted. A sequence's blocks are
+  freed tail first, so its tail goes first.
 - A full block is cached (hashed) when it is allocated for tokens that fill it; hits count full blocks only,
   capped at `num_tokens - 1` tokens. Touching a cached free block takes it out of the free queue.
 
@@ -70,12 +72,21 @@ class BlockPool:
         return out
 
     def release(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference from each block; unreferenced ones join the free queue's tail in this order."""
+        """Drop one reference from each block (given in eviction order). Unreferenced blocks without cached
+        content go to the free queue's head, to be reused first; cached ones to its tail, so the cache
+        evicts least recently used content first (vLLM `BlockPool.free_blocks`)."""
         free = self._free
+        uncached: list[Block] = []
         for block in blocks:
             block.ref -= 1
             if block.ref == 0:
-                free[block.id] = block
+                if block.hash is None:
+                    uncached.append(block)
+                else:
+                    free[block.id] = block
+        for block in reversed(uncached):
+            free[block.id] = block
+            free.move_to_end(block.id, last=False)
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Take a reference on cache-hit blocks, removing free ones from the free queue."""
@@ -132,8 +143,10 @@ class KvManager:
         self.max_model_len = max_model_len
         self.caching = caching
         self.waste = 0  # unused slots in the sequences' last blocks (internal fragmentation)
-        self.query_tokens = 0
-        self.hit_tokens = 0
+        # prefix-cache lookups, as vLLM's PrefixCacheStats: tokens looked up and found, apart for sequences
+        # that were preempted before (vLLM reports only the first pair)
+        self.query_tokens = self.hit_tokens = 0
+        self.preempted_query_tokens = self.preempted_hit_tokens = 0
 
     @property
     def num_free(self) -> int:
@@ -165,9 +178,14 @@ class KvManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def record_query(self, seq: Tokens, hit_tokens: int) -> None:
-        """Count one admission's lookup in the hit-rate metrics."""
-        if self.caching:
+    def record_query(self, seq: Tokens, hit_tokens: int, preempted: bool = False) -> None:
+        """Count one admission's lookup (`preempted`: by a sequence preempted before)."""
+        if not self.caching:
+            return
+        if preempted:
+            self.preempted_query_tokens += seq.num_tokens
+            self.preempted_hit_tokens += hit_tokens
+        else:
             self.query_tokens += seq.num_tokens
             self.hit_tokens += hit_tokens
 

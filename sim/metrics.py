@@ -32,7 +32,7 @@ _REQUEST_FLOAT_COLUMNS = (
 )  # fmt: skip
 _REQUEST_INT_COLUMNS = (
     "id", "prompt_len", "output_len", "max_tokens", "n", "generated_tokens", "preemptions", "prefix_group",
-    "prefix_hit_tokens",
+    "prefix_hit_tokens", "prefix_query_tokens",
 )  # fmt: skip
 _STEP_INT_COLUMNS = (
     "batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated", "kv_capacity", "preempted",
@@ -42,7 +42,7 @@ _STEP_INT_COLUMNS = (
 _REQ_STORED_FLOATS = ("arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at",
                       "itl_p50", "itl_p99", "itl_max")  # fmt: skip
 _REQ_STORED_INTS = ("prompt_len", "output_len", "max_tokens", "n", "num_generated", "preemptions",
-                    "prefix_group", "prefix_hit_tokens")  # fmt: skip
+                    "prefix_group", "prefix_hit_tokens", "prefix_query_tokens")  # fmt: skip
 _STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated",
                      "preempted", "waiting")  # fmt: skip
 _WAITING = _STEP_STORED_INTS.index("waiting")
@@ -166,7 +166,7 @@ class Recorder:
         self._req_ids.append(req.id)
         self._req_ints.extend((
             req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
-            req.prefix_group, req.prefix_hit_tokens,
+            req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens,
         ))  # fmt: skip
         if req.reject_reason is not None:
             self._req_reason[len(self._req_state)] = req.reject_reason
@@ -194,6 +194,7 @@ class Recorder:
             "preemptions": i["preemptions"],
             "prefix_group": i["prefix_group"],
             "prefix_hit_tokens": i["prefix_hit_tokens"],
+            "prefix_query_tokens": i["prefix_query_tokens"],
             "arrival": arrival,
             "scheduled_at": scheduled,
             "first_token_at": first,
@@ -325,6 +326,9 @@ def summarize(
     kv_util = (
         float((steps["kv_used"] / steps["kv_capacity"]).mean()) if steps.height else 0.0  # type: ignore[arg-type]
     )
+    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per sequence,
+    # at its first admission), so it lies in [0, 1]
+    lookups = int(fin["prefix_query_tokens"].sum()) if fin.height else 0
     return {
         "requests": counts,
         "rejected_reasons": {str(reason): n for reason, n in reasons},
@@ -348,7 +352,5 @@ def summarize(
             "max_batch_size": int(steps["batch_size"].max()) if steps.height else 0,  # type: ignore[arg-type]
         },
         "kv_memory": kv_breakdown(steps),
-        "prefix_cache_hit_rate": (
-            float(fin["prefix_hit_tokens"].sum() / fin["prompt_len"].sum()) if fin.height else 0.0
-        ),
+        "prefix_cache_hit_rate": float(fin["prefix_hit_tokens"].sum() / lookups) if lookups else 0.0,
     }

@@ -17,7 +17,7 @@ from sim import console
 from sim.errors import SimError
 from sim.request import Request
 from sim.schedulers.registry import KvBudget
-from sim.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.schedulers.vllm import Seq, VllmConfig, VllmScheduler
 
 KEYS = (
     "step",
@@ -82,10 +82,13 @@ def load_trace(path: Path) -> list[TraceRequest]:
         max_tokens = _field(path, i, row, "max_tokens", int)
         group = _field(path, i, row, "prefix_group", int, -1)
         prefix = _field(path, i, row, "prefix_len", int, 0)
-        if arrival < 0 or prompt < 1 or max_tokens < 1 or prefix < 0:
-            raise SimError(f"{path}: request {i} ({name}): arrival_step, prompt_len, max_tokens out of range")
+        n = _field(path, i, row, "n", int, 1)
+        if arrival < 0 or prompt < 1 or max_tokens < 1 or prefix < 0 or n < 1:
+            raise SimError(
+                f"{path}: request {i} ({name}): arrival_step, prompt_len, max_tokens, n out of range"
+            )
         req = Request(
-            i, float(arrival), prompt, max_tokens, max_tokens, prefix_group=group, prefix_len=prefix
+            i, float(arrival), prompt, max_tokens, max_tokens, n=n, prefix_group=group, prefix_len=prefix
         )
         out.append(TraceRequest(name, arrival, req))
     return out
@@ -121,6 +124,13 @@ def build(config: ReplayConfig) -> VllmScheduler:
     return VllmScheduler(knobs, budget, watermark_blocks=config.watermark_blocks)
 
 
+def seq_name(seq: Seq, names: dict[int, str]) -> str:
+    """A sequence's id in vLLM's logs: the request's, or `{child}_{id}` for a child of an `n > 1` request
+    (the ids vLLM's front end gives the children it fans such a request out into)."""
+    name = names[seq.req.id]
+    return name if seq.req.n == 1 else f"{seq.child}_{name}"
+
+
 def replay(
     trace: list[TraceRequest],
     config: ReplayConfig,
@@ -128,7 +138,10 @@ def replay(
     progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the trace step by step until a step starts with every request finished; one record per step.
-    `progress(requests finished)`, if given, is called every 256 steps."""
+
+    Id lists other than `scheduled` are sorted, as the oracle logs them. `progress(requests finished)`, if
+    given, is called every 256 steps.
+    """
     sched = build(config)
     pending = sorted(trace, key=lambda t: t.arrival_step)
     names = {t.request.id: t.name for t in trace}
@@ -146,23 +159,25 @@ def replay(
             head += 1
             if not sched.add(t.request, float(step)):
                 raise SimError(f"request {t.name} rejected: {t.request.reject_reason}")
-            arrived.append(t.name)
+            n = t.request.n
+            arrived.extend([t.name] if n == 1 else [f"{k}_{t.name}" for k in range(n)])
             open_count += 1
         plan = sched.schedule(float(step))
         info = sched.last
         free_after = sched.kv.num_free
         finished = sched.update(plan, float(step)) if plan is not None else []
+        done = [s for s in info.emit if s.num_generated >= s.out_len]
         open_count -= len(finished)
         steps.append(
             {
                 "step": step,
                 "arrived": arrived,
-                "scheduled": [[names[s.req.id], n] for s, n in info.rows],
-                "new": [names[s.req.id] for s in info.new],
-                "resumed": [names[s.req.id] for s in info.resumed],
-                "total_tokens": sum(n for _, n in info.rows),
-                "preempted": [names[s.req.id] for s in info.preempted],
-                "finished": [names[r.id] for r in finished],
+                "scheduled": [[seq_name(s, names), n] for s, n in info.rows],
+                "new": sorted(seq_name(s, names) for s in info.new),
+                "resumed": sorted(seq_name(s, names) for s in info.resumed),
+                "total_tokens": sum(info.counts),
+                "preempted": sorted(seq_name(s, names) for s in info.preempted),
+                "finished": sorted(seq_name(s, names) for s in done),
                 "free_blocks_after_schedule": free_after,
                 "free_blocks_end": sched.kv.num_free,
                 "num_running": len(sched.running),
@@ -231,6 +246,29 @@ class Comparison:
     def share(self) -> float:
         return self.identical / self.total if self.total else 1.0
 
+    @property
+    def differing_keys(self) -> list[str]:
+        """The oracle keys on which the first differing pair differs (all of them when a side is missing)."""
+        if self.first_diff is None:
+            return []
+        exp, act = self.first_diff
+        if exp is None or act is None:
+            return list(KEYS)
+        return [k for k in KEYS if exp.get(k) != act.get(k)]
+
+    def report(self) -> list[str]:
+        """Lines for the command's output: the share of identical steps, then the first difference in full."""
+        lines = [f"identical steps: {self.identical}/{self.total} ({100 * self.share:.2f}%)"]
+        if self.first_diff is None:
+            return lines
+        exp, act = self.first_diff
+        step = (exp or act or {}).get("step")
+        lines.append(f"first difference at step {step}, in: {', '.join(self.differing_keys)}")
+        for label, side in (("expected", exp), ("actual", act)):
+            shown = json.dumps(side) if side is not None else f"(no step {step}: this log ends before it)"
+            lines.append(f"  {label + ':':9} {shown}")
+        return lines
+
 
 def compare(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> Comparison:
     """Count identical steps (on the oracle's keys) and keep the first pair that differs."""
@@ -266,10 +304,5 @@ def run(
     if expected is None:
         return "\n".join(lines), 0
     result = compare(expected, steps)
-    lines.append(f"identical steps: {result.identical}/{result.total} ({100 * result.share:.2f}%)")
-    if result.first_diff is not None:
-        exp, act = result.first_diff
-        lines.append(f"first difference at step {(exp or act or {}).get('step')}:")
-        lines.append(f"  expected: {json.dumps(exp)}")
-        lines.append(f"  actual:   {json.dumps(act)}")
+    lines += result.report()
     return "\n".join(lines), 0 if result.first_diff is None else 1

@@ -33,7 +33,10 @@ class Request:
     last_token_at: float = NAN
     finished_at: float = NAN
     preemptions: int = 0
+    # prefix-cache lookups at its sequences' first admissions, as vLLM reports them: tokens found, tokens
+    # looked up (the whole prompt each time; lookups on resumption after a preemption are left out)
     prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
     itl_max: float = 0.0
     reject_reason: str | None = None
 

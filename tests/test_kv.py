@@ -108,3 +108,28 @@ def test_hit_rate_metrics() -> None:
     _, tokens = kv.lookup(b)
     kv.record_query(b, tokens)
     assert (kv.query_tokens, kv.hit_tokens) == (80, 32)
+
+
+def test_freed_uncached_blocks_are_reused_before_any_cached_one() -> None:
+    # vLLM BlockPool.free_blocks: blocks without a hash go to the free queue's head, hashed ones to its tail
+    kv = KvManager(9, 16, 4096, caching=True)  # 8 usable blocks
+    a = Toks(1, 40, group="g")  # two full (cached) blocks and a partial one
+    assert kv.allocate(a, 40)
+    partial = a.kv_blocks[2]  # type: ignore[index]
+    kv.free(a)
+    taken = kv.pool.take(1)
+    assert taken == [partial]  # not one of the 5 never-used blocks queued ahead of it
+    assert kv.lookup(Toks(2, 100, group="g"))[1] == 32  # both cached blocks survive
+    kv.pool.take(5)  # the never-used blocks go next
+    assert kv.lookup(Toks(3, 100, group="g"))[1] == 32
+    kv.pool.take(1)  # then the tail's cached block is evicted first
+    assert kv.lookup(Toks(4, 100, group="g"))[1] == 16
+
+
+def test_without_caching_freed_blocks_are_reused_last_freed_first() -> None:
+    kv = KvManager(6, 16, 4096, caching=False)
+    a = Toks(1, 32)
+    assert kv.allocate(a, 32)
+    first, second = a.kv_blocks  # type: ignore[misc]
+    kv.free(a)
+    assert kv.pool.take(2) == [second, first]  # tail first, ahead of the never-used blocks

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.engine import Horizon, simulate
+from sim.metrics import Slo, summarize
 from sim.request import Request
 from sim.schedulers.registry import KvBudget, load_all
 from sim.schedulers.vllm import SarathiConfig, VllmConfig, VllmScheduler
@@ -53,9 +57,27 @@ def test_chunked_prefill_then_decode_and_finish() -> None:
 def test_long_prefill_threshold_caps_chunks() -> None:
     s = make(max_num_batched_tokens=512, long_prefill_token_threshold=100)
     s.add(req(0, 250, 2), 0.0)
-    s.add(req(1, 30, 2), 0.0)
+    s.add(req(1, 30, 1), 0.0)
     step(s)
     assert rows(s) == [(0, 100), (1, 30)]
+    step(s)  # request 1 finished: request 0, alone now, gets its remaining 150 tokens at once
+    assert rows(s) == [(0, 150)]
+
+
+def test_long_prefill_threshold_off_for_a_lone_request() -> None:
+    # vLLM 0.32 scheduler.py: the threshold is 0 unless more than one request is running or waiting
+    s = make(max_num_batched_tokens=1024, long_prefill_token_threshold=256)
+    s.add(req(0, 864, 3), 0.0)
+    step(s)
+    assert rows(s) == [(0, 864)]
+    s = make(max_num_batched_tokens=1024, long_prefill_token_threshold=256)
+    s.add(req(0, 864, 3), 0.0)
+    s.add(req(1, 900, 3), 0.0)
+    step(s)
+    assert rows(s) == [(0, 256), (1, 256)]
+    s.add(req(2, 20, 1), 1.0)
+    step(s, 1.0)  # the threshold also caps the running requests' chunks
+    assert rows(s) == [(0, 256), (1, 256), (2, 20)]
 
 
 def test_admission_needs_whole_sequence_and_blocks_head_of_line() -> None:
@@ -70,11 +92,24 @@ def test_admission_needs_whole_sequence_and_blocks_head_of_line() -> None:
 
 
 def test_watermark_holds_blocks_back_at_admission() -> None:
-    s = VllmScheduler(VllmConfig(), KvBudget(11, 16, 4096), watermark_blocks=3)
-    s.add(req(0, 100, 5), 0.0)  # 7 blocks + 3 watermark = 10: fits
-    s.add(req(1, 10, 5), 0.0)  # 1 + 3 > 3 free: waits
+    s = VllmScheduler(VllmConfig(), KvBudget(11, 16, 4096), watermark_blocks=3)  # 10 usable blocks
+    s.add(req(0, 100, 5), 0.0)  # 7 blocks, admitted with none running
+    s.add(req(1, 10, 5), 0.0)  # 1 + 3 watermark > 3 free beside a running request: waits
     step(s)
     assert rows(s) == [(0, 100)]
+
+
+def test_watermark_ignored_while_nothing_runs() -> None:
+    # vLLM 0.32 kv_cache_manager.py allocate_slots: the watermark applies only with has_scheduled_reqs
+    s = VllmScheduler(VllmConfig(), KvBudget(11, 16, 4096), watermark_blocks=3)  # 10 usable blocks
+    lone = req(0, 150, 2)  # 10 blocks: fits only without the watermark
+    assert s.add(lone, 0.0)
+    step(s)
+    assert rows(s) == [(0, 150)]
+    s.add(req(1, 10, 2), 1.0)
+    step(s, 1.0)
+    step(s, 2.0)  # request 0 finished; request 1 is admitted alone again, watermark or not
+    assert rows(s) == [(1, 10)]
 
 
 def test_preemption_recomputes_from_the_front_of_the_queue() -> None:
@@ -144,6 +179,89 @@ def test_parallel_sampling_shares_the_prompt_through_the_cache() -> None:
     assert r.num_generated == 1
     step(s, 1.0)
     assert step(s, 2.0) == [r] and r.num_generated == 3 and s.kv.num_free == 99
+
+
+def constant_step(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+    return 0.01, False
+
+
+def summary_of(s: VllmScheduler, reqs: list[Request]) -> dict:
+    out = simulate(s, constant_step, Horizon(max_requests=len(reqs), drain=True), open_loop=iter(reqs))
+    return summarize(out.recorder.requests_frame(), out.recorder.steps_frame(), out.end_time, Slo(), False)
+
+
+def test_prefix_hit_rate_of_parallel_sampling_counts_each_lookup() -> None:
+    # n = 4, no shared prefix: the first sequence finds nothing, the other three find the 6 full blocks
+    # below the last prompt token: 3 * 96 of 4 * 100 tokens looked up (vLLM's queries and hits)
+    s = make(enable_prefix_caching=True)
+    r = req(0, 100, 5, n=4)
+    summary = summary_of(s, [r])
+    assert (r.prefix_hit_tokens, r.prefix_query_tokens) == (3 * 96, 4 * 100)
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(0.72)
+
+
+def test_prefix_hit_rate_leaves_out_lookups_after_a_preemption() -> None:
+    # vLLM 0.32 PrefixCacheStats.record: a preempted request's lookups go to preempted_queries/_hits, which
+    # neither the logged hit rate nor the prefix_cache_queries/hits counters include
+    s = make(num_blocks=8, max_num_batched_tokens=256, enable_prefix_caching=True)  # 7 usable blocks
+    a, b = req(0, 32, 40), req(1, 32, 40)
+    s.add(a, 0.0)
+    s.add(b, 0.0)
+    t = 0.0
+    while not s.last.resumed:
+        step(s, t)
+        t += 1
+    assert b.preemptions == 1
+    (resumed, n), context = s.last.rows[-1], s.last.contexts[-1]
+    assert resumed.req is b and context > 0 and context + n == 32 + b.num_generated - 1  # emitted since
+    assert (b.prefix_query_tokens, b.prefix_hit_tokens) == (32, 0)  # its first lookup only
+    assert (s.kv.preempted_query_tokens, s.kv.preempted_hit_tokens) == (context + n, context)
+    while s.in_flight():
+        step(s, t)
+        t += 1
+    assert (s.kv.query_tokens, s.kv.hit_tokens) == (64, 0)
+
+
+def test_prefix_hit_rate_is_zero_without_caching() -> None:
+    s = make()
+    r = req(0, 100, 3, n=2)
+    assert summary_of(s, [r])["prefix_cache_hit_rate"] == 0.0
+    assert r.prefix_query_tokens == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    trace=st.lists(
+        st.tuples(
+            st.integers(1, 300),
+            st.integers(1, 40),
+            st.integers(1, 4),
+            st.integers(-1, 1),
+            st.integers(0, 200),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    num_blocks=st.integers(30, 120),
+)
+def test_prefix_hit_rate_lies_in_unit_interval(
+    trace: list[tuple[int, int, int, int, int]], num_blocks: int
+) -> None:
+    s = VllmScheduler(
+        VllmConfig(max_num_batched_tokens=256, enable_prefix_caching=True), KvBudget(num_blocks, 16, 512)
+    )
+    reqs = [
+        Request(i, 0.001 * i, p, m, m, n=n, prefix_group=g, prefix_len=pl)
+        for i, (p, m, n, g, pl) in enumerate(trace)
+    ]
+    rate = summary_of(s, reqs)["prefix_cache_hit_rate"]
+    assert 0.0 <= rate <= 1.0
+    for r in reqs:
+        assert 0 <= r.prefix_hit_tokens <= r.prefix_query_tokens
+    if all(r.finished_at == r.finished_at for r in reqs):  # every lookup belongs to a finished request
+        assert rate == pytest.approx(s.kv.hit_tokens / s.kv.query_tokens if s.kv.query_tokens else 0.0)
+        first_lookups = sum(r.prompt_len * r.n for r in reqs)  # one per sequence, of its whole prompt
+        assert s.kv.query_tokens == first_lookups
 
 
 def test_token_times_match_request_emit() -> None:

@@ -8,8 +8,11 @@ Each step (`vllm/v1/core/sched/scheduler.py`):
    its blocks, forgets its computed tokens, keeps its generated ones and goes to the front of the queue.
 2. If nothing was preempted, waiting sequences are admitted FCFS while budget remains and fewer than
    `max_num_seqs` run. Admission needs free blocks for the whole current sequence (minus prefix-cache hits)
-   plus the watermark, else admission stops (head-of-line blocking); without chunked prefill a prompt that
-   exceeds the remaining budget also stops it.
+   plus, while any sequence runs, the watermark, else admission stops (head-of-line blocking); without
+   chunked prefill a prompt that exceeds the remaining budget also stops it.
+
+`long_prefill_token_threshold` applies only in steps that begin with more than one sequence running or
+waiting: a lone sequence may use the whole budget.
 
 A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does; they share
 the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
@@ -45,7 +48,9 @@ class VllmConfig(BaseModel):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     long_prefill_token_threshold: int = Field(0, ge=0)
-    watermark: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of KV blocks kept free at admission")
+    watermark: float = Field(
+        0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
+    )
 
 
 class SarathiConfig(VllmConfig):
@@ -202,8 +207,8 @@ class VllmScheduler:
         if r.prompt_len >= self.max_model_len:
             return f"prompt of {r.prompt_len} tokens leaves no room within max_model_len {self.max_model_len}"
         usable = self.kv.pool.num_usable
-        if cdiv(r.prompt_len, self.block_size) + self.watermark_blocks > usable:
-            return f"prompt needs more than the {usable} KV blocks (watermark included)"
+        if cdiv(r.prompt_len, self.block_size) > usable:
+            return f"prompt needs more than the {usable} KV blocks"
         longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
         if cdiv(longest, self.block_size) > usable:
             return f"a sequence of {longest} tokens needs more than the {usable} KV blocks"
@@ -213,18 +218,20 @@ class VllmScheduler:
     def schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
-        budget = self._schedule_running(info, self.token_budget)
+        # the threshold keeps a long prefill from starving others: with nobody else to starve it is off
+        threshold = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        budget = self._schedule_running(info, self.token_budget, threshold)
         if self.waiting and not info.preempted:
-            self._schedule_waiting(info, budget, now)
+            self._schedule_waiting(info, budget, now, threshold)
         if not info.seqs:
             return None
         return self._plan(info)
 
-    def _schedule_running(self, info: StepInfo, budget: int) -> int:
+    def _schedule_running(self, info: StepInfo, budget: int, threshold: int) -> int:
         running = self.running
         if not running:
             return budget
-        kv, threshold, limit = self.kv, self.threshold, self.max_model_len - 1
+        kv, limit = self.kv, self.max_model_len - 1
         add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
         add_emit = info.emit.append
         decode = grown = 0
@@ -302,9 +309,9 @@ class VllmScheduler:
         seq.req.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _schedule_waiting(self, info: StepInfo, budget: int, now: float) -> None:
+    def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
-        threshold, max_num_seqs, chunked = self.threshold, self.max_num_seqs, self.chunked
+        max_num_seqs, chunked = self.max_num_seqs, self.chunked
         while waiting and budget > 0 and len(running) < max_num_seqs:
             seq = waiting[0]
             hits, num_hit = kv.lookup(seq)
@@ -315,17 +322,22 @@ class VllmScheduler:
             n = min(n, budget if chunked else length)
             if n > budget:
                 break
-            if kv.blocks_needed(seq, length, hits) + self.watermark_blocks > kv.num_free:
+            watermark = self.watermark_blocks if running else 0  # kept free only beside running sequences
+            if kv.blocks_needed(seq, length, hits) + watermark > kv.num_free:
                 break
             if not kv.allocate(seq, n, hits, num_hit):
                 break
-            kv.record_query(seq, num_hit)
             waiting.popleft()
             running.append(seq)
-            (info.resumed if seq.preempted else info.new).append(seq)
+            resumed = seq.preempted
+            (info.resumed if resumed else info.new).append(seq)
             seq.preempted = False
             req = seq.req
-            req.prefix_hit_tokens += num_hit
+            if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
+                kv.record_query(seq, num_hit, resumed)
+                if not resumed:  # vLLM reports the lookups of sequences never preempted
+                    req.prefix_query_tokens += length
+                    req.prefix_hit_tokens += num_hit
             if math.isnan(req.scheduled_at):
                 req.scheduled_at = now
             end = num_hit + n
