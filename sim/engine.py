@@ -28,11 +28,14 @@ StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
 
 @dataclass(slots=True)
 class ClosedLoopSource:
-    """N users, each sending its next request a think time after its previous one finished."""
+    """N users, each sending its next request a think time after its previous one finished.
+
+    `new_request(now, user)` makes user `user`'s next request (users are numbered 0 .. users - 1).
+    """
 
     users: int
     think_time: Callable[[], float]
-    new_request: Callable[[float], Request]
+    new_request: Callable[[float, int], Request]
     ramp_s: float = 0.0
 
 
@@ -282,13 +285,14 @@ def _start_closed_loop(
     env: simpy.Environment, replica: Replica, source: ClosedLoopSource, horizon: Horizon
 ) -> None:
     sent = 0
+    user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
 
     def close_at_horizon() -> Iterator[simpy.Event]:
         assert horizon.duration_s is not None
         yield env.timeout(horizon.duration_s)
         replica.close_arrivals()
 
-    def send_at(delay: float) -> Iterator[simpy.Event]:
+    def send_at(user: int, delay: float) -> Iterator[simpy.Event]:
         nonlocal sent
         if delay > 0:
             yield env.timeout(delay)
@@ -297,16 +301,18 @@ def _start_closed_loop(
         if horizon.duration_s is not None and env.now >= horizon.duration_s:
             return
         sent += 1
-        replica.submit(source.new_request(env.now))
+        req = source.new_request(env.now, user)
+        user_of[req.id] = user
+        replica.submit(req)
         if horizon.max_requests is not None and sent >= horizon.max_requests:
             replica.close_arrivals()
 
-    def on_finish(_req: Request) -> None:
-        env.process(send_at(source.think_time()))
+    def on_finish(req: Request) -> None:
+        env.process(send_at(user_of.pop(req.id), source.think_time()))
 
     replica.on_finish = on_finish
     if horizon.duration_s is not None:
         env.process(close_at_horizon())
     for user in range(source.users):
         delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
-        env.process(send_at(delay))
+        env.process(send_at(user, delay))
