@@ -6,6 +6,11 @@ other scheduled event runs inline, without a SimPy event: the order of events, s
 
 Open-loop arrivals are read by the replica loop itself, in the order a separate arrival process would have
 delivered them (see `Replica.run_open`); closed-loop users are SimPy processes.
+
+The clock shortcuts use SimPy internals (`_now`, `_queue`, `_eid`, `Event._ok`).
+`tests/test_engine_reference.py` runs a plain-SimPy loop (public API only, `yield env.timeout(step)`) on the
+same requests and requires identical request and step records, so a SimPy release that changes those
+internals fails there.
 """
 
 from __future__ import annotations
