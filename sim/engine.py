@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
-from sim.metrics import FINISHED, IN_FLIGHT, REJECTED, Recorder
+from sim.metrics import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED, Recorder
 from sim.request import Request
 from sim.schedulers.base import Scheduler, StepPlan
 
@@ -56,7 +56,7 @@ class Horizon:
 class RunOutput:
     recorder: Recorder
     end_time: float
-    overloaded: bool
+    overloaded: bool  # the backlog grew over the second half of the arrival period (`Recorder.backlog_trend`)
 
 
 class Environment(simpy.Environment):
@@ -120,7 +120,7 @@ class Replica:
         rec = self.recorder
         rec.arrived += 1
         if self.max_waiting is not None and self.scheduler.num_waiting >= self.max_waiting:
-            req.reject_reason = "queue full"
+            req.reject_reason = QUEUE_FULL
         elif self.scheduler.add(req, now):
             self.in_system += 1
             return True
@@ -243,16 +243,6 @@ class Replica:
                 self._finished(finished)
 
 
-def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:
-    """Overloaded: requests pile up — more than 10% of arrivals (and at least 10) are still waiting or running
-    at the horizon, and the waiting queue at the end is longer than at the run's midpoint."""
-    steps = rec.num_steps
-    if in_system < max(10, 0.1 * rec.arrived) or steps < 2:
-        return False
-    mid = rec.step_ending_at(end_time / 2)
-    return rec.step_waiting(steps - 1) > rec.step_waiting(min(mid, steps - 1))
-
-
 def simulate(
     scheduler: Scheduler,
     step_time: StepTime,
@@ -279,11 +269,10 @@ def simulate(
     else:
         env.run(until=engine)
     end_time = env.now if horizon.duration_s is None or horizon.drain else horizon.duration_s
-    in_flight = scheduler.in_flight()
-    overloaded = _overloaded(recorder, end_time, len(in_flight))
-    for req in in_flight:
+    for req in scheduler.in_flight():
         recorder.request(req, IN_FLIGHT)
-    return RunOutput(recorder, end_time, overloaded)
+    trend = recorder.backlog_trend()
+    return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
 
 
 def _start_closed_loop(

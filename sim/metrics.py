@@ -7,13 +7,17 @@ Inter-token latency: a request's gaps are the durations of the steps that emitte
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
 distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
 are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
+
+Rates (throughput, goodput, busy fraction) are per second of one measurement window (`measurement_window`):
+from the first arrival to the last completion, or to the horizon while requests are still in flight.
+Overload is a test of queue growth (`backlog_trend`), the same with or without drain.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +27,7 @@ from sim.request import Request
 from sim.schedulers.base import StepPlan
 
 FINISHED, REJECTED, IN_FLIGHT = "finished", "rejected", "in_flight"
+QUEUE_FULL = "queue full"  # the reject reason of admission control: load turned away, not a request too big
 LATENCY_METRICS = ("queue_wait", "ttft", "itl", "tpot", "e2e")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
@@ -137,9 +142,14 @@ class Recorder:
         data = self._step_ints
         return data.data[index * data.width + _WAITING]
 
-    def step_ending_at(self, t: float) -> int:
-        """Index of the first step that ends at or after `t`."""
-        return bisect_left(self._step_ends, t)
+    def backlog_trend(self) -> BacklogTrend | None:
+        """`backlog_trend` of the requests recorded so far (see `backlog_inputs`)."""
+        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS))
+        state = np.frombuffer(self._req_state, dtype=np.uint8)
+        turned_away = np.zeros(len(state), dtype=bool)
+        for row, reason in self._req_reason.items():
+            turned_away[row] = reason == QUEUE_FULL
+        return backlog_trend(*backlog_inputs(f[:, 0], f[:, 4], state == _STATE_CODE[REJECTED], turned_away))
 
     # --- requests ----------------------------------------------------------------------------------------
     def request(self, req: Request, state: str) -> None:
@@ -241,6 +251,108 @@ class Recorder:
         return frame.with_row_index("step")
 
 
+def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
+    """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
+    (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""
+    if requests.is_empty():
+        return 0.0, max(end_time, 0.0)
+    start = float(requests["arrival"].min())  # type: ignore[arg-type]
+    if (requests["state"].cast(pl.String) == IN_FLIGHT).any():
+        return start, max(end_time, start)
+    end = float(requests["arrival"].max())  # type: ignore[arg-type]
+    last_finish = requests["finished_at"].max()
+    if last_finish is not None and float(last_finish) > end:  # type: ignore[arg-type]
+        end = float(last_finish)  # type: ignore[arg-type]
+    return start, end
+
+
+# Overload: a Student-t test on the growth of the backlog over the second half of the arrival period, cut
+# into `BACKLOG_BATCHES` equal batches (batch means). T_975 is scipy.stats.t.ppf(0.975, BACKLOG_BATCHES - 1).
+BACKLOG_BATCHES = 8
+T_975 = 2.3646242515927849
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogTrend:
+    """How the backlog (arrived, not yet served) moved over `[start_s, end_s]`, the second half of the
+    arrival period: rates per second, and the 95% interval of its growth rate from batch means."""
+
+    start_s: float
+    end_s: float
+    arrival_rate: float
+    completion_rate: float
+    growth_per_s: float
+    growth_ci_low: float
+    growth_ci_high: float
+
+    @property
+    def overloaded(self) -> bool:
+        """The backlog grows: its growth rate is positive with 95% confidence."""
+        return self.growth_ci_low > 0
+
+    def as_dict(self) -> dict[str, float | bool]:
+        return {
+            "from_s": self.start_s,
+            "to_s": self.end_s,
+            "arrival_rate": self.arrival_rate,
+            "completion_rate": self.completion_rate,
+            "growth_per_s": self.growth_per_s,
+            "growth_ci95": [self.growth_ci_low, self.growth_ci_high],  # type: ignore[dict-item]
+        }
+
+
+def backlog_inputs(
+    arrival: np.ndarray, finished_at: np.ndarray, rejected: np.ndarray, turned_away: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, service completion times) of the requests the overload test counts: a request
+    rejected because it can never run is left out; one turned away by admission control (queue full) counts
+    as never served, like one still in flight (completion at infinity)."""
+    keep = ~rejected | turned_away
+    done = np.where(np.isnan(finished_at) | turned_away, np.inf, finished_at)
+    return arrival[keep], done[keep]
+
+
+def backlog_trend(arrival: np.ndarray, done_at: np.ndarray) -> BacklogTrend | None:
+    """The backlog's trend over the second half of the arrival period (first to last arrival), whatever
+    happens after it (a drain, or the horizon): None when that half has fewer than `BACKLOG_BATCHES`
+    arrivals (all arrived at once, or too few to judge).
+
+    The backlog at t is #(arrival <= t) - #(done_at <= t). Its growth over each of `BACKLOG_BATCHES` equal
+    batches of the half is one sample of the growth rate; a stable system's backlog returns to its level,
+    an overloaded one's grows by (arrival rate - service rate) per second.
+    """
+    if len(arrival) == 0:
+        return None
+    arrivals, done = np.sort(arrival), np.sort(done_at)
+    first, last = float(arrivals[0]), float(arrivals[-1])
+    mid = first + (last - first) / 2
+    if last <= first:
+        return None
+    edges = np.linspace(mid, last, BACKLOG_BATCHES + 1)
+    arrived = np.searchsorted(arrivals, edges, side="right")
+    served = np.searchsorted(done, edges, side="right")
+    if arrived[-1] - arrived[0] < BACKLOG_BATCHES:
+        return None
+    width = (last - mid) / BACKLOG_BATCHES
+    rates = np.diff(arrived - served) / width
+    mean = float(rates.mean())
+    half = T_975 * float(rates.std(ddof=1)) / math.sqrt(BACKLOG_BATCHES)
+    span = last - mid
+    return BacklogTrend(
+        mid, last, float(arrived[-1] - arrived[0]) / span, float(served[-1] - served[0]) / span, mean,
+        mean - half, mean + half,
+    )  # fmt: skip
+
+
+def requests_backlog_trend(requests: pl.DataFrame) -> BacklogTrend | None:
+    """`backlog_trend` of a requests frame."""
+    state = requests["state"].cast(pl.String)
+    rejected = (state == REJECTED).to_numpy()
+    turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
+    finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    return backlog_trend(*backlog_inputs(requests["arrival"].to_numpy(), finished_at, rejected, turned_away))
+
+
 @dataclass(frozen=True, slots=True)
 class Slo:
     ttft_s: float | None = None
@@ -308,7 +420,10 @@ def summarize(
         "in_flight": int((state == IN_FLIGHT).sum()),
     }
     reasons = requests.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
-    span = horizon_s if horizon_s > 0 else 1.0
+    window_start, window_end = measurement_window(requests, horizon_s)
+    window = window_end - window_start
+    span = window if window > 0 else math.inf  # no window: every rate is 0
+    trend = requests_backlog_trend(requests)
     out_tokens = float(fin["generated_tokens"].sum())
     all_tokens = out_tokens + float(fin["prompt_len"].sum())
     latency = {name: _stats(fin[name]) for name in ("queue_wait", "ttft", "tpot", "e2e")}
@@ -329,7 +444,10 @@ def summarize(
         "requests": counts,
         "rejected_reasons": {str(reason): n for reason, n in reasons},
         "overloaded": overloaded,
+        "overload_test": None if trend is None else trend.as_dict(),
         "horizon_s": horizon_s,
+        "window_s": window,
+        "window": {"start_s": window_start, "end_s": window_end},
         "throughput": {
             "requests_per_s": fin.height / span,
             "output_tokens_per_s": out_tokens / span,
