@@ -56,7 +56,7 @@ class Horizon:
 class RunOutput:
     recorder: Recorder
     end_time: float
-    overloaded: bool  # the backlog grew over the second half of the arrival period (`Recorder.backlog_trend`)
+    overloaded: bool  # the backlog grew steadily over the arrival period (`Recorder.backlog_trend`)
 
 
 class Environment(simpy.Environment):

@@ -266,38 +266,50 @@ def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, 
     return start, end
 
 
-# Overload: a Student-t test on the growth of the backlog over the second half of the arrival period, cut
-# into `BACKLOG_BATCHES` equal batches (batch means). T_975 is scipy.stats.t.ppf(0.975, BACKLOG_BATCHES - 1).
-BACKLOG_BATCHES = 8
-T_975 = 2.3646242515927849
+# Overload: the backlog's least-squares trend over the arrival period after its first `BACKLOG_WARMUP`
+# (the backlog filling to its level), sampled at `BACKLOG_SAMPLES` evenly spaced instants, against its
+# fluctuation around that trend.
+BACKLOG_WARMUP = 0.25
+BACKLOG_SAMPLES = 129
+BACKLOG_MIN_ARRIVALS = 8  # fewer arrivals in the span: no verdict
+RISE_Z = 2.0  # the rise must exceed RISE_Z standard deviations of the difference of two fluctuations
 
 
 @dataclass(frozen=True, slots=True)
 class BacklogTrend:
-    """How the backlog (arrived, not yet served) moved over `[start_s, end_s]`, the second half of the
-    arrival period: rates per second, and the 95% interval of its growth rate from batch means."""
+    """How the backlog (arrived, not yet served) moved over `[start_s, end_s]`, the arrival period after its
+    warm-up: arrival and completion rates, the fitted growth per second, and `fluctuation`, the standard
+    deviation of the backlog around that line."""
 
     start_s: float
     end_s: float
     arrival_rate: float
     completion_rate: float
     growth_per_s: float
-    growth_ci_low: float
-    growth_ci_high: float
+    fluctuation: float
+
+    @property
+    def rise(self) -> float:
+        """The fitted growth over the span, in requests."""
+        return self.growth_per_s * (self.end_s - self.start_s)
 
     @property
     def overloaded(self) -> bool:
-        """The backlog grows: its growth rate is positive with 95% confidence."""
-        return self.growth_ci_low > 0
+        """The backlog rose steadily: by at least one request, and by more than RISE_Z standard deviations of
+        the difference of two independent fluctuations (RISE_Z·√2·fluctuation), which a stable system's
+        backlog, returning to its level, does not."""
+        rise = self.rise
+        return rise >= 1.0 and rise > RISE_Z * math.sqrt(2.0) * self.fluctuation
 
-    def as_dict(self) -> dict[str, float | bool]:
+    def as_dict(self) -> dict[str, float]:
         return {
             "from_s": self.start_s,
             "to_s": self.end_s,
             "arrival_rate": self.arrival_rate,
             "completion_rate": self.completion_rate,
             "growth_per_s": self.growth_per_s,
-            "growth_ci95": [self.growth_ci_low, self.growth_ci_high],  # type: ignore[dict-item]
+            "rise": self.rise,
+            "fluctuation": self.fluctuation,
         }
 
 
@@ -313,34 +325,35 @@ def backlog_inputs(
 
 
 def backlog_trend(arrival: np.ndarray, done_at: np.ndarray) -> BacklogTrend | None:
-    """The backlog's trend over the second half of the arrival period (first to last arrival), whatever
-    happens after it (a drain, or the horizon): None when that half has fewer than `BACKLOG_BATCHES`
-    arrivals (all arrived at once, or too few to judge).
+    """The backlog's trend over the arrival period (first to last arrival) after its first `BACKLOG_WARMUP`,
+    whatever happens after it (a drain, or the horizon): None when that span has fewer than
+    `BACKLOG_MIN_ARRIVALS` arrivals (all arrived at once, or too few to judge).
 
-    The backlog at t is #(arrival <= t) - #(done_at <= t). Its growth over each of `BACKLOG_BATCHES` equal
-    batches of the half is one sample of the growth rate; a stable system's backlog returns to its level,
-    an overloaded one's grows by (arrival rate - service rate) per second.
+    The backlog at t is #(arrival <= t) - #(done_at <= t), sampled at `BACKLOG_SAMPLES` instants of the span
+    and fitted with a straight line: an overloaded system's backlog grows by (arrival rate - service rate)
+    per second; a stable one's fluctuates about its level.
     """
     if len(arrival) == 0:
         return None
     arrivals, done = np.sort(arrival), np.sort(done_at)
     first, last = float(arrivals[0]), float(arrivals[-1])
-    mid = first + (last - first) / 2
     if last <= first:
         return None
-    edges = np.linspace(mid, last, BACKLOG_BATCHES + 1)
-    arrived = np.searchsorted(arrivals, edges, side="right")
-    served = np.searchsorted(done, edges, side="right")
-    if arrived[-1] - arrived[0] < BACKLOG_BATCHES:
+    mid = first + (last - first) * BACKLOG_WARMUP
+    t = np.linspace(mid, last, BACKLOG_SAMPLES)
+    arrived = np.searchsorted(arrivals, t, side="right")
+    served = np.searchsorted(done, t, side="right")
+    if arrived[-1] - arrived[0] < BACKLOG_MIN_ARRIVALS:
         return None
-    width = (last - mid) / BACKLOG_BATCHES
-    rates = np.diff(arrived - served) / width
-    mean = float(rates.mean())
-    half = T_975 * float(rates.std(ddof=1)) / math.sqrt(BACKLOG_BATCHES)
+    backlog = (arrived - served).astype(np.float64)
+    dt = t - t.mean()
+    growth = float(np.dot(dt, backlog - backlog.mean()) / np.dot(dt, dt))
+    resid = backlog - backlog.mean() - growth * dt
+    fluctuation = math.sqrt(float(np.dot(resid, resid)) / (BACKLOG_SAMPLES - 2))
     span = last - mid
     return BacklogTrend(
-        mid, last, float(arrived[-1] - arrived[0]) / span, float(served[-1] - served[0]) / span, mean,
-        mean - half, mean + half,
+        mid, last, float(arrived[-1] - arrived[0]) / span, float(served[-1] - served[0]) / span, growth,
+        fluctuation,
     )  # fmt: skip
 
 
