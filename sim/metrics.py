@@ -423,7 +423,12 @@ def kv_breakdown(steps: pl.DataFrame) -> dict[str, float]:
 def summarize(
     requests: pl.DataFrame, steps: pl.DataFrame, horizon_s: float, slo: Slo, overloaded: bool
 ) -> dict[str, object]:
-    """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed."""
+    """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
+
+    `horizon_s` is where the run ended (its horizon, or the end of the drain); every rate is per second of
+    `measurement_window`. `overloaded` is the engine's verdict (`RunOutput.overloaded`), from the same
+    `backlog_trend` whose figures are `overload_test`.
+    """
     state = requests["state"].cast(pl.String)
     fin = requests.filter(state == FINISHED)
     counts = {
