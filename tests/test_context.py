@@ -104,3 +104,13 @@ def test_continuous_runs_n_sequences_as_the_vllm_policy_does() -> None:
     assert_frame_equal(cont_steps.select(columns), vllm_steps.select(columns))
     columns = ["id", "scheduled_at", "first_token_at", "finished_at", "generated_tokens", "itl_mean"]
     assert_frame_equal(cont_req.select(columns), vllm_req.select(columns))
+
+
+def test_max_num_seqs_counts_sequences() -> None:
+    """max_num_seqs = 4: requests of 3 and 2 sequences cannot run together; one of 5 runs alone."""
+    reqs = [Request(0, 0.0, 16, 8, 4, n=3), Request(1, 0.0, 16, 8, 4, n=2), Request(2, 0.0, 16, 8, 2, n=5)]
+    sched = ContinuousScheduler(ContinuousConfig(max_num_seqs=4), MEMORY)
+    out = simulate(sched, lambda c, q: (0.01, False), Horizon(max_requests=3), open_loop=iter(reqs))
+    frame = out.recorder.requests_frame()
+    assert frame["scheduled_at"].to_list() == pytest.approx([0.0, 0.04, 0.08])
+    assert out.recorder.steps_frame()["batch_size"].to_list() == [3] * 4 + [2] * 4 + [5] * 2
