@@ -6,6 +6,11 @@ other scheduled event runs inline, without a SimPy event: the order of events, s
 
 Open-loop arrivals are read by the replica loop itself, in the order a separate arrival process would have
 delivered them (see `Replica.run_open`); closed-loop users are SimPy processes.
+
+The clock shortcuts use SimPy internals (`_now`, `_queue`, `_eid`, `Event._ok`).
+`tests/test_engine_reference.py` runs a plain-SimPy loop (public API only, `yield env.timeout(step)`) on the
+same requests and requires identical request and step records, so a SimPy release that changes those
+internals fails there.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
-from sim.metrics import FINISHED, IN_FLIGHT, REJECTED, Recorder
+from sim.metrics import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED, Recorder
 from sim.request import Request
 from sim.schedulers.base import Scheduler, StepPlan
 
@@ -28,11 +33,14 @@ StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
 
 @dataclass(slots=True)
 class ClosedLoopSource:
-    """N users, each sending its next request a think time after its previous one finished."""
+    """N users, each sending its next request a think time after its previous one finished.
+
+    `new_request(now, user)` makes user `user`'s next request (users are numbered 0 .. users - 1).
+    """
 
     users: int
     think_time: Callable[[], float]
-    new_request: Callable[[float], Request]
+    new_request: Callable[[float, int], Request]
     ramp_s: float = 0.0
 
 
@@ -48,7 +56,7 @@ class Horizon:
 class RunOutput:
     recorder: Recorder
     end_time: float
-    overloaded: bool
+    overloaded: bool  # the backlog grew steadily over the arrival period (`Recorder.backlog_trend`)
 
 
 class Environment(simpy.Environment):
@@ -112,7 +120,7 @@ class Replica:
         rec = self.recorder
         rec.arrived += 1
         if self.max_waiting is not None and self.scheduler.num_waiting >= self.max_waiting:
-            req.reject_reason = "queue full"
+            req.reject_reason = QUEUE_FULL
         elif self.scheduler.add(req, now):
             self.in_system += 1
             return True
@@ -235,16 +243,6 @@ class Replica:
                 self._finished(finished)
 
 
-def _overloaded(rec: Recorder, end_time: float, in_system: int) -> bool:
-    """Overloaded: requests pile up — more than 10% of arrivals (and at least 10) are still waiting or running
-    at the horizon, and the waiting queue at the end is longer than at the run's midpoint."""
-    steps = rec.num_steps
-    if in_system < max(10, 0.1 * rec.arrived) or steps < 2:
-        return False
-    mid = rec.step_ending_at(end_time / 2)
-    return rec.step_waiting(steps - 1) > rec.step_waiting(min(mid, steps - 1))
-
-
 def simulate(
     scheduler: Scheduler,
     step_time: StepTime,
@@ -271,24 +269,24 @@ def simulate(
     else:
         env.run(until=engine)
     end_time = env.now if horizon.duration_s is None or horizon.drain else horizon.duration_s
-    in_flight = scheduler.in_flight()
-    overloaded = _overloaded(recorder, end_time, len(in_flight))
-    for req in in_flight:
+    for req in scheduler.in_flight():
         recorder.request(req, IN_FLIGHT)
-    return RunOutput(recorder, end_time, overloaded)
+    trend = recorder.backlog_trend()
+    return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
 
 
 def _start_closed_loop(
     env: simpy.Environment, replica: Replica, source: ClosedLoopSource, horizon: Horizon
 ) -> None:
     sent = 0
+    user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
 
     def close_at_horizon() -> Iterator[simpy.Event]:
         assert horizon.duration_s is not None
         yield env.timeout(horizon.duration_s)
         replica.close_arrivals()
 
-    def send_at(delay: float) -> Iterator[simpy.Event]:
+    def send_at(user: int, delay: float) -> Iterator[simpy.Event]:
         nonlocal sent
         if delay > 0:
             yield env.timeout(delay)
@@ -297,16 +295,18 @@ def _start_closed_loop(
         if horizon.duration_s is not None and env.now >= horizon.duration_s:
             return
         sent += 1
-        replica.submit(source.new_request(env.now))
+        req = source.new_request(env.now, user)
+        user_of[req.id] = user
+        replica.submit(req)
         if horizon.max_requests is not None and sent >= horizon.max_requests:
             replica.close_arrivals()
 
-    def on_finish(_req: Request) -> None:
-        env.process(send_at(source.think_time()))
+    def on_finish(req: Request) -> None:
+        env.process(send_at(user_of.pop(req.id), source.think_time()))
 
     replica.on_finish = on_finish
     if horizon.duration_s is not None:
         env.process(close_at_horizon())
     for user in range(source.users):
         delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
-        env.process(send_at(delay))
+        env.process(send_at(user, delay))

@@ -7,13 +7,17 @@ Inter-token latency: a request's gaps are the durations of the steps that emitte
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
 distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
 are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
+
+Rates (throughput, goodput, busy fraction) are per second of one measurement window (`measurement_window`):
+from the first arrival to the last completion, or to the horizon while requests are still in flight.
+Overload is a test of queue growth (`backlog_trend`), the same with or without drain.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +27,7 @@ from sim.request import Request
 from sim.schedulers.base import StepPlan
 
 FINISHED, REJECTED, IN_FLIGHT = "finished", "rejected", "in_flight"
+QUEUE_FULL = "queue full"  # the reject reason of admission control: load turned away, not a request too big
 LATENCY_METRICS = ("queue_wait", "ttft", "itl", "tpot", "e2e")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
@@ -137,9 +142,14 @@ class Recorder:
         data = self._step_ints
         return data.data[index * data.width + _WAITING]
 
-    def step_ending_at(self, t: float) -> int:
-        """Index of the first step that ends at or after `t`."""
-        return bisect_left(self._step_ends, t)
+    def backlog_trend(self) -> BacklogTrend | None:
+        """`backlog_trend` of the requests recorded so far (see `backlog_inputs`)."""
+        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS))
+        state = np.frombuffer(self._req_state, dtype=np.uint8)
+        turned_away = np.zeros(len(state), dtype=bool)
+        for row, reason in self._req_reason.items():
+            turned_away[row] = reason == QUEUE_FULL
+        return backlog_trend(*backlog_inputs(f[:, 0], f[:, 4], state == _STATE_CODE[REJECTED], turned_away))
 
     # --- requests ----------------------------------------------------------------------------------------
     def request(self, req: Request, state: str) -> None:
@@ -242,6 +252,134 @@ class Recorder:
         return frame.with_row_index("step")
 
 
+def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
+    """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
+    (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""
+    if requests.is_empty():
+        return 0.0, max(end_time, 0.0)
+    start = float(requests["arrival"].min())  # type: ignore[arg-type]
+    if (requests["state"].cast(pl.String) == IN_FLIGHT).any():
+        return start, max(end_time, start)
+    end = float(requests["arrival"].max())  # type: ignore[arg-type]
+    last_finish = requests["finished_at"].max()
+    if last_finish is not None and float(last_finish) > end:  # type: ignore[arg-type]
+        end = float(last_finish)  # type: ignore[arg-type]
+    return start, end
+
+
+# Overload: the trend of the delay requests meet over the arrival period after its first `BACKLOG_WARMUP`
+# (the backlog filling to its level). The delay of the i-th arrival is the i-th completion's time minus its
+# arrival time (the horizontal distance between the cumulative arrival and completion curves), so that a
+# step in the arrival rate, which moves the backlog to another level, does not read as growth.
+BACKLOG_WARMUP = 0.25
+BACKLOG_MIN_ARRIVALS = 8  # fewer arrivals (or matched completions) in the span: no verdict from them
+RISE_Z = 2.0  # the rise must exceed RISE_Z standard deviations of the difference of two fluctuations
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogTrend:
+    """How requests fared over `[start_s, end_s]`, the arrival period after its warm-up: arrival and
+    completion rates there, the share of its arrivals served by the end of the run, and the straight line
+    fitted to their delays (`delay_start_s` at the span's start, rising by `delay_rise_s`, with
+    `delay_fluctuation_s` the standard deviation about the line; None without enough served arrivals)."""
+
+    start_s: float
+    end_s: float
+    arrival_rate: float
+    completion_rate: float
+    served_fraction: float
+    delay_start_s: float | None
+    delay_rise_s: float | None
+    delay_fluctuation_s: float | None
+
+    @property
+    def overloaded(self) -> bool:
+        """Requests pile up: most arrivals of the span were never served, or the delay rose steadily, by more
+        than RISE_Z standard deviations of the difference of two independent fluctuations (RISE_Z·√2·fluctuation). A stable
+        system's delay fluctuates about its level, or moves to another level when the load steps."""
+        if self.served_fraction < 0.5:
+            return True
+        if self.delay_rise_s is None or self.delay_start_s is None or self.delay_fluctuation_s is None:
+            return False
+        rise = self.delay_rise_s
+        return rise > 0.0 and rise > RISE_Z * math.sqrt(2.0) * self.delay_fluctuation_s
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "from_s": self.start_s,
+            "to_s": self.end_s,
+            "arrival_rate": self.arrival_rate,
+            "completion_rate": self.completion_rate,
+            "served_fraction": self.served_fraction,
+            "delay_start_s": self.delay_start_s,
+            "delay_rise_s": self.delay_rise_s,
+            "delay_fluctuation_s": self.delay_fluctuation_s,
+        }
+
+
+def backlog_inputs(
+    arrival: np.ndarray, finished_at: np.ndarray, rejected: np.ndarray, turned_away: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, service completion times) of the requests the overload test counts: a request
+    rejected because it can never run is left out; one turned away by admission control (queue full) counts
+    as never served, like one still in flight (completion at infinity)."""
+    keep = ~rejected | turned_away
+    done = np.where(np.isnan(finished_at) | turned_away, np.inf, finished_at)
+    return arrival[keep], done[keep]
+
+
+def backlog_trend(arrival: np.ndarray, done_at: np.ndarray) -> BacklogTrend | None:
+    """How requests fared over the arrival period (first to last arrival) after its first `BACKLOG_WARMUP`,
+    whatever happens after it (a drain, or the horizon): None when that span has fewer than
+    `BACKLOG_MIN_ARRIVALS` arrivals (all arrived at once, or too few to judge).
+
+    The i-th arrival (in time order) is matched with the i-th completion: their distance is the delay a
+    first-come-first-served system would give it, and an overloaded system's grows by (1 - service rate /
+    arrival rate) seconds per second, while a stable one's fluctuates about its level. Arrivals past the
+    last completion were not served by the end of the run.
+    """
+    if len(arrival) == 0:
+        return None
+    arrivals = np.sort(arrival)
+    done = np.sort(done_at)
+    served_total = int(np.searchsorted(done, np.inf, side="left"))  # finite completions
+    first, last = float(arrivals[0]), float(arrivals[-1])
+    if last <= first:
+        return None
+    start = first + (last - first) * BACKLOG_WARMUP
+    lo = int(np.searchsorted(arrivals, start, side="left"))
+    count = len(arrivals) - lo
+    if count < BACKLOG_MIN_ARRIVALS:
+        return None
+    span = last - start
+    completed = int(np.searchsorted(done[:served_total], last, side="right")) - int(
+        np.searchsorted(done[:served_total], start, side="left")
+    )
+    matched = max(0, min(served_total, len(arrivals)) - lo)
+    delay_start = delay_rise = fluctuation = None
+    if matched >= BACKLOG_MIN_ARRIVALS:
+        x = arrivals[lo : lo + matched]
+        y = done[lo : lo + matched] - x
+        dx = x - x.mean()
+        slope = float(np.dot(dx, y - y.mean()) / np.dot(dx, dx)) if np.dot(dx, dx) > 0 else 0.0
+        resid = y - y.mean() - slope * dx
+        fluctuation = math.sqrt(float(np.dot(resid, resid)) / (matched - 2))
+        delay_start = float(y.mean() + slope * (start - x.mean()))
+        delay_rise = slope * (float(x[-1]) - start)
+    return BacklogTrend(
+        start, last, count / span, completed / span, matched / count, delay_start, delay_rise, fluctuation
+    )
+
+
+def requests_backlog_trend(requests: pl.DataFrame) -> BacklogTrend | None:
+    """`backlog_trend` of a requests frame."""
+    state = requests["state"].cast(pl.String)
+    rejected = (state == REJECTED).to_numpy()
+    turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
+    finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    return backlog_trend(*backlog_inputs(requests["arrival"].to_numpy(), finished_at, rejected, turned_away))
+
+
 @dataclass(frozen=True, slots=True)
 class Slo:
     ttft_s: float | None = None
@@ -299,7 +437,12 @@ def kv_breakdown(steps: pl.DataFrame) -> dict[str, float]:
 def summarize(
     requests: pl.DataFrame, steps: pl.DataFrame, horizon_s: float, slo: Slo, overloaded: bool
 ) -> dict[str, object]:
-    """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed."""
+    """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
+
+    `horizon_s` is where the run ended (its horizon, or the end of the drain); every rate is per second of
+    `measurement_window`. `overloaded` is the engine's verdict (`RunOutput.overloaded`), from the same
+    `backlog_trend` whose figures are `overload_test`.
+    """
     state = requests["state"].cast(pl.String)
     fin = requests.filter(state == FINISHED)
     counts = {
@@ -309,7 +452,10 @@ def summarize(
         "in_flight": int((state == IN_FLIGHT).sum()),
     }
     reasons = requests.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
-    span = horizon_s if horizon_s > 0 else 1.0
+    window_start, window_end = measurement_window(requests, horizon_s)
+    window = window_end - window_start
+    span = window if window > 0 else math.inf  # no window: every rate is 0
+    trend = requests_backlog_trend(requests)
     out_tokens = float(fin["generated_tokens"].sum())
     all_tokens = out_tokens + float(fin["prompt_len"].sum())
     latency = {name: _stats(fin[name]) for name in ("queue_wait", "ttft", "tpot", "e2e")}
@@ -333,7 +479,10 @@ def summarize(
         "requests": counts,
         "rejected_reasons": {str(reason): n for reason, n in reasons},
         "overloaded": overloaded,
+        "overload_test": None if trend is None else trend.as_dict(),
         "horizon_s": horizon_s,
+        "window_s": window,
+        "window": {"start_s": window_start, "end_s": window_end},
         "throughput": {
             "requests_per_s": fin.height / span,
             "output_tokens_per_s": out_tokens / span,

@@ -3,9 +3,11 @@
 `mean_ci` is the Student-t confidence interval of a mean over replications; applied to each summary metric
 (including percentiles such as `ttft_p99`) it gives the percentile CIs of `aggregate`.
 
-Capacity: a rate *passes* when every replication at it finished something, none is overloaded, and the
-mean over replications of p99 TTFT, p99 TPOT (and p99 E2E) meets the `[slo]` bounds that are set. The
-capacity is the last passing grid rate below the first failing one, refined by bisection (`bisect`).
+Capacity: a rate *passes* when every replication at it finished something, none is overloaded, the
+mean over replications of p99 TTFT, p99 TPOT (and p99 E2E) meets the `[slo]` bounds that are set, and the
+rate is not above the throughput plateau (`plateau`): no rate above what the saturated system delivers is
+sustainable, even where a short run cannot tell slight overload from noise. The capacity is the last
+passing grid rate below the first failing one, refined by bisection (`bisect`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,24 @@ def meets_slo(rows: Sequence[Mapping[str, Any]], slo: SloBounds) -> bool:
         if any(v is None for v in values) or float(np.mean(values)) > bound:
             return False
     return True
+
+
+def plateau(rows_by_rate: Mapping[float, Sequence[Mapping[str, Any]]]) -> float | None:
+    """The throughput plateau (requests per second): the lowest mean over replications of `requests_per_s`
+    among the rates where every replication is overloaded; None when none is (the sweep never saturated)."""
+    saturated = [
+        float(np.mean([r["requests_per_s"] for r in rows]))
+        for rows in rows_by_rate.values()
+        if rows and all(r["overloaded"] for r in rows)
+    ]
+    return min(saturated) if saturated else None
+
+
+def sustainable(
+    rate: float, rows: Sequence[Mapping[str, Any]], slo: SloBounds, ceiling: float | None
+) -> bool:
+    """Whether `rate` passes: `meets_slo` and not above `ceiling` (the `plateau`, when known)."""
+    return meets_slo(rows, slo) and (ceiling is None or rate <= ceiling)
 
 
 Status = Literal["found", "above_grid", "below_grid"]

@@ -496,11 +496,23 @@ def _search_capacity(
     integer = base.workload.arrival.kind == "closed_loop"
     unit = "users" if integer else "req/s"
 
-    def passes(policy: str, rate: float | None, params: dict[str, Any]) -> bool:
-        return stats.meets_slo([runner.rows[t.key] for t in tasks_at(policy, rate, params)], slo)
+    def rows(policy: str, rate: float | None, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [runner.rows[t.key] for t in tasks_at(policy, rate, params)]
+
+    # The throughput plateau of each series, from its grid (users are no rate: no plateau in that unit).
+    plateaus = {
+        (policy, i): None
+        if integer
+        else stats.plateau({r: rows(policy, r, params) for r in rates if r is not None})
+        for policy in policies
+        for i, params in enumerate(grid)
+    }
+
+    def passes(policy: str, i: int, rate: float) -> bool:
+        return stats.sustainable(rate, rows(policy, rate, grid[i]), slo, plateaus[(policy, i)])
 
     caps = {
-        (policy, i): stats.grid_capacity({r: passes(policy, r, params) for r in rates if r is not None})
+        (policy, i): stats.grid_capacity({r: passes(policy, i, r) for r in rates if r is not None})
         for policy in policies
         for i, params in enumerate(grid)
     }
@@ -510,15 +522,20 @@ def _search_capacity(
             break
         runner.run([t for (policy, i), mid in mids.items() for t in tasks_at(policy, mid, grid[i])])
         for (policy, i), mid in mids.items():
-            stats.record(caps[(policy, i)], mid, passes(policy, mid, grid[i]))
+            stats.record(caps[(policy, i)], mid, passes(policy, i, mid))
     return {
         "scenario": base.name,
         "slo": base.slo.model_dump(),
         "unit": unit,
-        "criterion": "mean over replications of p99 TTFT / TPOT / E2E within the SLO, no run overloaded",
+        "criterion": (
+            "mean over replications of p99 TTFT / TPOT / E2E within the SLO, no run overloaded, and the rate "
+            "not above the throughput plateau (the lowest mean throughput among grid rates where every run "
+            "is overloaded)"
+        ),
         "replications": cfg.replications,
         "capacities": [
-            {"policy": policy, "params": grid[i], **cap.as_dict(unit)} for (policy, i), cap in caps.items()
+            {"policy": policy, "params": grid[i], **cap.as_dict(unit), "plateau_per_s": plateaus[(policy, i)]}
+            for (policy, i), cap in caps.items()
         ],
     }
 

@@ -155,7 +155,7 @@ def test_admission_control_rejects_with_a_reason() -> None:
 def test_closed_loop_keeps_users_busy() -> None:
     sched = ContinuousScheduler(ContinuousConfig(max_num_seqs=8), MEMORY)
     ids = iter(range(10**6))
-    source = ClosedLoopSource(4, lambda: 0.0, lambda t: Request(next(ids), t, 16, 10, 10))
+    source = ClosedLoopSource(4, lambda: 0.0, lambda t, _user: Request(next(ids), t, 16, 10, 10))
     out = simulate(sched, constant_step, Horizon(max_requests=40), closed_loop=source)
     frame = out.recorder.requests_frame()
     assert frame.height == 40

@@ -116,3 +116,22 @@ def test_capacity_outside_the_grid() -> None:
     bumpy = stats.grid_capacity({1.0: True, 2.0: False, 3.0: True})
     assert (bumpy.capacity, bumpy.first_fail) == (1.0, 2.0)
     assert bumpy.as_dict()["grid"][1] == {"rate": 2.0, "pass": False}
+
+
+def test_plateau_is_the_lowest_saturated_throughput_and_caps_passing_rates() -> None:
+    def rows(throughputs: list[float], overloaded: bool) -> list[dict]:
+        return [{**_row(overloaded=overloaded), "requests_per_s": t} for t in throughputs]
+
+    by_rate = {
+        4.0: rows([3.9, 4.1], False),
+        16.0: rows([13.0, 14.0], True),  # mean 13.5
+        32.0: rows([13.8, 14.0], True),
+        12.0: rows([11.0, 12.0], False),
+        14.0: rows([13.0, 13.2], False),  # not every replication... none overloaded: not saturated
+    }
+    assert stats.plateau(by_rate) == pytest.approx(13.5)
+    assert stats.plateau({4.0: rows([4.0], False), 8.0: rows([8.0, 7.0], True) + rows([7.5], False)}) is None
+    slo = stats.SloBounds(ttft_s=1.0)
+    assert stats.sustainable(13.5, rows([13.0], False), slo, 13.5)
+    assert not stats.sustainable(14.0, rows([13.0], False), slo, 13.5)  # meets the SLO, above the plateau
+    assert stats.sustainable(14.0, rows([13.0], False), slo, None)

@@ -34,9 +34,14 @@ class KvUsage:
 class StepPlan:
     """One engine step: which rows run and how many tokens each computes.
 
-    `new_tokens[i]` tokens are computed for row i on top of `context[i]` tokens already in its KV cache.
-    A row is one sequence (or one request's group of `n` sequences decoding together, with `new_tokens = n`).
-    The cost model sees only these two arrays; `payload` is private to the scheduler.
+    The one definition of a row, shared by every policy: row i computes `new_tokens[i]` tokens on top of
+    `context[i]` tokens whose KV is already in the cache (computed by earlier steps). A prefill chunk is
+    `new_tokens` prompt tokens on the tokens computed before it; a decode is 1 token on everything computed
+    so far. After a P-token prompt the first decode row is `new_tokens = 1` on `context = P`: the token
+    sampled at the end of the prefill has no KV yet, and that decode computes it, attending over P + 1 keys
+    including itself (vLLM's `num_computed_tokens`). A row is one sequence: a request with `n > 1` runs as
+    `n` rows, each with its own KV and its own copy of the prompt, as vLLM v1 fans it out into `n` child
+    requests. The cost model sees only these two arrays; `payload` is private to the scheduler.
     """
 
     new_tokens: np.ndarray

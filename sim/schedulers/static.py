@@ -5,6 +5,7 @@ the oldest has waited `batch_timeout_s`. Prompts are padded to the longest one a
 the batch then decodes until its longest member ends. A member that stops early keeps its slot as
 padding, and its response returns only when the whole batch ends: the convoy effect. Newcomers wait
 for the next batch. KV is reserved for the padded batch: rows x (longest prompt + largest max_tokens).
+A request with `n > 1` is `n` rows (sequences), each prefilling its own copy of the prompt.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ class StaticScheduler(ReservationQueue):
             context = np.zeros(rows, dtype=np.int64)
             prefill, decode = rows * self.width, 0
         else:
-            new_tokens = np.ones(rows, dtype=np.int64)
-            context = np.full(rows, self.width + done, dtype=np.int64)
+            new_tokens = np.ones(rows, dtype=np.int64)  # decode step `done` computes token `done` - 1
+            context = np.full(rows, self.width + done - 1, dtype=np.int64)
             prefill, decode = 0, rows
         used = sum(r.n * (r.prompt_len + min(done, r.output_len)) for r in self.batch)
         return StepPlan(
