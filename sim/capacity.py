@@ -318,4 +318,3 @@ def _mixed_note(model: ModelSpec, weight_dtype: str) -> str:
     if model.weight_bytes(weight_dtype) == model.params_total * dtype_bytes(weight_dtype):
         return ""
     return f" ({weight_dtype} matmuls; embeddings, norms, modules quantization_config keeps: 16-bit)"
-

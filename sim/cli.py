@@ -259,4 +259,3 @@ def step(
     from sim.step_report import print_step
 
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json)
-

@@ -294,9 +294,10 @@ class BacklogTrend:
 
     @property
     def overloaded(self) -> bool:
-        """Requests pile up: most arrivals of the span were never served, or the delay rose steadily, by more
-        than RISE_Z standard deviations of the difference of two independent fluctuations (RISE_Z·√2·fluctuation). A stable
-        system's delay fluctuates about its level, or moves to another level when the load steps."""
+        """Requests pile up: most arrivals of the span were never served, or the delay rose steadily, by
+        more than RISE_Z standard deviations of the difference of two independent fluctuations
+        (RISE_Z·√2·fluctuation). A stable system's delay fluctuates about its level, or moves to another
+        level when the load steps."""
         if self.served_fraction < 0.5:
             return True
         if self.delay_rise_s is None or self.delay_start_s is None or self.delay_fluctuation_s is None:

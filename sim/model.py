@@ -373,7 +373,10 @@ def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantizat
             raise SimError(f"{source}: quantization_config.bits: expected 4 or 8, got {bits}")
         group = int(q.get("group_size") or q.get("q_group_size") or 0)
         return Quantization(
-            method, f"int{bits}", False, max(group, 0),
+            method,
+            f"int{bits}",
+            False,
+            max(group, 0),
             _kept_groups(ignore, num_layers, bool(q.get("lm_head"))),
         )
     if method == "compressed-tensors" or q.get("format") or q.get("config_groups"):

@@ -20,7 +20,7 @@ from sim.errors import SimError
 from sim.hardware import get_gpu
 from sim.metrics import Slo, summarize
 from sim.model import load_model
-from sim.outputs import atomic_write, differences, path_component, replace_folder
+from sim.outputs import differences, path_component, replace_folder
 from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import KvBudget, load_all
@@ -193,21 +193,20 @@ def _reporting(requests: Iterator[Request], progress: ProgressHook) -> Iterator[
         yield req
 
 
-def _counting(new_request: Callable[[float], Request], progress: ProgressHook) -> Callable[[float], Request]:
+def _counting(
+    new_request: Callable[[float, int], Request], progress: ProgressHook
+) -> Callable[[float, int], Request]:
     """A closed-loop request factory calling `progress(now, count)` every `PROGRESS_EVERY` requests."""
     count = 0
 
-    def counted(now: float) -> Request:
+    def counted(now: float, user: int) -> Request:
         nonlocal count
         count += 1
         if count % PROGRESS_EVERY == 0:
             progress(now, count)
-        return new_request(now)
+        return new_request(now, user)
 
     return counted
-
-
-_atomic_write = atomic_write  # the name other modules import
 
 
 def _json(data: dict[str, Any]) -> str:

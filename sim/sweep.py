@@ -43,8 +43,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sim import stats
 from sim.errors import SimError
 from sim.metrics import LATENCY_METRICS
-from sim.outputs import path_component
-from sim.run import _atomic_write, run_policy
+from sim.outputs import atomic_write, path_component
+from sim.run import run_policy
 from sim.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.workload import format_validation_error
 
@@ -253,7 +253,7 @@ def point_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
 
 def write_point(points_dir: Path, row: dict[str, Any]) -> Path:
     path = point_path(points_dir, row["point_key"])
-    _atomic_write(path, lambda p: point_frame([row]).write_parquet(p))
+    atomic_write(path, lambda p: point_frame([row]).write_parquet(p))
     return path
 
 
@@ -365,7 +365,7 @@ def _check_manifest(sweep_dir: Path, points_dir: Path, raw: dict[str, Any], forc
                 "re-run with --force to redo them (or give another --out)"
             )
     text = json.dumps({"fingerprint": fp, "scenario": raw}, indent=2, sort_keys=True, default=str)
-    _atomic_write(manifest, lambda p: Path(p).write_text(text + "\n"))
+    atomic_write(manifest, lambda p: Path(p).write_text(text + "\n"))
 
 
 class _Runner:
@@ -467,10 +467,10 @@ def run_sweep(
             keys += [k for k in runner.rows if k not in set(keys)]
     frame = point_frame([runner.rows[k] for k in keys])
     agg = stats.aggregate(frame)
-    _atomic_write(sweep_dir / "aggregate.parquet", lambda p: agg.write_parquet(p))
+    atomic_write(sweep_dir / "aggregate.parquet", lambda p: agg.write_parquet(p))
     if capacity is not None:
         text = json.dumps(capacity, indent=2, allow_nan=False)
-        _atomic_write(sweep_dir / "capacity.json", lambda p: Path(p).write_text(text + "\n"))
+        atomic_write(sweep_dir / "capacity.json", lambda p: Path(p).write_text(text + "\n"))
     return SweepResult(base, sweep_dir, frame, runner.ran, runner.resumed, capacity)
 
 

@@ -123,3 +123,20 @@ def test_a_sweep_off_a_terminal_says_what_it_starts(tmp_path: Path) -> None:
     sweep.run_sweep(path, ["sweep.rates=[1, 2]"], jobs=1, out=tmp_path, console=screen)
     lines = screen.file.getvalue().splitlines()  # type: ignore[attr-defined]
     assert lines == ["running 2 points (0 already done)…", "running 2 points (2 already done)…"]
+
+
+def test_a_closed_loop_run_with_a_progress_bar_gives_the_same_results(tmp_path: Path) -> None:
+    """The closed-loop request factory is wrapped for progress; the wrapper passes the user on, so each
+    user's prefix group (and every record) is as without the bar."""
+    path = tmp_path / "closed.toml"
+    path.write_text(
+        TINY.replace(
+            '{ kind = "poisson", rate = 2.0 }', '{ kind = "closed_loop", users = 4, think_time_s = 0.5 }'
+        )
+    )
+    sc = load_scenario(path)
+    calls: list[int] = []
+    with_bar = run_policy(sc, "continuous", tmp_path, progress=lambda t, n: calls.append(n))
+    plain = run_policy(sc, "continuous", tmp_path)
+    assert with_bar.requests.equals(plain.requests) and with_bar.steps.equals(plain.steps)
+    assert len(calls) >= 2 and calls[-1] == plain.summary["requests"]["arrived"]
