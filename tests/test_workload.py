@@ -370,7 +370,7 @@ def test_runtime_errors(tmp_path: Path) -> None:
     with pytest.raises(SimError, match=r"bad\.csv: no arrival column .*arrival_s"):
         make({"kind": "trace", "path": "bad.csv"}, base_dir=tmp_path)
     (tmp_path / "frac.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,1.5,3\n")
-    with pytest.raises(SimError, match=r"frac\.csv: column 'prompt_tokens' must hold whole numbers"):
+    with pytest.raises(SimError, match=r"frac\.csv: line 2: column 'prompt_tokens': expected a whole number"):
         make({"kind": "trace", "path": "frac.csv"}, base_dir=tmp_path)
 
 
