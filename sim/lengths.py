@@ -177,6 +177,20 @@ def resolve(path: str, base_dir: Path) -> Path:
     return p if p.is_absolute() else base_dir / p
 
 
+def mean_of(config: Any, base_dir: Path) -> float:
+    """The distribution's mean, moved into its [min, max] clamps: an estimate for sizing a run."""
+    c = config
+    if isinstance(c, FixedDist):
+        mean = c.value
+    elif isinstance(c, UniformDist):
+        mean = (c.low + c.high) / 2
+    elif isinstance(c, EmpiricalDist):
+        mean = float(read_column(resolve(c.path, base_dir), c.column).mean())
+    else:
+        mean = c.mean
+    return float(min(max(mean, c.min or 0.0), MAX_TOKENS if c.max is None else c.max))
+
+
 def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
     """The raw (unclamped) sampler for a distribution config."""
     return DISTRIBUTIONS[config.kind].build(config, base_dir)  # type: ignore[attr-defined]

@@ -53,6 +53,10 @@ class ModelSection(_Section):
 
 
 class HorizonSection(_Section):
+    """When arrivals stop. `sim run` and `sim sweep` estimate a run's size before it starts (requests =
+    rate x duration_s, or max_requests; tokens = requests x mean prompt and output) and refuse, unless
+    --force, one expected to exceed 1,000,000 requests or 1,000,000,000 tokens."""
+
     duration_s: float | None = Field(
         None, gt=0, le=MAX_SECONDS, description="Arrivals stop here; so does the run unless drain."
     )

@@ -276,6 +276,15 @@ class _Trace(ArrivalProcess):
     def __len__(self) -> int:
         return int(self._times.size)
 
+    def count_before(self, horizon_s: float) -> int:
+        """Requests arriving before `horizon_s` (scaled time)."""
+        return int(np.searchsorted(self._times, horizon_s, side="left"))
+
+    def column_mean(self, key: str) -> float | None:
+        """Mean of a per-request column (`prompt`, `output`, ...), None if the trace has none."""
+        values = self._cols.get(key)
+        return None if values is None else float(values.mean())
+
     def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
         for i in range(0, self._times.size, CHUNK):
             yield Chunk(self._times[i : i + CHUNK], {k: v[i : i + CHUNK] for k, v in self._cols.items()})
@@ -546,6 +555,11 @@ class Workload:
                 continue
             names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
             raise SimError(f"{self._process.path}: no {names} column and no workload.{key} distribution")
+
+    @property
+    def trace(self) -> _Trace | None:
+        """The loaded trace of a trace arrival, else None."""
+        return self._process if isinstance(self._process, _Trace) else None
 
     @property
     def finite(self) -> bool:
