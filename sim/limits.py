@@ -13,7 +13,7 @@ MAX_RATE = 1e6  # requests per second
 MAX_COUNT = 10**7  # users, prefix groups, queue limits, parallel samples
 MAX_ID = 2**53  # integer ids read from files (exact in float64)
 MAX_REQUESTS_CAP = 10**12  # horizon.max_requests: a cap, so far above what a run may actually hold
-MAX_KV_BLOCKS = 2**23  # KV blocks of one replica (each is an object in memory)
+MAX_KV_BLOCKS = 2**22  # KV blocks of one replica (each is an object in memory)
 MAX_BLOCK_SIZE = 4096  # tokens per KV block
 MAX_MODEL_DIM = 2**24  # any width, count or size field of a model config.json
 

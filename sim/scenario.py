@@ -186,9 +186,9 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
                 f"{source}: policies.{name}.scheduler: missing (one of {', '.join(sorted(registry))})"
             )
         kind = table["scheduler"]
-        if kind not in registry:
+        if not isinstance(kind, str) or kind not in registry:
             raise SimError(
-                f"{source}: policies.{name}.scheduler: unknown scheduler {kind!r} "
+                f"{source}: policies.{name}.scheduler: unknown scheduler {str(kind)[:40]!r} "
                 f"(one of {', '.join(sorted(registry))})"
             )
         knobs = {k: v for k, v in table.items() if k != "scheduler"}

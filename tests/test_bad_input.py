@@ -334,3 +334,10 @@ def test_cut_gzip_trace_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "t.csv.gz").write_bytes(whole[: len(whole) // 2])
     path = scenario(tmp_path, workload={"arrival": {"kind": "trace", "path": "t.csv.gz"}})
     assert "t.csv.gz: a cut or damaged gzip file" in refused(capsys, "run", path, "--out", tmp_path / "o")
+
+
+@pytest.mark.parametrize("value", ["[]", "{}", "3"])
+def test_scheduler_that_is_no_name(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """A list as scheduler name raised TypeError (unhashable) instead of naming the key."""
+    line = refused(capsys, "run", CONVOY, "--set", f"policies.static.scheduler={value}")
+    assert "convoy.toml: policies.static.scheduler: unknown scheduler" in line
