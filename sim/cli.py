@@ -280,7 +280,12 @@ def sweep(
 def validate(
     target: str = typer.Argument(..., help="What to validate against: ground-truth."),
     csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
-    out: Path | None = typer.Option(None, "--out", help="Write fidelity.csv and fidelity.html here."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Write fidelity.csv and fidelity.html here.",
+        callback=_checked_out(out_folder_problem),
+    ),
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
@@ -336,7 +341,12 @@ def calibrate(
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
-    write: Path | None = typer.Option(None, "--write", help="Write the TOML here (default: print it)."),
+    write: Path | None = typer.Option(
+        None,
+        "--write",
+        help="Write the TOML here (default: print it).",
+        callback=_checked_out(out_file_problem),
+    ),
 ) -> None:
     """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
     import sys

@@ -341,3 +341,14 @@ def test_scheduler_that_is_no_name(capsys: pytest.CaptureFixture[str], value: st
     """A list as scheduler name raised TypeError (unhashable) instead of naming the key."""
     line = refused(capsys, "run", CONVOY, "--set", f"policies.static.scheduler={value}")
     assert "convoy.toml: policies.static.scheduler: unknown scheduler" in line
+
+
+def test_validate_and_calibrate_outputs_are_checked_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    assert "is a file, not a folder" in refused(
+        capsys, "validate", "ground-truth", "--out", tmp_path / "file"
+    )
+    line = refused(capsys, "calibrate", "--write", tmp_path / "missing" / "c.toml")
+    assert "folder" in line and "does not exist" in line

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import itertools
 import json
+import re
 import tomllib
 import tracemalloc
 from collections.abc import Iterator
@@ -393,3 +395,38 @@ def test_toml_example_parses() -> None:
     assert w.closed_loop is not None and w.closed_loop.users == 16
     r = w.closed_loop.new_request(0.0)
     assert 101 <= r.prompt_len <= 4100 and 2 <= r.output_len <= 512 and r.prefix_len == 100
+
+
+# --- trace files: bounds and error lines --------------------------------------------------------------
+
+
+def test_jsonl_trace_lines_and_gzip(tmp_path: Path) -> None:
+    """JSON lines skip blank lines, errors count file lines, and a gzipped trace reads like a plain one."""
+    rows = (
+        '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}\n\n{"arrival_s": 1, "prompt_tokens": 6}\n'
+    )
+    (tmp_path / "t.jsonl").write_text(rows)
+    with pytest.raises(SimError, match=r"t\.jsonl: line 3: column 'output_tokens': empty"):
+        make({"kind": "trace", "path": "t.jsonl"}, base_dir=tmp_path)
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n1,6,3\n0,5,2\n")
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress((tmp_path / "t.csv").read_bytes()))
+    table = {"arrival": {"kind": "trace", "path": "t.csv.gz"}}
+    reqs = list(Workload(parse_workload(table), 0, tmp_path).open_loop())
+    assert [(r.arrival, r.prompt_len, r.output_len) for r in reqs] == [(0.0, 5, 2), (1.0, 6, 3)]
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ("0,1,2,5,6", "line 2: column 'prefix_len': exceeds the prompt length"),
+        ("-1,1,2,0,0", "line 2: column 'arrival_s': expected a number in [0, 100000000]"),
+        ("0,16777217,2,0,0", "line 2: column 'prompt_tokens': expected a whole number in [1, 16777216]"),
+        ("0,1,2,9007199254740993,0", "line 2: column 'prefix_group': expected a whole number in [-1, "),
+        ("0,1,0,0,0", "line 2: column 'output_tokens': expected a whole number in [1, "),
+    ],
+)
+def test_trace_values_are_bounded(tmp_path: Path, cells: str, message: str) -> None:
+    header = "arrival_s,prompt_tokens,output_tokens,prefix_group,prefix_len\n"
+    (tmp_path / "t.csv").write_text(header + cells + "\n")
+    with pytest.raises(SimError, match=re.escape(message)):
+        make({"kind": "trace", "path": "t.csv"}, base_dir=tmp_path)
