@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from sim.errors import SimError
+from sim.limits import MAX_BLOCK_SIZE, MAX_COUNT, MAX_KV_BLOCKS, MAX_TOKENS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+
+FORCE_HELP = (
+    f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
+)
 
 
 class _Typer(typer.Typer):
@@ -24,7 +31,7 @@ class _Typer(typer.Typer):
                 try:
                     return func(*a, **kw)
                 except SimError as exc:
-                    typer.echo(f"error: {exc}", err=True)
+                    _print_error(str(exc))
                     raise typer.Exit(2) from None
 
             register(guarded)
@@ -42,25 +49,102 @@ app = _Typer(
 )
 
 
-def main() -> None:
-    """Entry point of the `sim` console command and `python -m sim`."""
-    app()
+def _print_error(message: str) -> None:
+    """Each line of an error as `error: ...` on stderr."""
+    for line in message.splitlines() or [""]:
+        typer.echo(f"error: {line}", err=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `sim` console command and `python -m sim`.
+
+    Bad input of any kind (a `SimError` from a command, an unknown option, a value out of range) prints
+    `error: ...` and exits with code 2; Ctrl-C exits with 130.
+    """
+    try:
+        code = app(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except typer.TyperException as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+        else:
+            _print_error(exc.format_message() if hasattr(exc, "format_message") else str(exc))
+        code = 2
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _nearest_folder(path: Path) -> Path:
+    """The deepest existing path on the way to `path` (the working folder for a relative one)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return parent
+    return Path("/")
+
+
+def out_folder_problem(path: Path) -> str | None:
+    """Why `path` cannot be an output folder this process writes into (made if missing), else None."""
+    if path.exists():
+        if not path.is_dir():
+            return "is a file, not a folder"
+        base = path
+    else:
+        base = _nearest_folder(path)
+        if not base.is_dir():
+            return f"{base} is a file, not a folder"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{base} is not writable"
+    return None
+
+
+def out_file_problem(path: Path) -> str | None:
+    """Why `path` cannot be written as a file in an existing, writable folder, else None."""
+    if path.is_dir():
+        return "is a folder; give a file name"
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        return f"folder {path.parent} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {path.parent} is not writable"
+    return None
+
+
+def _checked_out(problem: Callable[[Path], str | None]) -> Callable[[Path | None], Path | None]:
+    """An option callback refusing, before the command runs, a path for which `problem` finds one."""
+
+    def callback(value: Path | None) -> Path | None:
+        why = None if value is None else problem(value)
+        if why is not None:
+            raise typer.BadParameter(f"{value}: {why}")
+        return value
+
+    return callback
 
 
 @app.command("replay-steps")
 def replay_steps(
     trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
-    out: Path | None = typer.Option(None, "--out", help="Write the steps as JSONL here."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write the steps as JSONL here.", callback=_checked_out(out_file_problem)
+    ),
     compare: Path | None = typer.Option(None, "--compare", help="Expected steps (.jsonl[.gz]) to compare."),
-    block_size: int | None = typer.Option(None, "--block-size"),
-    num_blocks: int | None = typer.Option(None, "--num-blocks"),
-    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs"),
-    max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens"),
-    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    block_size: int | None = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE),
+    num_blocks: int | None = typer.Option(None, "--num-blocks", min=2, max=MAX_KV_BLOCKS),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1, max=MAX_COUNT),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", min=1, max=MAX_TOKENS
+    ),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", min=2, max=MAX_TOKENS),
     prefix_caching: bool | None = typer.Option(None, "--prefix-caching/--no-prefix-caching"),
     chunked_prefill: bool | None = typer.Option(None, "--chunked-prefill/--no-chunked-prefill"),
-    long_prefill_token_threshold: int | None = typer.Option(None, "--long-prefill-token-threshold"),
-    watermark: float | None = typer.Option(None, "--watermark", help="Fraction of KV blocks kept free."),
+    long_prefill_token_threshold: int | None = typer.Option(
+        None, "--long-prefill-token-threshold", min=0, max=MAX_TOKENS
+    ),
+    watermark: float | None = typer.Option(
+        None, "--watermark", min=0.0, max=1.0, help="Fraction of KV blocks kept free."
+    ),
 ) -> None:
     """Replay a trace through the vllm scheduler in step time; optionally compare with a vLLM log.
 
@@ -89,13 +173,20 @@ def run(
     scenario: Path = typer.Argument(..., help="Scenario TOML file."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set workload.arrival.rate=4"),
     policy: list[str] = typer.Option([], "--policy", help="Run only these policies (default: all)."),
-    out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Output folder (default: reports/<scenario>).",
+        callback=_checked_out(out_folder_problem),
+    ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
     comparison."""
     from sim import console
     from sim.outputs import exit_on_terminate, path_component
     from sim.run import run_policy, write_result
+    from sim.run_size import check_run_size
     from sim.scenario import load_scenario
 
     sc = load_scenario(scenario, set_)
@@ -104,6 +195,9 @@ def run(
         if name not in sc.policies:
             raise SimError(f"{scenario}: no policy {name!r} (have: {', '.join(sc.policies)})")
     out_dir = out or Path("reports") / path_component(sc.name)
+    if (why := out_folder_problem(out_dir)) is not None:
+        raise SimError(f"output folder {out_dir}: {why}")
+    check_run_size(sc, scenario.parent, str(scenario), force)
     summaries, manifest = [], None
     for name in names:
         watch = console.Stopwatch()
@@ -148,12 +242,16 @@ def schema() -> None:
 def capacity(
     models: list[str] = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
     gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. A100-80GB, H100."),
-    tp: int = typer.Option(1, "--tp", help="Tensor parallel degree."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor parallel degree."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.0, max=1.0),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="fp32 bf16 fp16 fp8 int8 int4"),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
-    max_model_len: int | None = typer.Option(None, "--max-model-len", help="Default: the model's."),
-    typical_len: int = typer.Option(1024, "--typical-len", help="Typical prompt + output tokens."),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", min=1, max=MAX_TOKENS, help="Default: the model's."
+    ),
+    typical_len: int = typer.Option(
+        1024, "--typical-len", min=1, max=MAX_TOKENS, help="Typical prompt + output tokens."
+    ),
     compare: bool = typer.Option(False, "--compare", help="Several models side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -179,16 +277,25 @@ def capacity(
 def sweep(
     scenario: Path = typer.Argument(..., help="Scenario TOML file with a [sweep] table."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set sweep.replications=1"),
-    jobs: int = typer.Option(2, "--jobs", help="Parallel runs (1: in-process)."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
     executor: str = typer.Option("process", "--executor", help="process or dask."),
     address: str | None = typer.Option(None, "--address", help="Dask scheduler, tcp://HOST:PORT."),
-    force: bool = typer.Option(False, "--force", help="Redo points whose files exist."),
+    force: bool = typer.Option(
+        False, "--force", help="Redo points whose files exist; run points over the size limit."
+    ),
     find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under [slo]."),
-    out: Path | None = typer.Option(None, "--out", help="Output folder (default: reports/<scenario>)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Output folder (default: reports/<scenario>).",
+        callback=_checked_out(out_folder_problem),
+    ),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
+    from sim.run_size import check_sweep_size
     from sim.sweep import print_sweep, run_sweep
 
+    check_sweep_size(scenario, set_, force)
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
 
 
@@ -196,10 +303,19 @@ def sweep(
 def validate(
     target: str = typer.Argument(..., help="What to validate against: ground-truth."),
     csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
-    out: Path | None = typer.Option(None, "--out", help="Write fidelity.csv and fidelity.html here."),
-    jobs: int = typer.Option(2, "--jobs", help="Rows simulated in parallel (1: in-process)."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Write fidelity.csv and fidelity.html here.",
+        callback=_checked_out(out_folder_problem),
+    ),
+    jobs: int = typer.Option(
+        2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
+    ),
     calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
-    scale: float = typer.Option(1.0, "--scale", help="Shorten every arrival stage by this factor."),
+    scale: float = typer.Option(
+        1.0, "--scale", min=0.001, max=100.0, help="Shorten every arrival stage by this factor."
+    ),
     row: list[str] = typer.Option([], "--row", help="Only rows whose exp_key contains this."),
 ) -> None:
     """Simulate measured vLLM experiments and report predicted vs measured latency (see docs/fidelity.md)."""
@@ -228,11 +344,32 @@ def report(
 @app.command("calibrate")
 def calibrate(
     csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
-    scale: float = typer.Option(0.1, "--scale", help="Stage length factor of the fitting simulations."),
-    rounds: int = typer.Option(2, "--rounds", help="Fixed-point rounds (simulate, then fit)."),
-    cv_scale: float = typer.Option(0.25, "--cv-scale", help="Stage length factor of the CV simulations."),
-    jobs: int = typer.Option(2, "--jobs", help="Rows simulated in parallel (1: in-process)."),
-    write: Path | None = typer.Option(None, "--write", help="Write the TOML here (default: print it)."),
+    scale: float = typer.Option(
+        0.1,
+        "--scale",
+        min=0.001,
+        max=100.0,
+        help="Stage length factor of the fitting simulations.",
+    ),
+    rounds: int = typer.Option(
+        2, "--rounds", min=1, max=100, help="Fixed-point rounds (simulate, then fit)."
+    ),
+    cv_scale: float = typer.Option(
+        0.25,
+        "--cv-scale",
+        min=0.001,
+        max=100.0,
+        help="Stage length factor of the CV simulations.",
+    ),
+    jobs: int = typer.Option(
+        2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
+    ),
+    write: Path | None = typer.Option(
+        None,
+        "--write",
+        help="Write the TOML here (default: print it).",
+        callback=_checked_out(out_file_problem),
+    ),
 ) -> None:
     """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
     import sys

@@ -75,16 +75,16 @@ def gpu_names() -> list[str]:
 
 
 def get_gpu(name: str) -> Gpu:
-    """Look up a GPU by name or alias, case-insensitive; SimError with the closest names if unknown."""
+    """Look up a GPU by its name or an alias, case-insensitive; SimError with "did you mean" if unknown.
+
+    Only exact names and aliases match: a near miss such as "A100-80G" is refused, never guessed.
+    """
     cat = _catalog()
-    index: dict[str, Gpu] = {}
-    for gpu in cat.values():
-        for key in (gpu.name, *gpu.aliases):
-            index[key.lower()] = gpu
-    found = index.get(name.strip().lower())
+    keys = {k.lower(): (k, gpu) for gpu in cat.values() for k in (gpu.name, *gpu.aliases)}
+    found = keys.get(name.strip().lower())
     if found is not None:
-        return found
-    keys = {k.lower(): k for g in cat.values() for k in (g.name, *g.aliases)}
-    close = [keys[k] for k in difflib.get_close_matches(name.lower(), list(keys), n=4, cutoff=0.3)]
-    hint = f"; closest: {', '.join(close)}" if close else ""
-    raise SimError(f"unknown GPU {name!r}; known: {', '.join(cat)}{hint}")
+        return found[1]
+    close = difflib.get_close_matches(name.strip().lower(), list(keys), n=3, cutoff=0.6)
+    names = list(dict.fromkeys(keys[k][1].name for k in close))
+    hint = f"; did you mean {' or '.join(names)}?" if names else ""
+    raise SimError(f"unknown GPU {name!r}{hint} (known: {', '.join(cat)})")

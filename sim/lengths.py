@@ -17,16 +17,23 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.errors import SimError
+from sim.limits import MAX_SECONDS, MAX_TOKENS
+from sim.tables import read_column
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
+
+# Coefficients of variation a distribution (or arrival process) may have: below MIN_CV the gamma shape
+# 1 / cv^2 overflows, above MAX_CV nearly every draw is zero.
+MIN_CV = 1e-3
+MAX_CV = 100.0
 
 
 class _Dist(BaseModel):
     """Fields shared by every distribution: optional clamps applied after sampling."""
 
-    model_config = ConfigDict(extra="forbid")
-    min: float | None = Field(None, ge=0, description="lower clamp (lengths: at least 1)")
-    max: float | None = Field(None, ge=0, description="upper clamp")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    min: float | None = Field(None, ge=0, le=MAX_TOKENS, description="lower clamp (lengths: at least 1)")
+    max: float | None = Field(None, ge=0, le=MAX_TOKENS, description="upper clamp")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> _Dist:
@@ -39,15 +46,15 @@ class FixedDist(_Dist):
     """Always `value`."""
 
     kind: Literal["fixed"] = "fixed"
-    value: float = Field(ge=0)
+    value: float = Field(ge=0, le=MAX_TOKENS)
 
 
 class UniformDist(_Dist):
     """Uniform on [low, high] (lengths round to the nearest integer)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
+    low: float = Field(ge=0, le=MAX_TOKENS)
+    high: float = Field(ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _low_le_high(self) -> UniformDist:
@@ -60,38 +67,38 @@ class NormalDist(_Dist):
     """Normal(mean, std), clipped at zero (and at min/max)."""
 
     kind: Literal["normal"] = "normal"
-    mean: float = Field(ge=0)
-    std: float = Field(ge=0)
+    mean: float = Field(ge=0, le=MAX_TOKENS)
+    std: float = Field(ge=0, le=MAX_TOKENS)
 
 
 class LogNormalDist(_Dist):
     """Log-normal given by its mean and coefficient of variation (std / mean)."""
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    cv: float = Field(ge=MIN_CV, le=MAX_CV)
 
 
 class GammaDist(_Dist):
     """Gamma given by its mean and coefficient of variation (cv=1 is exponential)."""
 
     kind: Literal["gamma"] = "gamma"
-    mean: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    cv: float = Field(ge=MIN_CV, le=MAX_CV)
 
 
 class ExponentialDist(_Dist):
     """Exponential with the given mean."""
 
     kind: Literal["exponential"] = "exponential"
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
 
 
 class GeometricDist(_Dist):
     """Geometric on 1, 2, 3, ... with the given mean (p = 1 / mean)."""
 
     kind: Literal["geometric"] = "geometric"
-    mean: float = Field(ge=1)
+    mean: float = Field(ge=1, le=MAX_TOKENS)
 
 
 class EmpiricalDist(_Dist):
@@ -170,40 +177,18 @@ def resolve(path: str, base_dir: Path) -> Path:
     return p if p.is_absolute() else base_dir / p
 
 
-def read_table(path: Path, fmt: str | None = None) -> Any:
-    """Read a CSV or JSON-lines file (`fmt`, else by suffix) as a polars DataFrame; SimError if unreadable."""
-    import polars as pl
-
-    if not path.is_file():
-        raise SimError(f"{path}: file not found")
-    if fmt is None:
-        fmt = "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson", ".json") else "csv"
-    try:
-        return pl.read_ndjson(path) if fmt == "jsonl" else pl.read_csv(path)
-    except Exception as e:  # polars raises several error types for malformed files
-        raise SimError(f"{path}: cannot read as {'JSON lines' if fmt == 'jsonl' else 'CSV'}: {e}") from e
-
-
-def read_column(path: Path, column: str) -> np.ndarray:
-    """One numeric column of a CSV / JSON-lines file as float64, with SimErrors naming file and column."""
-    df = read_table(path)
-    if column not in df.columns:
-        raise SimError(f"{path}: no column {column!r} (columns: {', '.join(df.columns)})")
-    return column_values(df, column, path)
-
-
-def column_values(df: Any, column: str, path: Path) -> np.ndarray:
-    """A numeric, null-free column of a polars frame as float64."""
-    col = df[column]
-    if col.null_count():
-        raise SimError(f"{path}: column {column!r} has {col.null_count()} empty values")
-    try:
-        values = col.cast(float).to_numpy().astype(np.float64)
-    except Exception as e:
-        raise SimError(f"{path}: column {column!r} is not numeric") from e
-    if not np.all(np.isfinite(values)):
-        raise SimError(f"{path}: column {column!r} has non-finite values")
-    return values
+def mean_of(config: Any, base_dir: Path) -> float:
+    """The distribution's mean, moved into its [min, max] clamps: an estimate for sizing a run."""
+    c = config
+    if isinstance(c, FixedDist):
+        mean = c.value
+    elif isinstance(c, UniformDist):
+        mean = (c.low + c.high) / 2
+    elif isinstance(c, EmpiricalDist):
+        mean = float(read_column(resolve(c.path, base_dir), c.column).mean())
+    else:
+        mean = c.mean
+    return float(min(max(mean, c.min or 0.0), MAX_TOKENS if c.max is None else c.max))
 
 
 def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
@@ -212,25 +197,25 @@ def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
 
 
 class TimeSampler:
-    """Draws non-negative floats (seconds), clamped to the config's min/max."""
+    """Draws non-negative floats (seconds), clamped to the config's min/max and to MAX_SECONDS."""
 
     def __init__(self, config: _Dist, base_dir: Path) -> None:
         self._sample = build_sampler(config, base_dir)
         self._lo = max(config.min or 0.0, 0.0)
-        self._hi = math.inf if config.max is None else config.max
+        self._hi = MAX_SECONDS if config.max is None else min(config.max, MAX_SECONDS)
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.clip(self._sample(rng, n), self._lo, self._hi)
 
 
 class LengthSampler:
-    """Draws token counts: rounded to integers, clamped to [max(min, 1), max]."""
+    """Draws token counts: rounded to integers, clamped to [max(min, 1), max] and to MAX_TOKENS."""
 
     def __init__(self, config: _Dist, base_dir: Path) -> None:
         self._sample = build_sampler(config, base_dir)
         self.low = max(1, math.ceil(config.min or 1))
-        self.high = None if config.max is None else math.floor(config.max)
-        if self.high is not None and self.high < self.low:
+        self.high = MAX_TOKENS if config.max is None else min(math.floor(config.max), MAX_TOKENS)
+        if self.high < self.low:
             raise SimError(f"length clamps allow no value: min {config.min}, max {config.max}")
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:

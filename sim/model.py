@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sim.errors import SimError
+from sim.limits import MAX_MODEL_DIM
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 _DTYPE_ALIASES = {
@@ -289,14 +290,43 @@ def load_model(name_or_path: str) -> ModelSpec:
     """Load a ModelSpec from a catalog short name, an HF id (any case) or a config.json path."""
     short, hf_id, ref = resolve(name_or_path)
     try:
-        cfg = json.loads(ref.read_text())
+        cfg = json.loads(ref.read_bytes())
+    except OSError as exc:
+        raise SimError(f"{ref}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise SimError(f"{ref}: not a UTF-8 text file") from None
+    except RecursionError:
+        raise SimError(f"{ref}: not a model config (JSON nested too deeply)") from None
     except json.JSONDecodeError as exc:
-        raise SimError(f"{ref}: not valid JSON ({exc})") from exc
+        raise SimError(f"{ref}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(cfg, dict):
+        raise SimError(f"{ref}: a model config is a JSON object")
     return from_config(cfg, name=short, hf_id=hf_id, source=str(ref))
 
 
+# Whole-number fields of a config.json and the smallest value each may take; none may exceed
+# MAX_MODEL_DIM. Flags must be booleans and layer lists lists of layer indices.
+_INT_FIELDS: dict[str, int] = {
+    **dict.fromkeys(
+        ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "num_key_value_heads",
+         "head_dim", "intermediate_size", "sliding_window", "attention_chunk_size", "num_local_experts",
+         "num_experts", "num_experts_per_tok", "decoder_sparse_step", "moe_intermediate_size",
+         "intermediate_size_mlp", "ffn_dim", "word_embed_proj_dim", "kv_lora_rank", "v_head_dim",
+         "q_lora_rank", "n_routed_experts", "moe_layer_freq"),
+        1,
+    ),
+    **dict.fromkeys(
+        ("max_position_embeddings", "max_window_layers", "interleave_moe_layer_step", "qk_rope_head_dim",
+         "qk_nope_head_dim", "first_k_dense_replace", "n_shared_experts"),
+        0,
+    ),
+}  # fmt: skip
+_BOOL_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "use_sliding_window", "enable_bias"})
+_LIST_FIELDS = frozenset({"mlp_only_layers", "no_rope_layers", "moe_layers"})
+
+
 class _Cfg:
-    """Config dict with field access that names the missing field and the file."""
+    """Config dict with field access that checks each field's type and range and names the file."""
 
     def __init__(self, data: dict[str, Any], source: str) -> None:
         self.data, self.source = data, source
@@ -305,11 +335,33 @@ class _Cfg:
         val = self.data.get(key)
         if val is None:
             raise SimError(f"{self.source}: missing field {key!r}")
-        return val
+        return self._checked(key, val)
 
     def get(self, key: str, default: Any = None) -> Any:
         val = self.data.get(key)
-        return default if val is None else val
+        return default if val is None else self._checked(key, val)
+
+    def _checked(self, key: str, val: Any) -> Any:
+        where = f"{self.source}: {key}"
+        if key in _INT_FIELDS:
+            low = _INT_FIELDS[key]
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise SimError(f"{where}: expected a whole number (got {_json_type(val)})")
+            if not low <= val <= MAX_MODEL_DIM:
+                raise SimError(f"{where}: expected a whole number in [{low}, {MAX_MODEL_DIM}] (got {val})")
+        elif key in _BOOL_FIELDS and not isinstance(val, bool):
+            raise SimError(f"{where}: expected true or false (got {_json_type(val)})")
+        elif key in _LIST_FIELDS and not (
+            isinstance(val, list)
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_MODEL_DIM for x in val)
+        ):
+            raise SimError(f"{where}: expected a list of layer indices")
+        return val
+
+
+def _json_type(val: Any) -> str:
+    names = {bool: "a boolean", str: "a string", float: "a fraction", list: "a list", dict: "an object"}
+    return names.get(type(val), type(val).__name__)
 
 
 # Module-name fragments of `ignore` / `modules_to_not_convert` entries, and the group each belongs to.
@@ -363,6 +415,8 @@ def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantizat
     q = cfg.get("quantization_config") or {}
     if not q:
         return Quantization()
+    if not isinstance(q, dict):
+        raise SimError(f"{source}: quantization_config: expected an object")
     method = str(q.get("quant_method", "")).lower()
     ignore = list(q.get("ignore") or q.get("modules_to_not_convert") or [])
     if method == "fp8":
@@ -407,21 +461,38 @@ def _weight_dtype(quant: Quantization, torch_dtype: str) -> str:
 
 def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> ModelSpec:
     """Build a ModelSpec from a parsed HF config dict."""
-    model_type = str(raw.get("model_type", "")).lower()
+    model_type = raw.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise SimError(f"{source}: model_type: expected a string (got {_json_type(model_type)})")
+    model_type = model_type.lower()
     model_type = "llama4" if model_type == "llama4_text" else model_type
     data = raw.get("text_config") if model_type == "llama4" and raw.get("text_config") else raw
+    if not isinstance(data, dict):
+        raise SimError(f"{source}: text_config: expected an object (got {_json_type(data)})")
     if model_type not in SUPPORTED:
-        archs = ", ".join(raw.get("architectures") or []) or "?"
+        archs_field = raw.get("architectures")
+        names = archs_field if isinstance(archs_field, list) else []
+        archs = ", ".join(a for a in names if isinstance(a, str)) or "?"
         raise SimError(
             f"{source}: unsupported architecture {model_type or '?'} ({archs}); "
             f"supported model_type values: {', '.join(SUPPORTED)}"
         )
     c = _Cfg(data, source)
-    td = normalize_dtype(str(raw.get("torch_dtype") or c.get("torch_dtype", "bfloat16")))
+    td_field = raw.get("torch_dtype") or c.get("torch_dtype", "bfloat16")
+    if not isinstance(td_field, str):
+        raise SimError(f"{source}: torch_dtype: expected a string (got {_json_type(td_field)})")
+    try:
+        td = normalize_dtype(td_field)
+    except SimError as err:
+        raise SimError(f"{source}: torch_dtype: {err}") from None
     torch_dtype = td if td in ("bf16", "fp16") else "bf16"
     shape = _parse(model_type, c)
     tied = c.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
     H, V = shape["hidden_size"], shape["vocab_size"]
+    if shape["head_dim"] < 1:
+        raise SimError(f"{source}: head_dim: hidden_size / num_attention_heads is below 1; give head_dim")
+    if shape["experts_per_token"] > shape["num_experts"]:
+        raise SimError(f"{source}: num_experts_per_tok: more than the model's {shape['num_experts']} experts")
     lm_head = 0 if tied else V * shape.get("lm_head_in", H)
     quant = quantization(raw, shape["num_layers"], source)
     return ModelSpec(

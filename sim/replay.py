@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from sim import console
 from sim.errors import SimError
+from sim.limits import MAX_COUNT, MAX_ID, MAX_TOKENS
 from sim.request import Request
 from sim.schedulers.registry import KvBudget
 from sim.schedulers.vllm import Seq, VllmConfig, VllmScheduler
@@ -33,6 +35,9 @@ KEYS = (
     "num_running",
     "num_waiting",
 )
+
+
+MAX_REPLAY_STEPS = 10_000_000  # a replay that has not finished by then is refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +66,22 @@ class TraceRequest:
 
 
 def load_trace(path: Path) -> list[TraceRequest]:
-    """Read a JSON list of requests (`id`, `arrival_step`, `prompt_len`, `max_tokens`, prefix fields)."""
+    """Read a JSON list of requests (`id`, `arrival_step`, `prompt_len`, `max_tokens`, prefix fields).
+
+    Errors name the file, the request's index and the field, never the file's contents.
+    """
     try:
-        rows = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SimError(f"{path}: cannot read trace: {exc}") from exc
+        rows = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise SimError(f"{path}: cannot read trace: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise SimError(f"{path}: cannot read trace: not a UTF-8 text file") from None
+    except json.JSONDecodeError as exc:
+        raise SimError(
+            f"{path}: cannot read trace: not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise SimError(f"{path}: cannot read trace: JSON nested too deeply") from None
     if not isinstance(rows, list):
         raise SimError(f"{path}: a trace is a JSON list of requests")
     out = []
@@ -73,20 +89,16 @@ def load_trace(path: Path) -> list[TraceRequest]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise SimError(f"{path}: request {i} is not an object")
-        name = str(_field(path, i, row, "id", (str, int)))
+        name = str(_field(path, i, row, "id", (str, int), None, 0, MAX_ID))
         if name in seen:
-            raise SimError(f"{path}: request {i}: field 'id' repeats {name!r}")
+            raise SimError(f"{path}: request {i}: field 'id' repeats an earlier request's id")
         seen.add(name)
-        arrival = _field(path, i, row, "arrival_step", int)
-        prompt = _field(path, i, row, "prompt_len", int)
-        max_tokens = _field(path, i, row, "max_tokens", int)
-        group = _field(path, i, row, "prefix_group", int, -1)
-        prefix = _field(path, i, row, "prefix_len", int, 0)
-        n = _field(path, i, row, "n", int, 1)
-        if arrival < 0 or prompt < 1 or max_tokens < 1 or prefix < 0 or n < 1:
-            raise SimError(
-                f"{path}: request {i} ({name}): arrival_step, prompt_len, max_tokens, n out of range"
-            )
+        arrival = _field(path, i, row, "arrival_step", int, None, 0, MAX_REPLAY_STEPS - 1)
+        prompt = _field(path, i, row, "prompt_len", int, None, 1, MAX_TOKENS)
+        max_tokens = _field(path, i, row, "max_tokens", int, None, 1, MAX_TOKENS)
+        group = _field(path, i, row, "prefix_group", int, -1, -1, MAX_ID)
+        prefix = _field(path, i, row, "prefix_len", int, 0, 0, prompt)
+        n = _field(path, i, row, "n", int, 1, 1, MAX_COUNT)
         req = Request(
             i, float(arrival), prompt, max_tokens, max_tokens, n=n, prefix_group=group, prefix_len=prefix
         )
@@ -94,14 +106,20 @@ def load_trace(path: Path) -> list[TraceRequest]:
     return out
 
 
-def _field(path: Path, i: int, row: dict[str, Any], key: str, kind: Any, default: Any = None) -> Any:
+def _field(
+    path: Path, i: int, row: dict[str, Any], key: str, kind: Any, default: Any, low: int, high: int
+) -> Any:
+    """A field of type `kind`, a whole number in [low, high]; `default` when absent (None: required)."""
     if key not in row:
         if default is None:
             raise SimError(f"{path}: request {i} lacks field '{key}'")
         return default
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise SimError(f"{path}: request {i}: field '{key}' has a bad value {value!r}")
+        expected = "a string or a whole number" if kind == (str, int) else "a whole number"
+        raise SimError(f"{path}: request {i}: field '{key}': expected {expected}")
+    if isinstance(value, int) and not low <= value <= high:
+        raise SimError(f"{path}: request {i}: field '{key}': expected a whole number in [{low}, {high}]")
     return value
 
 
@@ -134,7 +152,7 @@ def seq_name(seq: Seq, names: dict[int, str]) -> str:
 def replay(
     trace: list[TraceRequest],
     config: ReplayConfig,
-    max_steps: int = 10_000_000,
+    max_steps: int = MAX_REPLAY_STEPS,
     progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the trace step by step until a step starts with every request finished; one record per step.
@@ -200,15 +218,39 @@ def write_steps(path: Path, config: ReplayConfig, steps: list[dict[str, Any]]) -
 
 def read_steps(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Read a steps log (`.jsonl` or `.jsonl.gz`): its config and its step records."""
+    lines: list[Any] = []
     try:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise SimError(f"{path}: cannot read steps log: {exc}") from exc
-    if not lines or "config" not in lines[0]:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    lines.append(_json_line(path, number, line))
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise SimError(f"{path}: cannot read steps log: a cut or damaged gzip file") from None
+    except UnicodeDecodeError:
+        raise SimError(f"{path}: cannot read steps log: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise SimError(f"{path}: cannot read steps log: {exc.strerror or type(exc).__name__}") from None
+    if not lines or not isinstance(lines[0], dict) or not isinstance(lines[0].get("config"), dict):
         raise SimError(f'{path}: the first line must be {{"config": {{...}}}}')
-    return lines[0]["config"], lines[1:]
+    config = lines[0]["config"]
+    for key in ReplayConfig.__slots__:  # type: ignore[attr-defined]
+        flag = key.startswith("enable_")
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) != flag):
+            expected = "true or false" if flag else "a whole number"
+            raise SimError(f"{path}: line 1: config.{key}: expected {expected}")
+    for number, rec in enumerate(lines[1:], start=2):
+        if not isinstance(rec, dict):
+            raise SimError(f"{path}: record {number}: not a JSON object")
+    return config, lines[1:]
+
+
+def _json_line(path: Path, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        raise SimError(f"{path}: line {number}: not valid JSON") from None
 
 
 def overrides(**given: Any) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,12 +12,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import SimError
+from sim.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_COUNT,
+    MAX_KV_BLOCKS,
+    MAX_REQUESTS_CAP,
+    MAX_SECONDS,
+    MAX_TOKENS,
+)
 from sim.schedulers.registry import load_all
 from sim.workload import WorkloadConfig, format_validation_error
 
+MAX_SCENARIO_BYTES = 16 * 2**20
+POLICY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -29,20 +42,30 @@ class ModelSection(_Section):
     )
     kv_dtype: str | None = Field(None, description="KV-cache dtype (default: the 16-bit activation dtype).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int = Field(4096, ge=16)
-    block_size: int = Field(16, ge=1)
-    num_kv_blocks: int | None = Field(None, ge=2, description="Override the KV blocks derived from memory.")
-    cpu_offload_blocks: int = Field(0, ge=0, description="Extra KV blocks (CPU offload), added to the GPU's.")
+    max_model_len: int = Field(4096, ge=16, le=MAX_TOKENS)
+    block_size: int = Field(16, ge=1, le=MAX_BLOCK_SIZE)
+    num_kv_blocks: int | None = Field(
+        None, ge=2, le=MAX_KV_BLOCKS, description="Override the KV blocks derived from memory."
+    )
+    cpu_offload_blocks: int = Field(
+        0, ge=0, le=MAX_KV_BLOCKS, description="Extra KV blocks (CPU offload), added to the GPU's."
+    )
 
 
 class HorizonSection(_Section):
+    """When arrivals stop. `sim run` and `sim sweep` estimate a run's size before it starts (requests =
+    rate x duration_s, or max_requests; tokens = requests x mean prompt and output) and refuse, unless
+    --force, one expected to exceed 1,000,000 requests or 1,000,000,000 tokens."""
+
     duration_s: float | None = Field(
-        None, gt=0, description="Arrivals stop here; so does the run unless drain."
+        None, gt=0, le=MAX_SECONDS, description="Arrivals stop here; so does the run unless drain."
     )
-    max_requests: int | None = Field(None, ge=1, description="Arrivals stop after this many requests.")
+    max_requests: int | None = Field(
+        None, ge=1, le=MAX_REQUESTS_CAP, description="Arrivals stop after this many requests."
+    )
     drain: bool = Field(False, description="After arrivals stop, serve every admitted request to the end.")
     max_waiting: int | None = Field(
-        None, ge=1, description="Reject arrivals while this many wait (queue full)."
+        None, ge=1, le=MAX_COUNT, description="Reject arrivals while this many wait (queue full)."
     )
 
     @model_validator(mode="after")
@@ -53,24 +76,34 @@ class HorizonSection(_Section):
 
 
 class SloSection(_Section):
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
+    ttft_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
+    tpot_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
+    e2e_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
 
 
 class Scenario(_Section):
     name: str = Field("scenario", pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     model: ModelSection
     workload: WorkloadConfig
     policies: dict[str, dict[str, Any]] = Field(min_length=1)
     horizon: HorizonSection
     slo: SloSection = SloSection()
     calibration: dict[str, float] = Field(
-        default_factory=dict, description="Cost-model calibration overrides."
+        default_factory=dict,
+        description="Cost-model calibration overrides: efficiencies (*_eff) in [0.001, 10], "
+        "overheads (*_s) in [0, 1] seconds.",
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
+
+    @model_validator(mode="after")
+    def _calibration_in_range(self) -> Scenario:
+        for key, value in self.calibration.items():
+            low, high = (1e-3, 10.0) if key.endswith("_eff") else (0.0, 1.0)
+            if not low <= value <= high:
+                raise ValueError(f"calibration.{key}: must be in [{low:g}, {high:g}] (got {value:g})")
+        return self
 
     # Resolved policy configs (pydantic models of each scheduler), filled by `validate_scenario`,
     # and the validated TOML mapping itself (overrides applied), for records of what ran.
@@ -118,8 +151,24 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str
     return data
 
 
+def _non_finite(node: Any, where: str) -> str | None:
+    """The dotted key of the first inf or nan anywhere in a TOML mapping, else None."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where
+    items: Any = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        sub = f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{key}" if where else str(key))
+        found = _non_finite(child, sub)
+        if found is not None:
+            return found
+    return None
+
+
 def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
     """Validate a scenario mapping (from TOML after overrides), including each policy's own knobs."""
+    bad = _non_finite(data, "")
+    if bad is not None:
+        raise SimError(f"{source}: {bad}: must be a finite number")
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
@@ -127,14 +176,19 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
     registry = load_all()
     configs: dict[str, BaseModel] = {}
     for name, table in scenario.policies.items():
+        if not POLICY_NAME.match(name):
+            raise SimError(
+                f"{source}: policies.{name}: a policy name is letters, digits, '_', '-' and '.' "
+                "(it names the policy's output folder)"
+            )
         if not isinstance(table, dict) or "scheduler" not in table:
             raise SimError(
                 f"{source}: policies.{name}.scheduler: missing (one of {', '.join(sorted(registry))})"
             )
         kind = table["scheduler"]
-        if kind not in registry:
+        if not isinstance(kind, str) or kind not in registry:
             raise SimError(
-                f"{source}: policies.{name}.scheduler: unknown scheduler {kind!r} "
+                f"{source}: policies.{name}.scheduler: unknown scheduler {str(kind)[:40]!r} "
                 f"(one of {', '.join(sorted(registry))})"
             )
         knobs = {k: v for k, v in table.items() if k != "scheduler"}
@@ -148,11 +202,26 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """A scenario file's TOML mapping; SimError for a missing, unreadable, binary or malformed file."""
+    if not path.exists():
+        raise SimError(f"{path}: no such scenario file")
+    if path.is_dir():
+        raise SimError(f"{path}: is a folder, not a scenario file")
+    if not path.is_file():
+        raise SimError(f"{path}: not a regular file")
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise SimError(f"{path}: no such scenario file") from None
+            data = fh.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as err:
+        raise SimError(f"{path}: cannot read: {err.strerror or err}") from None
+    if len(data) > MAX_SCENARIO_BYTES:
+        raise SimError(f"{path}: larger than {MAX_SCENARIO_BYTES // 2**20} MiB; not a scenario file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SimError(f"{path}: not a UTF-8 text file (bad byte at offset {err.start})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise SimError(f"{path}: not valid TOML: {err}") from None
 

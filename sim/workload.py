@@ -35,23 +35,24 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import SimError
-from sim.lengths import (
-    DistConfig,
-    FixedDist,
-    LengthSampler,
-    TimeSampler,
-    column_values,
-    read_table,
-    resolve,
+from sim.lengths import MAX_CV, MIN_CV, DistConfig, FixedDist, LengthSampler, TimeSampler, resolve
+from sim.limits import (
+    MAX_COUNT,
+    MAX_ID,
+    MAX_PARALLEL_SAMPLES,
+    MAX_RATE,
+    MAX_SECONDS,
+    MAX_TOKENS,
 )
 from sim.request import Request
+from sim.tables import Table, read_table
 
 CHUNK = 8192  # requests generated per numpy batch
 DEFAULT_MAX_TOKENS = 1024
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # --- arrival configs ----------------------------------------------------------------------------------
@@ -61,25 +62,25 @@ class PoissonArrival(_Config):
     """Exponential gaps at `rate` requests per second."""
 
     kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0)
+    rate: float = Field(gt=0, le=MAX_RATE)
 
 
 class GammaArrival(_Config):
     """Gamma-distributed gaps: mean 1/rate, coefficient of variation `cv` (> 1 is bursty)."""
 
     kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0)
-    cv: float = Field(gt=0)
+    rate: float = Field(gt=0, le=MAX_RATE)
+    cv: float = Field(ge=MIN_CV, le=MAX_CV)
 
 
 class DeterministicArrival(_Config):
     """One request every 1/rate seconds, the first at t = 0."""
 
     kind: Literal["deterministic"] = "deterministic"
-    rate: float = Field(gt=0)
+    rate: float = Field(gt=0, le=MAX_RATE)
 
 
-Stage = tuple[Annotated[float, Field(ge=0)], Annotated[float, Field(gt=0)]]
+Stage = tuple[Annotated[float, Field(ge=0, le=MAX_RATE)], Annotated[float, Field(gt=0, le=MAX_SECONDS)]]
 
 
 class StagedArrival(_Config):
@@ -107,9 +108,9 @@ class ClosedLoopArrival(_Config):
     """
 
     kind: Literal["closed_loop"] = "closed_loop"
-    users: int = Field(gt=0)
+    users: int = Field(gt=0, le=MAX_COUNT)
     think_time_s: Annotated[DistConfig, BeforeValidator(_number_as_fixed)] = FixedDist(value=0.0)
-    ramp_s: float = Field(0.0, ge=0)
+    ramp_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
 
 
 class TraceArrival(_Config):
@@ -122,7 +123,7 @@ class TraceArrival(_Config):
     kind: Literal["trace"] = "trace"
     path: str = Field(min_length=1)
     format: Literal["csv", "jsonl"] | None = None
-    time_scale: float = Field(1.0, gt=0)
+    time_scale: float = Field(1.0, gt=0, le=1e6)
 
 
 # --- arrival processes --------------------------------------------------------------------------------
@@ -209,46 +210,80 @@ TRACE_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+# Each trace column's bounds: token counts within what a request can hold, group ids exact in float64.
+TRACE_BOUNDS: tuple[tuple[str, int, int], ...] = (
+    ("prompt", 1, MAX_TOKENS),
+    ("output", 1, MAX_TOKENS),
+    ("prefix_group", -1, MAX_ID),
+    ("prefix_len", 0, MAX_TOKENS),
+)
+
+
 class _Trace(ArrivalProcess):
     finite = True
 
     def __init__(self, config: TraceArrival, base_dir: Path) -> None:
         path = resolve(config.path, base_dir)
-        df = read_table(path, config.format)
-        found = {k: next((n for n in names if n in df.columns), None) for k, names in TRACE_COLUMNS.items()}
+        table = read_table(path, config.format)
+        found = {
+            k: next((n for n in names if n in table.columns), None) for k, names in TRACE_COLUMNS.items()
+        }
         if found["arrival"] is None:
             raise SimError(
-                f"{path}: no arrival column (expected one of {', '.join(TRACE_COLUMNS['arrival'])}; "
-                f"columns: {', '.join(df.columns)})"
+                f"{path}: no arrival column (expected one of {', '.join(TRACE_COLUMNS['arrival'])})"
             )
-        times = column_values(df, found["arrival"], path)
-        if times.size == 0:
+        if len(table) == 0:
             raise SimError(f"{path}: trace has no rows")
-        if np.any(times < 0):
-            raise SimError(f"{path}: column {found['arrival']!r} has negative arrival times")
+        times = self._bounded(table, found["arrival"], 0, MAX_SECONDS / config.time_scale, whole=False)
         order = np.argsort(times, kind="stable")
         self._times = times[order] * config.time_scale
         self._cols: dict[str, np.ndarray] = {}
-        for key in ("prompt", "output", "prefix_group", "prefix_len"):
+        for key, low, high in TRACE_BOUNDS:
             name = found[key]
-            if name is None:
-                continue
-            v = column_values(df, name, path)
-            if np.any(v != np.rint(v)):
-                raise SimError(f"{path}: column {name!r} must hold whole numbers")
-            low = -1 if key == "prefix_group" else (0 if key == "prefix_len" else 1)
-            if np.any(v < low):
-                raise SimError(f"{path}: column {name!r} has values below {low}")
-            self._cols[key] = v[order].astype(np.int64)
+            if name is not None:
+                self._cols[key] = self._bounded(table, name, low, high, whole=True)[order].astype(np.int64)
         cols = self._cols
-        if "prompt" in cols and "prefix_len" in cols and np.any(cols["prefix_len"] > cols["prompt"]):
-            raise SimError(f"{path}: column 'prefix_len' exceeds the prompt length in some rows")
+        if "prompt" in cols and "prefix_len" in cols:
+            over = np.flatnonzero(cols["prefix_len"] > cols["prompt"])
+            if over.size:
+                line = int(table.lines[order[over[0]]])
+                raise SimError(
+                    f"{path}: line {line}: column {found['prefix_len']!r}: exceeds the prompt length"
+                )
         self.columns = frozenset(self._cols)
         self.path = path
         self.column_names = {k: v for k, v in found.items() if v is not None}
 
+    @staticmethod
+    def _bounded(table: Table, name: str, low: float, high: float, whole: bool) -> np.ndarray:
+        """A column's values, each a number in [low, high] (a whole number if `whole`)."""
+        v = table.numbers(name)
+        bad = (v < low) | (v > high)
+        if whole:
+            bad |= v != np.rint(v)
+        if bad.any():
+            line = int(table.lines[int(np.argmax(bad))])
+            kind = "a whole number" if whole else "a number"
+            raise SimError(
+                f"{table.path}: line {line}: column {name!r}: expected {kind} in [{_num(low)}, {_num(high)}]"
+            )
+        return v
+
     def __len__(self) -> int:
         return int(self._times.size)
+
+    def count_before(self, horizon_s: float) -> int:
+        """Requests arriving before `horizon_s` (scaled time)."""
+        return int(np.searchsorted(self._times, horizon_s, side="left"))
+
+    def column_mean(self, key: str) -> float | None:
+        """Mean of a per-request column (`prompt`, `output`, ...), None if the trace has none."""
+        values = self._cols.get(key)
+        return None if values is None else float(values.mean())
 
     def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
         for i in range(0, self._times.size, CHUNK):
@@ -291,19 +326,19 @@ class PrefixConfig(_Config):
     `u % groups`.
     """
 
-    groups: int = Field(gt=0)
-    prefix_len: int = Field(gt=0)
-    users_per_group: int | None = Field(None, gt=0)
+    groups: int = Field(gt=0, le=MAX_COUNT)
+    prefix_len: int = Field(gt=0, le=MAX_TOKENS)
+    users_per_group: int | None = Field(None, gt=0, le=MAX_COUNT)
 
 
 class SharedPrefixProfile(_Config):
     """The calibration runs' `shared_prefix` profile; expands to `prefix`, fixed `prompt` and `output`."""
 
-    system_prompt_len: int = Field(gt=0)
-    question_len: int = Field(gt=0)
-    output_len: int = Field(gt=0)
-    num_unique_system_prompts: int = Field(gt=0)
-    num_users_per_system_prompt: int = Field(1, gt=0)
+    system_prompt_len: int = Field(gt=0, le=MAX_TOKENS)
+    question_len: int = Field(gt=0, le=MAX_TOKENS)
+    output_len: int = Field(gt=0, le=MAX_TOKENS)
+    num_unique_system_prompts: int = Field(gt=0, le=MAX_COUNT)
+    num_users_per_system_prompt: int = Field(1, gt=0, le=MAX_COUNT)
 
 
 class WorkloadConfig(_Config):
@@ -312,8 +347,8 @@ class WorkloadConfig(_Config):
     arrival: ArrivalConfig
     prompt: DistConfig | None = None  # the question; the prompt is prefix_len + this
     output: DistConfig | None = None  # tokens generated before stopping, capped at max_tokens
-    max_tokens: int | None = Field(None, gt=0)
-    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, gt=0, le=MAX_TOKENS)
+    n: int = Field(1, ge=1, le=MAX_PARALLEL_SAMPLES)
     ignore_eos: bool = False
     prefix: PrefixConfig | None = None
     shared_prefix: SharedPrefixProfile | None = None
@@ -520,6 +555,11 @@ class Workload:
                 continue
             names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
             raise SimError(f"{self._process.path}: no {names} column and no workload.{key} distribution")
+
+    @property
+    def trace(self) -> _Trace | None:
+        """The loaded trace of a trace arrival, else None."""
+        return self._process if isinstance(self._process, _Trace) else None
 
     @property
     def finite(self) -> bool:

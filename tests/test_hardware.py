@@ -60,5 +60,14 @@ def test_fp8_peak_used_where_supported() -> None:
 
 
 def test_unknown_gpu_lists_closest() -> None:
-    with pytest.raises(SimError, match="closest: .*H100"):
+    with pytest.raises(SimError, match="did you mean H100"):
         get_gpu("H1000")
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("A100-80G", "A100-80GB"), ("A100-40G", "A100-40GB"), ("H100-SXM5-80G", "H100-SXM")]
+)
+def test_near_miss_is_refused_with_did_you_mean(typo: str, meant: str) -> None:
+    """A near miss of a catalog name is an error naming the GPU meant, never silently that GPU."""
+    with pytest.raises(SimError, match=f"unknown GPU '{typo}'; did you mean {meant}"):
+        get_gpu(typo)

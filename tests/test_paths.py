@@ -19,7 +19,7 @@ from sim.outputs import SAFE_CHARS, path_component
 runner = CliRunner()
 HOSTILE = (
     TINY.replace('name = "tiny"', 'name = ".."')
-    .replace("[policies.static]", '[policies."../../x"]')
+    .replace("[policies.static]", '[policies."x.y"]')
     .replace("[policies.continuous]", "[policies.sweep]")
 )
 
@@ -51,9 +51,18 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
+def test_a_policy_name_that_is_a_path_is_refused_before_anything_is_written(in_tmp: Path) -> None:
+    path = in_tmp / "hostile.toml"
+    path.write_text(HOSTILE.replace('[policies."x.y"]', '[policies."../../x"]'))
+    before = files_under(in_tmp.parent)
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 2 and "policies.../../x" in result.output, result.output
+    assert files_under(in_tmp.parent) == before
+
+
 def test_hostile_scenario_and_policy_names_stay_in_the_output_folder(in_tmp: Path) -> None:
     path = in_tmp / "hostile.toml"
-    path.write_text(HOSTILE + '\n[sweep]\nrates = [1]\npolicies = ["../../x"]\n')
+    path.write_text(HOSTILE + '\n[sweep]\nrates = [1]\npolicies = ["x.y"]\n')
     outside = in_tmp.parent
     before = files_under(outside)
     result = runner.invoke(app, ["run", str(path)])
@@ -69,7 +78,7 @@ def test_hostile_scenario_and_policy_names_stay_in_the_output_folder(in_tmp: Pat
     assert (folder / "sweep" / "manifest.json").is_file()
     result = runner.invoke(app, ["report", str(folder), "--no-png"])
     assert result.exit_code == 0, result.output
-    assert "../../x" in (folder / "index.html").read_text()  # shown under its own name
+    assert "x.y" in (folder / "index.html").read_text()  # shown under its own name
 
 
 def modes(root: Path) -> dict[str, int]:

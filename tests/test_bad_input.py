@@ -1,0 +1,354 @@
+"""Bad input: exit code 2 and one `error: FILE: key: ...` line, no traceback, nothing written or echoed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomltext
+
+from sim import run_size
+from sim.cli import main
+from sim.limits import RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.run_size import estimate
+from sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVOY = ROOT / "scenarios" / "convoy.toml"
+ORACLE = ROOT / "tests" / "data" / "oracle"
+LLAMA = ROOT / "sim" / "catalog" / "models" / "llama-2-7b.json"
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the `sim` command in-process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    code = exit_info.value.code
+    return (code if isinstance(code, int) else 0), out, err
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The single error line of a command that must fail with exit code 2."""
+    code, out, err = cli(capsys, *args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def scenario(tmp_path: Path, **changes: Any) -> Path:
+    """A small scenario file (fixed lengths, 20 requests) with top-level tables replaced by `changes`."""
+    data: dict[str, Any] = {
+        "name": "small",
+        "model": {"name": "llama-2-7b", "gpu": "A100-80GB"},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 10.0},
+            "prompt": {"kind": "fixed", "value": 100},
+            "output": {"kind": "fixed", "value": 10},
+        },
+        "horizon": {"max_requests": 20},
+        "policies": {"c": {"scheduler": "continuous"}},
+        **changes,
+    }
+    path = tmp_path / "small.toml"
+    path.write_text(tomltext.dumps(data))
+    return path
+
+
+# --- scenario files -----------------------------------------------------------------------------------
+
+
+def test_binary_non_utf8_and_folder_scenarios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bin.toml").write_bytes(bytes(range(256)))
+    assert "bin.toml: not a UTF-8 text file" in refused(capsys, "run", tmp_path / "bin.toml")
+    (tmp_path / "latin.toml").write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    assert "latin.toml: not a UTF-8 text file" in refused(capsys, "run", tmp_path / "latin.toml")
+    (tmp_path / "dir.toml").mkdir()
+    assert "dir.toml: is a folder, not a scenario file" in refused(capsys, "run", tmp_path / "dir.toml")
+    (tmp_path / "nul.toml").write_bytes(b"\x00\x00\x00")
+    assert "nul.toml: not valid TOML" in refused(capsys, "sweep", tmp_path / "nul.toml")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("workload.output.cv=inf", "workload.output.cv"),
+        ("workload.arrival.rate=inf", "workload.arrival.rate"),
+        ("workload.arrival.rate=nan", "workload.arrival.rate"),
+        ("horizon.duration_s=inf", "horizon.duration_s"),
+        ("workload.arrival.rate=1e308", "workload.arrival.rate"),
+        ("horizon.duration_s=1e300", "horizon.duration_s"),
+        ("workload.prompt.max=1e30", "workload.prompt.max"),
+        ("model.max_model_len=9223372036854775807", "model.max_model_len"),
+        ("model.num_kv_blocks=9223372036854775807", "model.num_kv_blocks"),
+        ("policies.static.batch_timeout_s=inf", "policies.static.batch_timeout_s"),
+        ("calibration.bandwidth_eff=0", "calibration.bandwidth_eff"),
+        ("calibration.step_overhead_s=-1", "calibration.step_overhead_s"),
+    ],
+)
+def test_numbers_out_of_range_are_refused(
+    capsys: pytest.CaptureFixture[str], override: str, key: str
+) -> None:
+    """Infinite, NaN or unrepresentable values fail at once (they used to run until memory was gone)."""
+    line = refused(capsys, "run", CONVOY, "--set", override)
+    assert f"convoy.toml: {key}:" in line
+
+
+def test_policy_names_cannot_leave_the_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario(tmp_path, policies={"../escape": {"scheduler": "continuous"}})
+    assert "policies.../escape: a policy name is letters" in refused(
+        capsys, "run", path, "--out", tmp_path / "o"
+    )
+    assert not (tmp_path / "escape").exists()
+
+
+# --- run size -----------------------------------------------------------------------------------------
+
+
+def test_size_estimate_matches_rate_times_duration(tmp_path: Path) -> None:
+    path = scenario(tmp_path, horizon={"duration_s": 50.0})
+    size = estimate(load_scenario(path), tmp_path)
+    assert size.requests == pytest.approx(10.0 * 50.0)
+    assert size.tokens == pytest.approx(500 * (100 + 10))
+    capped = scenario(tmp_path, horizon={"duration_s": 50.0, "max_requests": 7})
+    assert estimate(load_scenario(capped), tmp_path).requests == 7
+
+
+def test_closed_loop_and_staged_estimates(tmp_path: Path) -> None:
+    staged = {"kind": "staged", "stages": [[2.0, 10.0], [4.0, 10.0]]}
+    path = scenario(
+        tmp_path, workload={"arrival": staged, "prompt": {"kind": "fixed", "value": 5}, "ignore_eos": True},
+        horizon={"duration_s": 15.0},
+    )  # fmt: skip
+    size = estimate(load_scenario(path), tmp_path)
+    assert size.requests == pytest.approx(2 * 10 + 4 * 5)
+    assert size.tokens == pytest.approx(40 * (5 + 1024))  # ignore_eos: every request runs to max_tokens
+    users = {"kind": "closed_loop", "users": 4, "think_time_s": 1.0}
+    lengths = {"prompt": {"kind": "fixed", "value": 5}, "output": {"kind": "fixed", "value": 1}}
+    path = scenario(tmp_path, workload={"arrival": users, **lengths}, horizon={"duration_s": 10.0})
+    # Each user's cycle is at least its 1 s think time: at most 4 x (1 + 10 / 1) requests.
+    assert estimate(load_scenario(path), tmp_path).requests <= 44
+
+
+def test_large_run_is_refused_with_its_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(
+        capsys, "run", CONVOY, "--set", "workload.arrival.rate=1000", "--set", "horizon.duration_s=5000"
+    )
+    assert "about 5,000,000 requests" in line and f"limit {RUN_MAX_REQUESTS:,}" in line and "--force" in line
+    line = refused(capsys, "sweep", CONVOY, "--set", "sweep.rates=[2000]", "--set", "sweep.params={}",
+                   "--set", "horizon.duration_s=1000")  # fmt: skip
+    assert line.startswith("error: sweep point (rate = 2000.0): ") and "about 2,000,000 requests" in line
+
+
+def test_force_runs_past_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_size, "RUN_MAX_REQUESTS", 10)
+    path = scenario(tmp_path)
+    assert "about 20 requests (limit 10)" in refused(capsys, "run", path, "--out", tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    code, _, err = cli(capsys, "run", path, "--out", tmp_path / "b", "--force")
+    assert code == 0, err
+    assert json.loads((tmp_path / "b" / "c" / "summary.json").read_text())["requests"]["arrived"] == 20
+
+
+def test_schema_states_the_run_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "schema")
+    horizon = json.loads(out)["$defs"]["HorizonSection"]["description"]
+    assert (
+        code == 0 and f"{RUN_MAX_REQUESTS:,} requests" in horizon and f"{RUN_MAX_TOKENS:,} tokens" in horizon
+    )
+
+
+# --- output paths -------------------------------------------------------------------------------------
+
+
+def test_out_naming_a_file_is_refused_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "taken"
+    target.write_text("keep me\n")
+    for command in ("run", "sweep"):
+        line = refused(capsys, command, CONVOY, "--out", target)
+        assert "--out" in line and "is a file, not a folder" in line
+    assert target.read_text() == "keep me\n"
+
+
+def test_out_in_a_read_only_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere; stand in for the permission check a user would fail
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    try:
+        assert "is not writable" in refused(capsys, "run", CONVOY, "--out", locked / "out")
+    finally:
+        locked.chmod(0o755)
+    assert list(locked.iterdir()) == []
+
+
+def test_replay_out_into_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(
+        capsys, "replay-steps", ORACLE / "basic.trace.json", "--out", tmp_path / "nowhere" / "s.jsonl"
+    )
+    assert "nowhere does not exist" in line
+
+
+# --- options ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["capacity", "llama-2-7b", "--gpu", "A100-80GB", "--max-model-len", "0"],
+        ["capacity", "llama-2-7b", "--gpu", "A100-80GB", "--tp", "0"],
+        ["sweep", str(CONVOY), "--jobs", "0"],
+        ["replay-steps", str(ORACLE / "basic.trace.json"), "--max-model-len", "0"],
+        ["run", str(CONVOY), "--bogus"],
+    ],
+)
+def test_bad_options_give_one_error_line(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    refused(capsys, *args)
+
+
+def test_near_miss_gpu_name_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "run", CONVOY, "--set", "model.gpu='A100-80G'")
+    assert "model.gpu: unknown GPU 'A100-80G'; did you mean A100-80GB" in line
+
+
+# --- model config.json --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("hidden_size", "4096", "hidden_size: expected a whole number (got a string)"),
+        ("hidden_size", -5, "hidden_size: expected a whole number in [1, "),
+        ("num_hidden_layers", 32.5, "num_hidden_layers: expected a whole number (got a fraction)"),
+        ("vocab_size", [1], "vocab_size: expected a whole number (got a list)"),
+        ("num_attention_heads", 2**40, "num_attention_heads: expected a whole number in [1, "),
+        ("tie_word_embeddings", "yes", "tie_word_embeddings: expected true or false"),
+        ("torch_dtype", 16, "torch_dtype: expected a string"),
+        ("torch_dtype", "float7", "torch_dtype: unknown dtype"),
+        ("model_type", ["llama"], "model_type: expected a string"),
+    ],
+)
+def test_malformed_config_json_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, expected: str
+) -> None:
+    config = json.loads(LLAMA.read_text())
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = refused(capsys, "capacity", tmp_path / "config.json", "--gpu", "A100-80GB")
+    assert f"config.json: {expected}" in line
+
+
+@pytest.mark.parametrize("text", [b"[1, 2]", b"\xff\xfe\x00", b"{", b"[" * 100_000])
+def test_config_json_that_is_no_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: bytes
+) -> None:
+    (tmp_path / "config.json").write_bytes(text)
+    assert "config.json: " in refused(capsys, "capacity", tmp_path / "config.json", "--gpu", "A100-80GB")
+
+
+# --- traces and logs ----------------------------------------------------------------------------------
+
+
+def test_trace_with_a_huge_prompt_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2^63 - 1 prompt tokens overflowed the token arithmetic into negative latencies."""
+    (tmp_path / "t.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens\n0,100,10\n1,9223372036854775807,10\n"
+    )
+    path = scenario(tmp_path, workload={"arrival": {"kind": "trace", "path": "t.csv"}},
+                    horizon={"max_requests": 5, "drain": True})  # fmt: skip
+    line = refused(capsys, "run", path, "--out", tmp_path / "o")
+    assert "t.csv: line 3: column 'prompt_tokens': expected a whole number in [1, 16777216]" in line
+
+
+def test_trace_errors_never_echo_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pointed at a secrets file, the error names the file (and line and column), not what it holds."""
+    secret = "hunter2-s3cr3t"
+    (tmp_path / "secrets").write_text(f"password={secret}\nuser=root\n")
+    (tmp_path / "cells.csv").write_text(f"arrival_s,prompt_tokens,output_tokens\n0,{secret},1\n")
+    (tmp_path / "rows.jsonl").write_text(f'{{"arrival_s": 0}}\n{{"{secret}": 1\n')
+    for name, expected in [
+        ("secrets", "secrets: no arrival column"),
+        ("cells.csv", "cells.csv: line 2: column 'prompt_tokens': not a finite number"),
+        ("rows.jsonl", "rows.jsonl: line 2: not valid JSON"),
+    ]:
+        path = scenario(tmp_path, workload={"arrival": {"kind": "trace", "path": name}})
+        line = refused(capsys, "run", path, "--out", tmp_path / "o")
+        assert expected in line and secret not in line and "password" not in line
+    empirical = {"kind": "empirical", "path": "secrets", "column": "tokens"}
+    path = scenario(tmp_path, workload={"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": empirical,
+                                        "output": {"kind": "fixed", "value": 1}})  # fmt: skip
+    line = refused(capsys, "run", path, "--out", tmp_path / "o")
+    assert "secrets: no column 'tokens'" in line and secret not in line
+
+
+def test_replay_trace_errors_never_echo_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    secret = "hunter2-s3cr3t"
+    (tmp_path / "t.json").write_text(
+        json.dumps([{"id": "a", "arrival_step": secret, "prompt_len": 1, "max_tokens": 1}])
+    )
+    line = refused(capsys, "replay-steps", tmp_path / "t.json")
+    assert "t.json: request 0: field 'arrival_step': expected a whole number" in line and secret not in line
+    (tmp_path / "big.json").write_text(
+        json.dumps([{"id": 1, "arrival_step": 0, "prompt_len": 2**63 - 1, "max_tokens": 1}])
+    )
+    assert "field 'prompt_len': expected a whole number in [1, " in refused(
+        capsys, "replay-steps", tmp_path / "big.json"
+    )
+
+
+def test_cut_gzip_log_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cut gzip used to end in click's bare 'Aborted.'."""
+    whole = (ORACLE / "basic.steps.jsonl.gz").read_bytes()
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    line = refused(
+        capsys, "replay-steps", ORACLE / "basic.trace.json", "--compare", tmp_path / "cut.jsonl.gz"
+    )
+    assert "cut.jsonl.gz: cannot read steps log: a cut or damaged gzip file" in line
+    (tmp_path / "cfg.jsonl.gz").write_bytes(gzip.compress(b'{"config": {"block_size": "16"}}\n'))
+    line = refused(
+        capsys, "replay-steps", ORACLE / "basic.trace.json", "--compare", tmp_path / "cfg.jsonl.gz"
+    )
+    assert "cfg.jsonl.gz: line 1: config.block_size: expected a whole number" in line
+
+
+def test_cut_gzip_trace_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copy(ROOT / "tests" / "data" / "traces" / "splitwise_conv_head200.csv", tmp_path / "t.csv")
+    whole = gzip.compress((tmp_path / "t.csv").read_bytes())
+    (tmp_path / "t.csv.gz").write_bytes(whole[: len(whole) // 2])
+    path = scenario(tmp_path, workload={"arrival": {"kind": "trace", "path": "t.csv.gz"}})
+    assert "t.csv.gz: a cut or damaged gzip file" in refused(capsys, "run", path, "--out", tmp_path / "o")
+
+
+@pytest.mark.parametrize("value", ["[]", "{}", "3"])
+def test_scheduler_that_is_no_name(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """A list as scheduler name raised TypeError (unhashable) instead of naming the key."""
+    line = refused(capsys, "run", CONVOY, "--set", f"policies.static.scheduler={value}")
+    assert "convoy.toml: policies.static.scheduler: unknown scheduler" in line
+
+
+def test_validate_and_calibrate_outputs_are_checked_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    assert "is a file, not a folder" in refused(
+        capsys, "validate", "ground-truth", "--out", tmp_path / "file"
+    )
+    line = refused(capsys, "calibrate", "--write", tmp_path / "missing" / "c.toml")
+    assert "folder" in line and "does not exist" in line

@@ -1,0 +1,318 @@
+"""Fuzzing the command line with generated scenario, trace and config.json files, well-formed and broken.
+
+Every outcome is exit 0 or exit 2 with only `error: ...` lines: never a traceback, never a negative or NaN
+latency, never a file outside the output folder. Horizons are a few dozen requests so that each example
+takes milliseconds; the examples are derandomized so that CI runs the same ones every time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import tomltext
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_CONFIG = json.loads((ROOT / "sim" / "catalog" / "models" / "llama-2-7b.json").read_text())
+
+settings.register_profile(
+    "fuzz", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+FUZZ = settings.get_profile("fuzz")
+
+# Values that break a field in every way a file can: wrong types, signs, zero, the float extremes and the
+# integer edges of what the simulator represents. Only edges, never mid-sized numbers, so that a value
+# that is accepted still makes a small run.
+WEIRD: list[Any] = [
+    -1, 0, 1, 0.5, -0.0, 1e-300, 1e308, math.inf, -math.inf, math.nan, 2**24, 2**24 + 1, 2**53 + 1,
+    2**63 - 1, -(2**63), "", "x", "12", True, [], [1, "a"], {}, {"kind": "fixed"}, {"kind": "nope"},
+]  # fmt: skip
+weird = st.sampled_from(WEIRD).map(copy.deepcopy)
+# Hypothesis draws the ends of an integer range far more often than the middle: a middle value marks
+# the rare branches (raw bytes instead of a well-formed file).
+RARE = 7  # a copy: mutations must not change WEIRD itself
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+
+def _leaves(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Paths to every value of a nested dict / list (the containers themselves included)."""
+    if prefix:
+        yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _leaves(child, (*prefix, key))
+
+
+@st.composite
+def mutated(draw: st.DrawFn, data: Any, max_changes: int = 3) -> Any:
+    """`data` with up to `max_changes` values replaced by weird ones, keys deleted or unknown keys added."""
+    data = json.loads(json.dumps(data))
+    changes = draw(st.sampled_from([0, 0, 0, 0, 0, 1, 1, 2, max_changes]))  # most of them well-formed
+    for _ in range(changes):
+        paths = sorted(_leaves(data), key=len, reverse=True)  # deepest first: draws favour the first
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = data
+        for key in path[:-1]:
+            parent = parent[key]
+        op = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        if op == "replace":
+            parent[path[-1]] = draw(weird)
+        elif op == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw(st.sampled_from(["bogus", "kind", "rate", "path"]))] = draw(weird)
+    return data
+
+
+small_float = st.floats(0.05, 40.0)
+tokens = st.integers(1, 300)
+seconds = st.floats(0, 2)
+users = st.integers(1, 8)
+lengths = st.one_of(
+    st.builds(lambda v: {"kind": "fixed", "value": v}, tokens),
+    st.builds(lambda a, b: {"kind": "uniform", "low": a, "high": a + b}, tokens, st.integers(0, 200)),
+    st.builds(lambda m, s: {"kind": "normal", "mean": m, "std": s}, tokens, st.integers(0, 100)),
+    st.builds(lambda m, c: {"kind": "lognormal", "mean": m, "cv": c, "max": 2048}, tokens, small_float),
+    st.builds(lambda m, c: {"kind": "gamma", "mean": m, "cv": c}, tokens, st.floats(0.1, 4)),
+    st.builds(lambda m: {"kind": "exponential", "mean": m}, tokens),
+    st.builds(lambda m: {"kind": "geometric", "mean": m}, tokens),
+    st.just({"kind": "empirical", "path": "trace.csv", "column": "prompt_tokens"}),
+)  # fmt: skip
+arrivals = st.one_of(
+    st.builds(lambda r: {"kind": "poisson", "rate": r}, small_float),
+    st.builds(lambda r, c: {"kind": "gamma", "rate": r, "cv": c}, small_float, st.floats(0.1, 4)),
+    st.builds(lambda r: {"kind": "deterministic", "rate": r}, small_float),
+    st.builds(
+        lambda s, e: {"kind": "staged", "stages": s, "exact_count": e},
+        st.lists(st.tuples(st.floats(0, 20), st.floats(0.1, 3)).map(list), min_size=1, max_size=3),
+        st.booleans(),
+    ),
+    st.builds(lambda u, t: {"kind": "closed_loop", "users": u, "think_time_s": t}, users, seconds),
+    st.builds(
+        lambda p: {"kind": "trace", "path": p}, st.sampled_from(["trace.csv", "trace.jsonl", "config.json"])
+    ),
+)  # fmt: skip
+policies = st.dictionaries(
+    st.sampled_from(["c", "s", "v", "c2", "s2", "v2", "c3", "v3", "s3", "c4", "../up"]),
+    st.one_of(
+        st.builds(lambda n: {"scheduler": "continuous", "max_num_seqs": n}, st.integers(1, 64)),
+        st.builds(lambda n: {"scheduler": "static", "max_batch_size": n}, st.integers(1, 64)),
+        st.builds(lambda n: {"scheduler": "vllm", "max_num_seqs": n}, st.integers(1, 64)),
+    ),
+    min_size=1,
+    max_size=2,
+)
+horizons = st.one_of(
+    st.builds(lambda n, d: {"max_requests": n, "drain": d}, st.integers(1, 30), st.booleans()),
+    st.builds(lambda s, d: {"duration_s": s, "drain": d}, st.floats(0.1, 3.0), st.booleans()),
+)
+models = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["llama-2-7b", "opt-13b", "mixtral-8x7b", "in/config.json"]),
+        "gpu": st.sampled_from(["A100-80GB", "H100", "H200", "L40S", "B200", "L4", "A100-80G"]),
+        "num_kv_blocks": st.integers(8, 3000),
+        "max_model_len": st.sampled_from([256, 2048, 4096]),
+    }
+)
+
+
+@st.composite
+def scenario_files(draw: st.DrawFn) -> bytes:
+    workload: dict[str, Any] = {"arrival": draw(arrivals), "prompt": draw(lengths), "output": draw(lengths)}
+    if draw(st.booleans()):
+        workload["max_tokens"] = draw(st.integers(1, 512))
+    if draw(st.booleans()):
+        workload["prefix"] = {"groups": draw(st.integers(1, 4)), "prefix_len": draw(st.integers(1, 64))}
+    data = {
+        "name": "fuzz",
+        "seed": draw(st.integers(0, 100)),
+        "model": draw(models),
+        "workload": workload,
+        "horizon": draw(horizons),
+        "policies": draw(policies),
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.1},
+    }
+    data = draw(mutated(data))
+    if draw(st.integers(0, 19)) == RARE:
+        return draw(st.binary(max_size=200))
+    return tomltext.dumps(data).encode()
+
+
+TRACE_COLUMNS = [
+    "arrival_s",
+    "arrived_at",
+    "prompt_tokens",
+    "output_tokens",
+    "prefix_group",
+    "prefix_len",
+    "x",
+]
+cells = st.one_of(
+    st.integers(0, 400),
+    st.floats(0, 50),
+    st.sampled_from(["", "abc", "1e400", "nan", "-3", "2.5", str(2**63 - 1)]),
+)
+
+
+@st.composite
+def trace_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
+    well_formed = draw(st.booleans())
+    columns = draw(st.lists(st.sampled_from(TRACE_COLUMNS), min_size=1, max_size=5, unique=True))
+    if well_formed:
+        columns = list(dict.fromkeys(["arrival_s", "prompt_tokens", "output_tokens", *columns]))
+    rows = []
+    for i in range(draw(st.integers(0, 12))):
+        row: dict[str, Any] = {}
+        for col in columns:
+            if well_formed:
+                row[col] = i * 0.1 if col in ("arrival_s", "arrived_at") else draw(st.integers(1, 300))
+            else:
+                row[col] = draw(cells)
+        rows.append(row)
+    return rows
+
+
+@st.composite
+def trace_files(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """(CSV, JSON lines) of one generated trace, or raw bytes for both."""
+    if draw(st.integers(0, 9)) == RARE:
+        raw = draw(st.binary(max_size=200))
+        return raw, raw
+    rows = draw(trace_rows())
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["arrival_s"]
+    csv = (
+        ",".join(columns) + "\n" + "".join(",".join(str(r.get(c, "")) for c in columns) + "\n" for r in rows)
+    )
+    jsonl = "".join(json.dumps(r) + "\n" for r in rows)
+    return csv.encode(), jsonl.encode()
+
+
+@st.composite
+def config_files(draw: st.DrawFn) -> bytes:
+    choice = draw(st.integers(0, 14))
+    if choice == RARE:
+        return draw(st.binary(max_size=100))
+    if choice == RARE + 1:
+        return json.dumps(draw(weird)).encode()
+    return json.dumps(draw(mutated(LLAMA_CONFIG))).encode()
+
+
+@st.composite
+def replay_traces(draw: st.DrawFn) -> bytes:
+    rows = [
+        {"id": f"r{i}", "arrival_step": draw(st.integers(0, 20)), "prompt_len": draw(st.integers(1, 200)),
+         "max_tokens": draw(st.integers(1, 20))}
+        for i in range(draw(st.integers(0, 6)))
+    ]  # fmt: skip
+    return json.dumps(draw(mutated(rows))).encode()
+
+
+# --- the invariants -------------------------------------------------------------------------------------
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def _run_cli(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(args)
+            code: Any = 0
+        except SystemExit as stop:
+            code = stop.code
+    return (code if isinstance(code, int) else 0), out.getvalue(), err.getvalue()
+
+
+def _check_outcome(code: int, out: str, err: str) -> None:
+    assert code in (0, 2), (code, out, err)
+    assert "Traceback" not in out + err
+    if code == 2:
+        lines = err.splitlines()
+        assert lines and all(line.startswith("error: ") for line in lines), err
+
+
+def _check_latencies(out_dir: Path) -> None:
+    """No negative or NaN latency, in the summaries and in the per-request records."""
+    for summary in out_dir.glob("*/summary.json"):
+        latency = json.loads(summary.read_text())["latency"]
+        for metric, stats in latency.items():
+            for name, value in stats.items():
+                if isinstance(value, float):
+                    assert math.isfinite(value) and value >= 0, (summary, metric, name, value)
+    for records in out_dir.glob("*/requests.parquet"):
+        frame = pl.read_parquet(records)
+        for column in ("queue_wait", "ttft", "tpot", "e2e"):
+            if column in frame.columns:
+                values = frame[column].drop_nulls().to_numpy().astype(np.float64)
+                finished = values[~np.isnan(values)]
+                assert (finished >= 0).all(), (records, column)
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    """A fresh folder, made the working folder so that any stray relative write lands where it is seen."""
+    before = Path.cwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(before)
+
+
+@settings(FUZZ, max_examples=250)
+@given(scenario=scenario_files(), trace=trace_files(), config=config_files())
+def test_fuzz_run(scenario: bytes, trace: tuple[bytes, bytes], config: bytes) -> None:
+    with _workdir() as root:
+        inputs = root / "in"
+        inputs.mkdir()
+        (inputs / "s.toml").write_bytes(scenario)
+        (inputs / "trace.csv").write_bytes(trace[0])
+        (inputs / "trace.jsonl").write_bytes(trace[1])
+        (inputs / "config.json").write_bytes(config)
+        given_files = _files(root)
+        out_dir = root / "out"
+        code, out, err = _run_cli(["run", str(inputs / "s.toml"), "--out", str(out_dir)])
+        _check_outcome(code, out, err)
+        assert {p for p in _files(root) - given_files if out_dir not in p.parents} == set()
+        _check_latencies(out_dir)
+
+
+@settings(FUZZ, max_examples=150)
+@given(config=config_files(), gpu=st.sampled_from(["A100-80GB", "H100", "A100-80G"]))
+def test_fuzz_capacity(config: bytes, gpu: str) -> None:
+    with _workdir() as root:
+        (root / "config.json").write_bytes(config)
+        code, out, err = _run_cli(["capacity", str(root / "config.json"), "--gpu", gpu, "--json"])
+        _check_outcome(code, out, err)
+        assert _files(root) == {root / "config.json"}
+
+
+@settings(FUZZ, max_examples=150)
+@given(trace=replay_traces(), out_name=st.sampled_from(["steps.jsonl", "missing/steps.jsonl", "."]))
+def test_fuzz_replay_steps(trace: bytes, out_name: str) -> None:
+    with _workdir() as root:
+        (root / "t.json").write_bytes(trace)
+        code, out, err = _run_cli(["replay-steps", str(root / "t.json"), "--out", str(root / out_name)])
+        _check_outcome(code, out, err)
+        assert _files(root) <= {root / "t.json", root / "steps.jsonl"}
