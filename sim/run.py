@@ -133,7 +133,7 @@ def build_cost_and_memory(
         mem = kv_memory(model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size)
     except SimError as err:
         raise SimError(f"{source}: model: {err}") from None
-    blocks = (m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks) + m.cpu_offload_blocks
+    blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
     info = {
         "model": m.name,
         "gpu": gpu.name,

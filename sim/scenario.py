@@ -47,9 +47,16 @@ class ModelSection(_Section):
     num_kv_blocks: int | None = Field(
         None, ge=2, le=MAX_KV_BLOCKS, description="Override the KV blocks derived from memory."
     )
-    cpu_offload_blocks: int = Field(
-        0, ge=0, le=MAX_KV_BLOCKS, description="Extra KV blocks (CPU offload), added to the GPU's."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_cpu_offload(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "cpu_offload_blocks" in data:
+            raise ValueError(
+                "cpu_offload_blocks: host-memory KV offloading is not modelled (in vLLM it is a second "
+                "prefix-cache tier, not more GPU KV blocks); remove the key"
+            )
+        return data
 
 
 class HorizonSection(_Section):

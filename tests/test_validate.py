@@ -91,7 +91,15 @@ def test_cpu_offload_rows_get_no_extra_gpu_blocks() -> None:
         assert (CPU_OFFLOAD_NOTE in notes) == (r.get("cpu_offload") == "True"), key
     data, _ = row_scenario(row("20260217-162547"))  # Llama-2-7B, 7,463 GPU blocks and 1,023 CPU blocks
     assert data["model"]["num_kv_blocks"] == 7463
-    assert validate_scenario(data, "test").model.cpu_offload_blocks == 0
+    assert validate_scenario(data, "test").model.num_kv_blocks == 7463
+
+
+def test_a_scenario_asking_for_cpu_offload_blocks_is_refused_with_the_reason() -> None:
+    """Offloaded KV blocks were once added to the GPU's; they are refused now, never silently ignored."""
+    data, _ = row_scenario(row("20260217-162547"))
+    data["model"]["cpu_offload_blocks"] = 1023
+    with pytest.raises(SimError, match=r"cpu_offload_blocks: host-memory KV offloading is not modelled"):
+        validate_scenario(data, "test")
 
 
 def test_rows_the_simulator_saturates_stay_in_the_steady_state_medians() -> None:
