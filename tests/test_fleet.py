@@ -1,0 +1,171 @@
+"""Fleets from a scenario's [cluster] table: validation, equivalence with one replica, records, P/D."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.engine import Horizon
+from sim.errors import SimError
+from sim.fleet.decode import DecodeScheduler
+from sim.fleet.engine import Fleet, ReplicaSpec
+from sim.fleet.links import get_link
+from sim.fleet.registry import load_all
+from sim.request import Request
+from sim.run import run_policy, write_result
+from sim.scenario import load_scenario
+from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.schedulers.registry import KvBudget
+
+ROOT = Path(__file__).resolve().parents[1]
+RAG = ROOT / "scenarios" / "rag-chatbot.toml"
+SHORT = ["horizon.duration_s=30"]
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("cluster.router='nope'", "cluster.router"),
+        ("cluster.router={kind='power_of_two', choices=0}", "cluster.router.choices"),
+        ("cluster.router={kind='round_robin', extra=1}", "cluster.router.extra"),
+        ("cluster.groups=[{count=0}]", "cluster.groups[0].count"),
+        ("cluster.groups=[{count=100000}]", "cluster.groups[0].count"),
+        ("cluster.groups=[{role='prefill'}]", "cluster.groups"),
+        ("cluster.groups=[{role='middle'}]", "cluster.groups[0].role"),
+        ("cluster.groups=[{gpu='H1000'}]", "cluster.groups[0].gpu"),
+        ("cluster.groups=[{policy='nope'}]", "cluster.groups[0].policy"),
+        ("cluster.groups=[{tp=0}]", "cluster.groups[0].tp"),
+        ("cluster.report_delay_s=-1", "cluster.report_delay_s"),
+        ("cluster.link='pigeon'", "cluster.link"),
+        ("cluster.bogus=1", "cluster.bogus"),
+        ("prices={'A100-80GB'=-2.0}", "prices.A100-80GB"),
+    ],
+)
+def test_bad_cluster_names_file_and_key(override: str, key: str) -> None:
+    with pytest.raises(SimError) as err:
+        load_scenario(RAG, [override])
+    assert f"rag-chatbot.toml: {key}:" in str(err.value)
+
+
+def test_no_cluster_keeps_single_replica_records(tmp_path: Path) -> None:
+    """Without [cluster] the summary and manifest carry no fleet keys (the single-replica path runs as
+    before); a one-replica cluster reproduces the single-replica engine's records exactly (a different
+    loop: the fleet's arrival process and `Replica.run`, against `Replica.run_open`)."""
+    sc = load_scenario(RAG, SHORT)
+    single = run_policy(sc, "vllm-prefix-cache", RAG.parent)
+    assert "cluster" not in single.summary and "replicas" not in single.summary
+    assert "cluster" not in single.manifest["compared"] and "prices" not in single.manifest["compared"]
+    one = run_policy(
+        load_scenario(RAG, [*SHORT, "cluster.groups=[{count=1}]"]), "vllm-prefix-cache", RAG.parent
+    )
+    assert one.requests.drop("replica").equals(single.requests)
+    assert one.steps.drop("replica").equals(single.steps)
+    assert one.summary["goodput_per_s"] == single.summary["goodput_per_s"]
+    assert one.summary["cluster"]["replicas"] == 1
+
+
+def test_fleet_records_and_summary(tmp_path: Path) -> None:
+    sc = load_scenario(RAG, [*SHORT, "cluster.groups=[{count=3}]", "cluster.router='round_robin'"])
+    res = run_policy(sc, "vllm", RAG.parent)
+    req = res.requests
+    assert set(req["replica"].unique()) == {"g0-0", "g0-1", "g0-2"}
+    # round robin: request k (in arrival order) went to replica k mod 3
+    expect = [f"g0-{k % 3}" for k in range(req.height)]
+    assert req.sort("arrival")["replica"].to_list() == expect
+    per = res.summary["replicas"]
+    assert sum(p["requests"]["arrived"] for p in per.values()) == res.summary["requests"]["arrived"]
+    assert res.summary["cluster"]["gpus"] == 3
+    out = write_result(res, tmp_path)
+    assert json.loads((out / "summary.json").read_text())["cluster"]["router"] == "round_robin"
+    assert pl.read_parquet(out / "steps.parquet")["replica"].n_unique() == 3
+
+
+def test_same_seed_same_bytes(tmp_path: Path) -> None:
+    args = ["run", str(RAG), "--set", "horizon.duration_s=20", "--set", "cluster.router='random'",
+            "--set", "cluster.groups=[{count=3}]", "--policy", "vllm"]  # fmt: skip
+    for sub in ("a", "b"):
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / sub)])
+        assert result.exit_code == 0, result.output
+    for name in ("requests.parquet", "steps.parquet", "summary.json", "manifest.json"):
+        assert (tmp_path / "a" / "vllm" / name).read_bytes() == (tmp_path / "b" / "vllm" / name).read_bytes()
+
+
+# --- disaggregated prefill/decode ---------------------------------------------------------------------
+
+PREFILL_S, DECODE_S = 0.2, 0.01  # a prefill step, a decode step (fixed, to compute by hand)
+
+
+def _fixed(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+    return (PREFILL_S if int(new_tokens.max()) > 1 else DECODE_S), True
+
+
+def _pd_fleet(decode_blocks: int, kv_bytes: int) -> Fleet:
+    big = KvBudget(10_000, 16, 100_000)
+    prefill = ReplicaSpec(
+        "p0", "p", "prefill", ContinuousScheduler(ContinuousConfig(), big), _fixed, kv_bytes
+    )
+    decode = ReplicaSpec(
+        "d0", "d", "decode", DecodeScheduler(KvBudget(decode_blocks, 16, 100_000), 256), _fixed
+    )
+    kind = load_all()["round_robin"]
+    rng = np.random.default_rng(0)
+    return Fleet(
+        [prefill, decode], lambda n: kind.build(kind.config(), n, rng), Horizon(max_requests=2, drain=True),
+        get_link("infiniband-ndr"),
+    )  # fmt: skip
+
+
+def test_pd_transfer_time_and_ttft_by_hand() -> None:
+    """A 1,000-token prompt at 131,072 KV bytes per token per GPU over NDR InfiniBand (50 GB/s, 20 us):
+    transfer = 20e-6 + 1000 * 131072 / 50e9 = 2.64144 ms. TTFT = prefill step + transfer; the decode
+    replica then runs one decode step per further token."""
+    fleet = _pd_fleet(1000, 131072)
+    out = fleet.run(iter([Request(0, 0.0, 1000, 5, 5)]))
+    transfer = 20e-6 + 1000 * 131072 / 50e9
+    assert out.handoffs[0].transfer_s == pytest.approx(transfer, rel=1e-12)
+    rec = out.members[1].recorder.requests_frame().row(0, named=True)
+    assert rec["ttft"] == pytest.approx(PREFILL_S + transfer)
+    assert rec["e2e"] == pytest.approx(PREFILL_S + transfer + 4 * DECODE_S)
+    assert rec["generated_tokens"] == 5
+    assert out.members[0].recorder.requests_frame().height == 0  # recorded once, by its decode replica
+
+
+def test_pd_decode_admits_only_when_blocks_are_free() -> None:
+    """The decode replica holds 80 blocks of 16 tokens; each request needs ceil((1000 + 5) / 16) = 63, so the
+    second waits for the first to finish all 4 decode steps before it starts decoding."""
+    fleet = _pd_fleet(80, 131072)
+    out = fleet.run(iter([Request(0, 0.0, 1000, 5, 5), Request(1, 0.0, 1000, 5, 5)]))
+    rows = {r["id"]: r for r in out.members[1].recorder.requests_frame().iter_rows(named=True)}
+    first_done = rows[0]["finished_at"]
+    assert out.admitted_at[1] == pytest.approx(first_done)
+    assert rows[1]["finished_at"] == pytest.approx(first_done + 4 * DECODE_S)
+    # both prefills share one step on the prefill replica (continuous batching), so both arrive together
+    assert rows[1]["first_token_at"] == pytest.approx(rows[0]["first_token_at"])
+
+
+def test_pd_scenario_records_show_where_time_went() -> None:
+    sc = load_scenario(
+        RAG,
+        [*SHORT, "cluster.link='ethernet-100g'",
+         "cluster.groups=[{count=1, role='prefill'}, {count=1, role='decode'}]"],
+    )  # fmt: skip
+    res = run_policy(sc, "vllm", RAG.parent)
+    fin = res.requests.filter(pl.col("state") == "finished", pl.col("generated_tokens") > 1)
+    assert fin.height > 20
+    kv = res.summary["cluster"]["groups"]["g0"]["kv_bytes_per_token"]
+    link = get_link("ethernet-100g")
+    expect = (link.latency_s + fin["prompt_len"].cast(pl.Float64) * kv / link.bandwidth).to_numpy()
+    assert np.allclose(fin["transfer_s"].to_numpy(), expect, rtol=1e-12)
+    total = fin["queue_wait"] + fin["prefill_s"] + fin["transfer_s"] + fin["decode_wait_s"] + fin["decode_s"]
+    assert np.allclose(total.to_numpy(), fin["e2e"].to_numpy(), rtol=1e-9)
+    ttft = fin["queue_wait"] + fin["prefill_s"] + fin["transfer_s"]
+    assert np.allclose(ttft.to_numpy(), fin["ttft"].to_numpy(), rtol=1e-9)
+    assert all(math.isfinite(x) for x in fin["decode_s"].to_list())
