@@ -169,3 +169,18 @@ def test_pd_scenario_records_show_where_time_went() -> None:
     ttft = fin["queue_wait"] + fin["prefill_s"] + fin["transfer_s"]
     assert np.allclose(ttft.to_numpy(), fin["ttft"].to_numpy(), rtol=1e-9)
     assert all(math.isfinite(x) for x in fin["decode_s"].to_list())
+
+
+def test_stale_reports_leave_the_router_only_its_own_sends() -> None:
+    """With reports older than the whole run, least-outstanding sees every replica at zero plus what it sent
+    itself since: it deals requests out in turn, exactly as round-robin does."""
+    base = [*SHORT, "cluster.groups=[{count=3}]"]
+    stale = run_policy(
+        load_scenario(RAG, [*base, "cluster.router='least_outstanding'", "cluster.report_delay_s=3600"]),
+        "vllm",
+        RAG.parent,
+    )
+    rr = run_policy(load_scenario(RAG, [*base, "cluster.router='round_robin'"]), "vllm", RAG.parent)
+    assert stale.requests["replica"].to_list() == rr.requests["replica"].to_list()
+    live = run_policy(load_scenario(RAG, [*base, "cluster.router='least_outstanding'"]), "vllm", RAG.parent)
+    assert live.requests["replica"].to_list() != rr.requests["replica"].to_list()
