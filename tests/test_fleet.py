@@ -184,3 +184,27 @@ def test_stale_reports_leave_the_router_only_its_own_sends() -> None:
     assert stale.requests["replica"].to_list() == rr.requests["replica"].to_list()
     live = run_policy(load_scenario(RAG, [*base, "cluster.router='least_outstanding'"]), "vllm", RAG.parent)
     assert live.requests["replica"].to_list() != rr.requests["replica"].to_list()
+
+
+def test_shipped_fleet_scenarios_validate() -> None:
+    rag = load_scenario(ROOT / "scenarios" / "fleet-rag-chatbot.toml")
+    assert rag.cluster is not None and rag.cluster.replicas == 8
+    pd = load_scenario(ROOT / "scenarios" / "fleet-disaggregated.toml")
+    assert pd.cluster is not None and pd.cluster.disaggregated
+
+
+def test_prefix_affinity_beats_least_load_on_many_system_prompts() -> None:
+    """256 system prompts of 1,500 tokens over 8 replicas: the prompts do not all fit one replica's cache
+    beside its running requests. Keeping each prompt on a home replica finds it cached far more often than
+    spreading by load, and the saved prefills lower p99 TTFT."""
+    path = ROOT / "scenarios" / "fleet-rag-chatbot.toml"
+    out = {}
+    for router in ("least_outstanding", "prefix_affinity"):
+        sc = load_scenario(
+            path, ["horizon.duration_s=40", "workload.arrival.rate=56", f"cluster.router='{router}'"]
+        )
+        s = run_policy(sc, "vllm-prefix-cache", path.parent).summary
+        out[router] = (s["prefix_cache_hit_rate"], s["latency"]["ttft"]["p99"])
+    (hit_ll, p99_ll), (hit_pa, p99_pa) = out["least_outstanding"], out["prefix_affinity"]
+    assert hit_pa > hit_ll + 0.15, out
+    assert p99_pa < p99_ll, out

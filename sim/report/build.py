@@ -144,7 +144,8 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     caps = capacities(inputs)
     sweep, per_run = sweep_sections(inputs, series, caps), run_sections(inputs, series)
     sections = sweep + per_run if inputs.points is not None else per_run + sweep  # missing charts last
-    sections += fleet_sections(inputs.runs)
+    fleet_sweep = inputs.points if inputs.scenario is not None and inputs.scenario.cluster else None
+    sections += fleet_sections(inputs.runs, fleet_sweep, series)
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))

@@ -7,6 +7,7 @@ import altair as alt
 import numpy as np
 import polars as pl
 
+from sim.report import charts, grid
 from sim.report.charts import WIDTH
 from sim.report.frames import middle_window, replica_averages, run_end
 from sim.report.inputs import PolicyRun
@@ -174,11 +175,36 @@ def pd_chart(frame: pl.DataFrame) -> alt.FacetChart:
     )
 
 
-def fleet_sections(runs: list[PolicyRun]) -> list[Section]:
-    """The fleet sections, for the runs made with [cluster] (none when there are none)."""
+def sweep_hit_rates(points: pl.DataFrame, series: list[str]) -> alt.LayerChart | None:
+    """Prefix-cache hit rate against rate per series (e.g. one per router swept through `params`)."""
+    if "prefix_cache_hit_rate" not in points.columns:
+        return None
+    means = grid.summarize_points(points, ["prefix_cache_hit_rate"])
+    if means.is_empty():
+        return None
+    return charts._vs_rate(means, series, "prefix-cache hit rate")
+
+
+def fleet_sections(
+    runs: list[PolicyRun], points: pl.DataFrame | None = None, series: list[str] | None = None
+) -> list[Section]:
+    """The fleet sections, for runs made with [cluster] and sweeps of a scenario with one (none otherwise)."""
     fleet = [r for r in runs if is_fleet(r)]
+    out: list[Section] = []
+    if points is not None:
+        chart = sweep_hit_rates(points, series or [])
+        if chart is not None:
+            out.append(
+                Section(
+                    "fleet_sweep_hits",
+                    "Prefix-cache hit rate against arrival rate",
+                    "Mean over replications, per series of the sweep (a router swept through "
+                    "<code>params</code> is a series of its own).",
+                    chart,
+                )
+            )
     if not fleet:
-        return []
+        return out
     balance = load_balance(fleet)
     hits = hit_rates(fleet)
     sections = [
@@ -213,4 +239,4 @@ def fleet_sections(runs: list[PolicyRun]) -> list[Section]:
                 pd_chart(timeline),
             )
         )
-    return sections
+    return out + sections
