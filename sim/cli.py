@@ -323,6 +323,7 @@ def plan(
     explore: int = typer.Option(
         0, "--explore", min=0, max=1000, help="Configurations to run past the answer."
     ),
+    rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     out: Path | None = typer.Option(
         None,
@@ -356,7 +357,19 @@ def plan(
     }
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
     result = planner.search(
-        scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore
+        scenario,
+        set_,
+        rate,
+        gpu_list,
+        max_gpus,
+        jobs,
+        policy,
+        tps,
+        knobs,
+        mode_list,
+        attainment,
+        explore,
+        rule,
     )
     sc_name = path_component(planner.load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

@@ -4,7 +4,8 @@ The search space is GPU type x TP degree x policy knobs (`max_num_seqs`, `max_nu
 colocated replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
 A configuration meets the SLO when its run at the rate is not overloaded and its goodput (requests per
 second meeting every [slo] bound) is at least `attainment` x the rate (DistServe's rule: 90% of requests
-meet the SLOs). Its cost is GPUs x $/GPU-hour (`sim/catalog/prices.toml`, or the scenario's [prices]).
+meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound instead. Its cost is
+GPUs x $/GPU-hour (`sim/catalog/prices.toml`, or the scenario's [prices]).
 
 Pruning, before and during the search:
 - theory: a replica is busy at least `prefill(mean prompt) + mean output x per-token decode time at its
@@ -41,7 +42,7 @@ DEFAULT_TPS = (1, 2, 4, 8)
 DEFAULT_ROUTER = "least_outstanding"
 FIGURES = (
     "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
-    "overloaded", "arrived", "finished",
+    "overloaded", "arrived", "finished", "e2e_p99",
 )  # fmt: skip
 
 
@@ -242,8 +243,20 @@ def evaluate(task: PlanTask) -> dict[str, Any]:
     return {k: row[k] for k in FIGURES}
 
 
-def meets(figures: dict[str, Any], rate: float, attainment: float) -> bool:
-    return not figures["overloaded"] and figures["goodput_per_s"] >= attainment * rate
+RULES = ("goodput", "p99")
+
+
+def meets(
+    figures: dict[str, Any], rate: float, attainment: float, rule: str = "goodput", slo: Any = None
+) -> bool:
+    """`goodput`: not overloaded and goodput >= attainment x rate. `p99`: not overloaded and every p99
+    latency within its [slo] bound (`slo` is the scenario's [slo] table)."""
+    if figures["overloaded"] or not figures["finished"]:
+        return False
+    if rule == "goodput":
+        return bool(figures["goodput_per_s"] >= attainment * rate)
+    bounds = (("ttft_p99", slo.ttft_s), ("tpot_p99", slo.tpot_s), ("e2e_p99", slo.e2e_s))
+    return all(bound is None or (figures.get(k) or 0.0) <= bound for k, bound in bounds)
 
 
 def _dominated(c: Candidate, failed: dict[Any, list[tuple[int, ...]]]) -> bool:
@@ -278,6 +291,7 @@ def search(
     modes: Sequence[str] = ("colocated", "pd"),
     attainment: float = 0.9,
     explore: int = 0,
+    rule: str = "goodput",
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer."""
     from sim.sweep import apply_rate, open_executor
@@ -286,6 +300,10 @@ def search(
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
         raise SimError(f"{source}: workload.arrival: plan needs an arrival rate (poisson, gamma, ...)")
+    if rule not in RULES:
+        raise SimError(f"--rule: {rule!r} is not one of {', '.join(RULES)}")
+    if rule == "goodput" and base.slo.ttft_s is None and base.slo.tpot_s is None and base.slo.e2e_s is None:
+        raise SimError(f"{source}: slo: plan needs at least one bound (ttft_s, tpot_s or e2e_s)")
     policy = policy or next(iter(base.policies))
     if policy not in base.policies:
         raise SimError(f"{source}: no policy {policy!r} (have: {', '.join(base.policies)})")
@@ -321,7 +339,7 @@ def search(
             ]
             figures = list(pool.map(evaluate, tasks)) if pool is not None else [evaluate(t) for t in tasks]
             for c, task, fig in zip(batch, tasks, figures, strict=True):
-                ok = meets(fig, rate, attainment)
+                ok = meets(fig, rate, attainment, rule, scenario.slo)
                 result.rows.append(_row(c, task, fig, ok))
                 if ok and (best is None or c < best):
                     best = c

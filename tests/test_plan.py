@@ -108,3 +108,15 @@ def test_scenario_prices_override_the_catalogue(scenario: Path) -> None:
     assert table["L4"].usd_per_gpu_hour > 0 and table["L4"].source and table["L4"].date
     with pytest.raises(SimError):
         plan.price_table(load_scenario(scenario, ["prices={'H1000'=1.0}"]))
+
+
+def test_p99_rule_checks_each_bound() -> None:
+    class Slo:
+        ttft_s, tpot_s, e2e_s = 2.0, 0.1, None
+
+    fig = {"overloaded": False, "finished": 10, "goodput_per_s": 0.0, "ttft_p99": 1.9, "tpot_p99": 0.09}
+    assert plan.meets(fig, 5.0, 0.9, "p99", Slo())
+    assert not plan.meets({**fig, "tpot_p99": 0.11}, 5.0, 0.9, "p99", Slo())
+    assert not plan.meets({**fig, "overloaded": True}, 5.0, 0.9, "p99", Slo())
+    assert not plan.meets(fig, 5.0, 0.9, "goodput", Slo())  # no goodput: fails the goodput rule
+    assert plan.meets({**fig, "goodput_per_s": 4.5}, 5.0, 0.9, "goodput", Slo())
