@@ -11,6 +11,8 @@ Pruning, before and during the search:
 - theory: a replica is busy at least `prefill(mean prompt) + mean output x per-token decode time at its
   largest batch` seconds per request, so c replicas cannot keep up below c = rate x that (prefill and
   decode replicas likewise for their own part); counts under THEORY_SLACK x the bound are never run;
+- single-replica capacity: one replica of each colocated kind is run saturated (`single_capacity`); c such
+  replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
 - dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
   failed is not run;
 - cost order: candidates are run cheapest first, `jobs` at a time on the sweep's process pool, and the
@@ -246,6 +248,40 @@ def evaluate(task: PlanTask) -> dict[str, Any]:
 RULES = ("goodput", "p99")
 
 
+SATURATION_SEQS = 2  # a single-replica capacity run offers this many x max_num_seqs requests at once
+CAPACITY_SLACK = 0.9  # c replicas serve at most c x one replica's saturated throughput
+
+
+def single_capacity(task: PlanTask) -> float:
+    """One replica's saturated throughput (requests/s): `SATURATION_SEQS` x max_num_seqs requests arrive at
+    once and the completion rate is read between the 10th and 90th percentile finish times (the worker)."""
+
+    from sim.run import run_policy
+
+    raw = {k: v for k, v in task.raw.items() if k not in ("cluster", "sweep")}
+    scenario = configured(
+        raw, {k: v for k, v in task.overrides.items() if not k.startswith("cluster")}, task.source
+    )
+    seqs = int(getattr(scenario.policy(task.policy)[1], "max_num_seqs", 256))
+    n = max(40, SATURATION_SEQS * seqs)
+    scenario = configured(
+        scenario.raw,
+        {
+            "workload.arrival": {"kind": "deterministic", "rate": 1e6},
+            "horizon": {"max_requests": n, "drain": True},
+        },
+        task.source,
+    )
+    req = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source).requests
+    done = req["finished_at"].drop_nulls().sort()
+    if done.len() < 10:
+        return 0.0
+    lo, hi = done.quantile(0.1), done.quantile(0.9)
+    assert lo is not None and hi is not None
+    between = int(((done >= lo) & (done <= hi)).sum())
+    return between / (hi - lo) if hi > lo else math.inf
+
+
 def meets(
     figures: dict[str, Any], rate: float, attainment: float, rule: str = "goodput", slo: Any = None
 ) -> bool:
@@ -272,6 +308,8 @@ class PlanResult:
     dominance_pruned: int
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per simulated configuration
     best: dict[str, Any] | None = None
+    capacity_pruned: int = 0
+    capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
 
     @property
     def simulated(self) -> int:
@@ -319,6 +357,30 @@ def search(
     extra = explore
     i = 0
     with open_executor("process", jobs, None) as pool:
+        # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
+        families = sorted({c.family for c in cands if c.mode == "colocated"})
+        sat_tasks = [
+            PlanTask(
+                raw, source, str(base_dir), policy, Candidate(0, 0, *f, (1,)).overrides(scenario, policy)
+            )
+            for f in families
+        ]
+        sats = (
+            list(pool.map(single_capacity, sat_tasks))
+            if pool is not None
+            else [single_capacity(t) for t in sat_tasks]
+        )
+        floor = {
+            f: max(1, math.ceil(CAPACITY_SLACK * rate / mu)) if mu > 0 else 10**9
+            for f, mu in zip(families, sats, strict=True)
+        }
+        result.capacity = {
+            Candidate(0, 0, *f, (1,)).label().split(" ", 1)[1]: mu
+            for f, mu in zip(families, sats, strict=True)
+        }
+        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        result.capacity_pruned = len(cands) - len(kept)
+        cands = kept
         while i < len(cands):
             batch: list[Candidate] = []
             while i < len(cands) and len(batch) < jobs:
@@ -394,6 +456,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "attainment": result.attainment,
         "grid_size": result.grid_size,
         "theory_pruned": result.theory_pruned,
+        "capacity_pruned": result.capacity_pruned,
+        "single_replica_capacity_req_per_s": result.capacity,
         "dominance_pruned": result.dominance_pruned,
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
@@ -428,6 +492,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     console.print(table)
     console.print(
         f"grid {result.grid_size} configurations: {result.theory_pruned} ruled out by theory, "
+        f"{result.capacity_pruned} by single-replica capacity ({len(result.capacity)} capacity runs), "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
         f"({result.grid_size - result.simulated} brute-force runs avoided)"
     )

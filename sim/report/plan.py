@@ -72,6 +72,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     ]
     meta = (
         f"{scenario}; grid of {result.grid_size} configurations: {result.theory_pruned} ruled out by theory, "
+        f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
     sections, specs = [], {}
