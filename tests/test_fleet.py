@@ -208,3 +208,19 @@ def test_prefix_affinity_beats_least_load_on_many_system_prompts() -> None:
     (hit_ll, p99_ll), (hit_pa, p99_pa) = out["least_outstanding"], out["prefix_affinity"]
     assert hit_pa > hit_ll + 0.15, out
     assert p99_pa < p99_ll, out
+
+
+def test_cluster_benchmark_scenario_is_valid() -> None:
+    import importlib.util
+    import tomllib
+
+    from sim.scenario import validate_scenario
+
+    spec = importlib.util.spec_from_file_location("bench_cluster", ROOT / "benchmarks" / "bench_cluster.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = bench.scenario_toml(32, 1000, 5.0, "vllm", "least_outstanding", 1)
+    sc = validate_scenario(tomllib.loads(text), "bench")
+    assert sc.cluster is not None and sc.cluster.replicas == 32
+    assert sc.workload.arrival.rate == 160.0  # type: ignore[union-attr]
