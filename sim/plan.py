@@ -18,6 +18,7 @@ Pruning, before and during the search:
 - cost order: candidates are run cheapest first, `jobs` at a time on the sweep's process pool, and the
   search stops at the first cost above the cheapest configuration that met the SLO (plus `explore` more,
   for the cost-latency front).
+Prefill/decode candidates move KV over the scenario's `cluster.link`, else InfiniBand NDR (different nodes).
 Every figure comes from a full fleet run of the same scenario (its seed): `sim run` with the chosen
 configuration's `--set` overrides reproduces it.
 """
@@ -42,6 +43,7 @@ from sim.scenario import Scenario, apply_overrides, load_scenario, validate_scen
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
 DEFAULT_TPS = (1, 2, 4, 8)
 DEFAULT_ROUTER = "least_outstanding"
+DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
 FIGURES = (
     "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
     "overloaded", "arrived", "finished", "e2e_p99",
@@ -114,6 +116,8 @@ class Candidate:
             ]
         if scenario.cluster is None:
             out["cluster.router"] = DEFAULT_ROUTER
+        if self.mode == "pd" and "link" not in (scenario.raw.get("cluster") or {}):
+            out["cluster.link"] = DEFAULT_LINK
         return out
 
 
