@@ -224,3 +224,13 @@ def test_cluster_benchmark_scenario_is_valid() -> None:
     sc = validate_scenario(tomllib.loads(text), "bench")
     assert sc.cluster is not None and sc.cluster.replicas == 32
     assert sc.workload.arrival.rate == 160.0  # type: ignore[union-attr]
+
+
+def test_closed_loop_with_cluster_is_a_clear_error(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app,
+        ["run", str(ROOT / "scenarios" / "equal-lengths.toml"), "--set", "cluster.groups=[{count=2}]",
+         "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert "workload.arrival: closed-loop arrivals are not supported with [cluster]" in res.output
