@@ -180,14 +180,14 @@ def candidates(
     knobs: dict[str, Sequence[int]],
     max_gpus: int,
     modes: Sequence[str],
-) -> tuple[list[Candidate], int]:
-    """Every configuration of the grid that theory does not rule out, cheapest first, and the size of the
-    whole grid (what brute force would run)."""
+) -> tuple[list[Candidate], int, int]:
+    """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
+    grid (what brute force would run); and how many of its configurations the model does not fit."""
     from sim.hardware import get_gpu
 
     prices = price_table(scenario)
     out: list[Candidate] = []
-    total = 0
+    total = unfit = 0
     for name in gpus:
         gpu = get_gpu(name).name
         if gpu not in prices:
@@ -208,6 +208,7 @@ def candidates(
                     work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir) if shapes else None
                 )
                 if bounds is None:
+                    unfit += len(shapes)
                     continue
                 c_min, p_min, d_min = bounds
                 for mode, counts in shapes:
@@ -217,7 +218,7 @@ def candidates(
                         continue
                     n = sum(counts) * tp
                     out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
-    return sorted(out), total
+    return sorted(out), total, unfit
 
 
 # --- runs ---------------------------------------------------------------------------------------------
@@ -313,6 +314,7 @@ class PlanResult:
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per simulated configuration
     best: dict[str, Any] | None = None
     capacity_pruned: int = 0
+    unfit: int = 0  # configurations whose GPU and TP cannot hold the model
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
 
     @property
@@ -352,10 +354,10 @@ def search(
     raw = apply_rate(base.raw, base, rate, source)
     scenario = validate_scenario(raw, source)
     base_dir = scenario_path.parent
-    cands, total = candidates(
+    cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
     )
-    result = PlanResult(rate, attainment, total, total - len(cands), 0)
+    result = PlanResult(rate, attainment, total, total - unfit - len(cands), 0, unfit=unfit)
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
     extra = explore
@@ -460,6 +462,7 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "attainment": result.attainment,
         "grid_size": result.grid_size,
         "theory_pruned": result.theory_pruned,
+        "does_not_fit": result.unfit,
         "capacity_pruned": result.capacity_pruned,
         "single_replica_capacity_req_per_s": result.capacity,
         "dominance_pruned": result.dominance_pruned,
@@ -495,7 +498,8 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(
-        f"grid {result.grid_size} configurations: {result.theory_pruned} ruled out by theory, "
+        f"grid {result.grid_size} configurations: {result.unfit} do not fit the model in memory, "
+        f"{result.theory_pruned} ruled out by theory, "
         f"{result.capacity_pruned} by single-replica capacity ({len(result.capacity)} capacity runs), "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
         f"({result.grid_size - result.simulated} brute-force runs avoided)"

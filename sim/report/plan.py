@@ -71,7 +71,8 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         else f"No configuration met the SLO at {result.rate:g} req/s."
     ]
     meta = (
-        f"{scenario}; grid of {result.grid_size} configurations: {result.theory_pruned} ruled out by theory, "
+        f"{scenario}; grid of {result.grid_size} configurations: {result.unfit} do not fit the model, "
+        f"{result.theory_pruned} ruled out by theory, "
         f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
