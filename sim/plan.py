@@ -315,6 +315,20 @@ class PlanResult:
     best: dict[str, Any] | None = None
     capacity_pruned: int = 0
     unfit: int = 0  # configurations whose GPU and TP cannot hold the model
+    rate_set: dict[str, Any] = field(default_factory=dict)  # the override that sets the rate
+
+    def reproduce(self, row: dict[str, Any]) -> list[str]:
+        """`--set` arguments that make `sim run` run `row`'s configuration at the planned rate."""
+        return set_args({**self.rate_set, **json.loads(row["overrides"])})
+
+    def ranked(self) -> list[dict[str, Any]]:
+        """Rows meeting the SLO first, then in the search's order (cost, GPUs, mode, GPU, TP, ...)."""
+        return sorted(
+            self.rows,
+            key=lambda r: (not r["meets_slo"], r["cost_per_hour"], r["gpus"], r["mode"], r["gpu"], r["tp"],
+                           r["knobs"], r["counts"]),
+        )  # fmt: skip
+
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
 
     @property
@@ -338,7 +352,7 @@ def search(
     rule: str = "goodput",
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer."""
-    from sim.sweep import apply_rate, open_executor
+    from sim.sweep import apply_rate, open_executor, rate_key
 
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
@@ -352,12 +366,19 @@ def search(
     if policy not in base.policies:
         raise SimError(f"{source}: no policy {policy!r} (have: {', '.join(base.policies)})")
     raw = apply_rate(base.raw, base, rate, source)
+    key = rate_key(base)
+    node: Any = raw
+    for part in key.split("."):
+        node = node[part]
+    rate_set = {key: node}
     scenario = validate_scenario(raw, source)
     base_dir = scenario_path.parent
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
     )
-    result = PlanResult(rate, attainment, total, total - unfit - len(cands), 0, unfit=unfit)
+    result = PlanResult(
+        rate, attainment, total, total - unfit - len(cands), 0, unfit=unfit, rate_set=rate_set
+    )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
     extra = explore
@@ -468,7 +489,7 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "dominance_pruned": result.dominance_pruned,
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
-        "best": None if best is None else {**best, "set": set_args(json.loads(best["overrides"]))},
+        "best": None if best is None else {**best, "set": result.reproduce(best)},
     }
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
@@ -488,8 +509,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     table = Table(title=f"sim plan at {result.rate:g} req/s")
     for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "SLO"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
-    rows = sorted(result.rows, key=lambda r: (not r["meets_slo"], r["cost_per_hour"], r["config"]))
-    for i, r in enumerate(rows, 1):
+    for i, r in enumerate(result.ranked(), 1):
         ttft, tpot = r["ttft_p99"], r["tpot_p99"]
         table.add_row(
             str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
@@ -511,6 +531,6 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
         console.print(
             "reproduce: sim run SCENARIO "
-            + " ".join(f"--set '{a}'" for a in set_args(json.loads(b["overrides"])))
+            + " ".join(f"--set '{a}'" for a in result.reproduce(b))
         )
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

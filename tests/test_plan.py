@@ -80,7 +80,8 @@ def test_plan_answer_reproduces_under_sim_run(scenario: Path, tmp_path: Path) ->
     info = json.loads((out / "plan.json").read_text())
     best = info["best"]
     assert (out / "index.html").stat().st_size > 1000 and (out / "plan.parquet").is_file()
-    args = ["run", str(scenario), "--set", f"workload.arrival.rate={RATE}", "--policy", "vllm"]
+    assert f"workload.arrival.rate={RATE!r}" in best["set"]
+    args = ["run", str(scenario), "--policy", "vllm"]
     for item in best["set"]:
         args += ["--set", item]
     run = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])

@@ -57,8 +57,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     )
     table: list[list[str]] = []
     if rows.height:
-        ranked = rows.sort(["meets_slo", "cost_per_hour", "ttft_p99"], descending=[True, False, False])
-        for i, r in enumerate(ranked.iter_rows(named=True), 1):
+        for i, r in enumerate(result.ranked(), 1):
             table.append([
                 str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]), _fmt(r["ttft_p99"]),
                 _fmt(r["tpot_p99"]), _fmt(r["goodput_per_s"]), "yes" if r["meets_slo"] else "no",
