@@ -121,3 +121,19 @@ def test_p99_rule_checks_each_bound() -> None:
     assert not plan.meets({**fig, "overloaded": True}, 5.0, 0.9, "p99", Slo())
     assert not plan.meets(fig, 5.0, 0.9, "goodput", Slo())  # no goodput: fails the goodput rule
     assert plan.meets({**fig, "goodput_per_s": 4.5}, 5.0, 0.9, "goodput", Slo())
+
+
+def test_pareto_front_by_hand_and_chart_spec_valid() -> None:
+    import polars as pl
+
+    from sim.report.plan import front_chart
+
+    rows = pl.DataFrame({
+        "config": ["a", "b", "c", "d", "e"], "cost_per_hour": [1.0, 2.0, 2.0, 3.0, 4.0],
+        "gpus": [1, 2, 2, 3, 4], "ttft_p99": [0.9, 0.5, 0.7, 0.6, 0.2], "tpot_p99": [0.01] * 5,
+        "goodput_per_s": [1.0] * 5, "meets_slo": [True, True, True, True, False],
+    })  # fmt: skip
+    front = plan.pareto(rows)
+    # d costs more than b and is slower; e misses the SLO: the front is a, b.
+    assert front["config"].to_list() == ["a", "b"]
+    front_chart(rows, front).to_dict(validate=True)
