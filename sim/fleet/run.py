@@ -120,7 +120,7 @@ def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.DataFrame, p
         req_frames.append(m.recorder.requests_frame().with_columns(name))
         step_frames.append(m.recorder.steps_frame().with_columns(name))
     requests = pl.concat(req_frames, how="vertical").sort("id")
-    steps = pl.concat(step_frames, how="vertical").sort(["start", "replica"])
+    steps = pl.concat(step_frames, how="vertical")  # replica by replica, each in time order
     if disaggregated:
         requests = _with_handoffs(requests, out)
     return requests, steps
