@@ -529,8 +529,5 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     else:
         b = result.best
         console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
-        console.print(
-            "reproduce: sim run SCENARIO "
-            + " ".join(f"--set '{a}'" for a in result.reproduce(b))
-        )
+        console.print("reproduce: sim run SCENARIO " + " ".join(f"--set '{a}'" for a in result.reproduce(b)))
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

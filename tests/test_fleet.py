@@ -234,3 +234,22 @@ def test_closed_loop_with_cluster_is_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.exit_code == 2
     assert "workload.arrival: closed-loop arrivals are not supported with [cluster]" in res.output
+
+
+def test_pd_output_stops_at_max_model_len_as_vllm_does() -> None:
+    """Prompt 1,000 with 50 output tokens wanted, max_model_len 1,010: the decode replica keeps the request
+    and stops it at 1,010 - 1,000 = 10 tokens, reserving ceil(1,010 / 16) = 64 blocks."""
+    big = KvBudget(10_000, 16, 1_010)
+    prefill = ReplicaSpec("p0", "p", "prefill", ContinuousScheduler(ContinuousConfig(), big), _fixed, 1)
+    decode_sched = DecodeScheduler(KvBudget(64, 16, 1_010), 256)
+    decode = ReplicaSpec("d0", "d", "decode", decode_sched, _fixed)
+    kind = load_all()["round_robin"]
+    rng = np.random.default_rng(0)
+    fleet = Fleet(
+        [prefill, decode], lambda n: kind.build(kind.config(), n, rng), Horizon(max_requests=1, drain=True),
+        get_link("nvlink-4"),
+    )  # fmt: skip
+    out = fleet.run(iter([Request(0, 0.0, 1000, 50, 50)]))
+    rec = out.members[1].recorder.requests_frame().row(0, named=True)
+    assert rec["state"] == "finished" and rec["generated_tokens"] == 10
+    assert rec["max_tokens"] == 50

@@ -2,7 +2,8 @@
 (transferred from a prefill replica) and their first token emitted; this scheduler only decodes.
 
 A request is admitted, first come first served, when its whole KV fits in free blocks
-(n x ceil((prompt + max_tokens) / block_size), reserved until it finishes, so it is never preempted) and
+(n x ceil(min(prompt + max_tokens, max_model_len) / block_size), reserved until it finishes, so it is never
+preempted; its output stops at max_model_len, as vLLM's does) and
 fewer than `max_num_seqs` sequences run. Every running sequence decodes one token per step: the first decode
 of a P-token prompt is 1 new token on P cached ones (see `StepPlan`).
 """
@@ -71,12 +72,15 @@ class DecodeScheduler:
         return len(self.waiting)
 
     def blocks(self, req: Request) -> int:
-        return req.n * _cdiv(req.prompt_len + req.max_tokens, self.block_size)
+        """Blocks for the request's longest possible sequences (prompt + max_tokens, within max_model_len)."""
+        return req.n * _cdiv(min(req.prompt_len + req.max_tokens, self.max_model_len), self.block_size)
 
     def add(self, request: Request, now: float) -> bool:
-        if request.prompt_len + request.max_tokens > self.max_model_len:
-            request.reject_reason = "prompt + max_tokens exceeds max_model_len"
+        if request.prompt_len >= self.max_model_len:
+            request.reject_reason = "prompt leaves no room for output within max_model_len"
             return False
+        # as vLLM does: the output stops at max_model_len
+        request.output_len = min(request.output_len, self.max_model_len - request.prompt_len)
         if self.blocks(request) > self.num_blocks:
             request.reject_reason = "KV reservation exceeds the KV cache"
             return False
