@@ -226,14 +226,23 @@ def test_cluster_benchmark_scenario_is_valid() -> None:
     assert sc.workload.arrival.rate == 160.0  # type: ignore[union-attr]
 
 
-def test_closed_loop_with_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    res = runner.invoke(
-        app,
-        ["run", str(ROOT / "scenarios" / "equal-lengths.toml"), "--set", "cluster.groups=[{count=2}]",
-         "--out", str(tmp_path)],
-    )  # fmt: skip
-    assert res.exit_code == 2
-    assert "workload.arrival: closed-loop arrivals are not supported with [cluster]" in res.output
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("equal-lengths", ["horizon.max_requests=300"]),
+        ("coding-agent-long-context", ["horizon.duration_s=60"]),
+    ],
+)
+def test_closed_loop_one_replica_cluster_matches_the_single_replica(name: str, overrides: list[str]) -> None:
+    """Closed-loop users behind a one-replica fleet: the same records as the single-replica engine's users
+    (to the horizon, and to max_requests)."""
+    path = ROOT / "scenarios" / f"{name}.toml"
+    for policy in load_scenario(path).policies:
+        single = run_policy(load_scenario(path, overrides), policy, path.parent)
+        one = run_policy(load_scenario(path, [*overrides, "cluster.groups=[{count=1}]"]), policy, path.parent)
+        assert one.requests.drop("replica").equals(single.requests)
+        assert one.steps.drop("replica").equals(single.steps)
+        assert one.summary["horizon_s"] == single.summary["horizon_s"]
 
 
 def test_pd_output_stops_at_max_model_len_as_vllm_does() -> None:

@@ -1,5 +1,6 @@
-"""Many replicas on one SimPy clock: an arrival process routes each request to a replica, and for
-disaggregated serving a prefilled request's KV moves over a link to a decode replica.
+"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine`) routes
+each request to a replica, and for disaggregated serving a prefilled request's KV moves over a link to a
+decode replica.
 
 Each replica is the single-replica engine's `Replica` running its `run` loop in the shared environment; the
 fleet only submits requests to it and listens to `Replica.on_finish`.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim.engine import Environment, Horizon, Replica, StepTime
+from sim.engine import ClosedLoopSource, Environment, Horizon, Replica, StepTime
 from sim.fleet.links import Link
 from sim.fleet.registry import ReplicaReport, Router, Snapshot
 from sim.metrics import FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
@@ -147,6 +148,9 @@ class Fleet:
         self.pending = 0
         self.arrivals_done = False
         self.done = env.event()
+        self.closed: ClosedLoopSource | None = None
+        self.sent = 0
+        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
         for m in self.members:
             m.replica.on_finish = self._on_prefill if m.spec.role == "prefill" else self._on_end
 
@@ -157,7 +161,40 @@ class Fleet:
 
     def _on_end(self, req: Request) -> None:
         self.pending -= 1
+        if self.closed is not None:  # the user sends its next request after its think time
+            self.env.process(self._send_at(self.user_of.pop(req.id), self.closed.think_time()))
         self._check_done()
+
+    # --- closed-loop users (as `sim.engine`'s, with the router between them and the replicas) ------------
+    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
+        h, source = self.horizon, self.closed
+        assert source is not None
+        if delay > 0:
+            yield self.env.timeout(delay)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            return
+        if h.duration_s is not None and self.env.now >= h.duration_s:
+            return
+        self.sent += 1
+        req = source.new_request(self.env.now, user)
+        self.user_of[req.id] = user
+        self._dispatch(req)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            self.arrivals_done = True
+
+    def _close_at_horizon(self) -> Iterator[simpy.Event]:
+        assert self.horizon.duration_s is not None
+        yield self.env.timeout(self.horizon.duration_s)
+        self.arrivals_done = True
+        self._check_done()
+
+    def _start_users(self, source: ClosedLoopSource) -> None:
+        self.closed = source
+        if self.horizon.duration_s is not None:
+            self.env.process(self._close_at_horizon())
+        for user in range(source.users):
+            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
+            self.env.process(self._send_at(user, delay))
 
     def _refresh_reports(self) -> Iterator[simpy.Event]:
         """Replicas report every `report_delay_s`: the router sees the latest reports, not live state."""
@@ -232,13 +269,21 @@ class Fleet:
         member.replica.submit(req)
 
     # --- the run -----------------------------------------------------------------------------------------
-    def run(self, requests: Iterator[Request]) -> FleetOutput:
+    def run(
+        self, requests: Iterator[Request] | None = None, closed_loop: ClosedLoopSource | None = None
+    ) -> FleetOutput:
+        """Run open-loop `requests` or `closed_loop` users to the horizon (give exactly one)."""
+        if (requests is None) == (closed_loop is None):
+            raise ValueError("give exactly one of requests and closed_loop")
         env, h = self.env, self.horizon
+        if closed_loop is not None:
+            self._start_users(closed_loop)  # before the replicas, as `sim.engine.simulate` orders them
         for m in self.members:
             env.process(m.replica.run())
         if self.report_delay_s > 0:
             env.process(self._refresh_reports())
-        env.process(self._arrivals(requests))
+        if requests is not None:
+            env.process(self._arrivals(requests))
         bounded = h.duration_s is not None and not h.drain
         if bounded:
             env.run(until=h.duration_s)

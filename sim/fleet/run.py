@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from sim.engine import Horizon
+from sim.engine import ClosedLoopSource, Horizon
 from sim.errors import SimError
 from sim.fleet.config import ClusterSection
 from sim.fleet.decode import DecodeScheduler
@@ -94,8 +94,6 @@ def simulate_fleet(
     specs, groups = build_specs(scenario, cluster, policy, source)
     seed = scenario.seed if seed is None else seed
     workload = Workload(scenario.workload, seed, base_dir)
-    if workload.closed_loop is not None:
-        raise SimError(f"{source}: workload.arrival: closed-loop arrivals are not supported with [cluster]")
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
     name, _ = cluster.router_kind()
@@ -108,6 +106,10 @@ def simulate_fleet(
 
     link = get_link(cluster.link) if cluster.disaggregated else None
     fleet = Fleet(specs, make_router, horizon, link, cluster.report_delay_s)
+    if workload.closed_loop is not None:
+        cl = workload.closed_loop
+        loop = ClosedLoopSource(cl.users, cl.think_time, cl.new_request, cl.ramp_s)
+        return fleet.run(closed_loop=loop), specs, groups
     requests: Iterator[Request] = workload.open_loop(h.max_requests, h.duration_s)
     return fleet.run(requests), specs, groups
 
