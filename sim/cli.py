@@ -299,6 +299,84 @@ def sweep(
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
 
 
+@app.command("plan")
+def plan(
+    scenario: Path = typer.Argument(..., help="Scenario TOML file (its workload, SLO and policy)."),
+    rate: float = typer.Option(..., "--rate", min=1e-6, max=1e6, help="Requests per second to serve."),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPU types, e.g. A100-80GB,H100-SXM (default: model.gpu)."
+    ),
+    max_gpus: int = typer.Option(16, "--max-gpus", min=1, max=4096, help="Most GPUs in a configuration."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
+    policy: str | None = typer.Option(None, "--policy", help="The policy to configure (default: the first)."),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="TP degrees to try."),
+    max_num_seqs: str = typer.Option(
+        "", "--max-num-seqs", help="Values to try, e.g. 64,256 (default: the policy's)."
+    ),
+    max_num_batched_tokens: str = typer.Option("", "--max-num-batched-tokens", help="Values to try."),
+    modes: str = typer.Option(
+        "colocated,pd", "--modes", help="colocated, pd (prefill/decode split), or both."
+    ),
+    attainment: float = typer.Option(
+        0.9, "--attainment", min=0.01, max=1.0, help="Goodput share of the rate."
+    ),
+    explore: int = typer.Option(
+        0, "--explore", min=0, max=1000, help="Configurations to run past the answer."
+    ),
+    rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Output folder (default: reports/<scenario>/plan).",
+        callback=_checked_out(out_folder_problem),
+    ),
+) -> None:
+    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
+    from sim import plan as planner
+    from sim.outputs import path_component
+
+    def ints(text: str, option: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise SimError(f"{option}: expected whole numbers separated by commas (got {text!r})") from None
+        if any(v < 1 or v > 1_000_000 for v in values):
+            raise SimError(f"{option}: each value must be in [1, 1000000] (got {text!r})")
+        return values
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    if not mode_list or set(mode_list) - {"colocated", "pd"}:
+        raise SimError(f"--modes: colocated, pd or both, comma-separated (got {modes!r})")
+    tps = ints(tp, "--tp")
+    if not tps or any(t > 64 for t in tps):
+        raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")
+    knobs = {
+        "max_num_seqs": ints(max_num_seqs, "--max-num-seqs"),
+        "max_num_batched_tokens": ints(max_num_batched_tokens, "--max-num-batched-tokens"),
+    }
+    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    result = planner.search(
+        scenario,
+        set_,
+        rate,
+        gpu_list,
+        max_gpus,
+        jobs,
+        policy,
+        tps,
+        knobs,
+        mode_list,
+        attainment,
+        explore,
+        rule,
+    )
+    sc_name = path_component(planner.load_scenario(scenario, set_).name)
+    out_dir = out or Path("reports") / sc_name / "plan"
+    planner.write_plan(result, scenario, out_dir)
+    planner.print_plan(result, out_dir)
+
+
 @app.command("validate")
 def validate(
     target: str = typer.Argument(..., help="What to validate against: ground-truth."),

@@ -50,7 +50,11 @@ class RunResult:
 def compared_scenario(scenario: Scenario) -> dict[str, Any]:
     """The part of a scenario that runs compared side by side must share: everything but the policy
     tables, the sweep table and the description (validated, so `1` and `1.0` are the same rate)."""
-    return scenario.model_dump(mode="json", exclude={"policies", "sweep", "description"})
+    out = scenario.model_dump(mode="json", exclude={"policies", "sweep", "description"})
+    for key in ("cluster", "prices"):  # absent unless given: single-replica records stay as they were
+        if not out.get(key):
+            out.pop(key, None)
+    return out
 
 
 def scenario_hash(scenario: Scenario) -> str:
@@ -159,6 +163,8 @@ def run_policy(
     `progress`, when given, is called every `PROGRESS_EVERY` arrivals and once at the end; without it the
     engine runs untouched."""
     kind, config = scenario.policy(policy)
+    if scenario.cluster is not None:
+        return _run_fleet(scenario, policy, base_dir, seed, source, progress)
     cost, budget, info = build_cost_and_memory(scenario, source)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
@@ -181,6 +187,30 @@ def run_policy(
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
+    manifest = run_manifest(scenario, policy, seed)
+    return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
+
+
+def _run_fleet(
+    scenario: Scenario,
+    policy: str,
+    base_dir: Path,
+    seed: int | np.random.SeedSequence | None,
+    source: str,
+    progress: ProgressHook | None,
+) -> RunResult:
+    """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py)."""
+    from sim.fleet.run import fleet_frames, fleet_summary, simulate_fleet
+
+    assert scenario.cluster is not None
+    out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source)
+    req_frame, step_frame = fleet_frames(out, scenario.cluster.disaggregated)
+    if progress is not None:
+        progress(out.end_time, req_frame.height)
+    kind, _ = scenario.policy(policy)
+    summary = fleet_summary(scenario, req_frame, step_frame, out, groups)
+    summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary}
+    summary["replica"] = next(iter(groups.values()))
     manifest = run_manifest(scenario, policy, seed)
     return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
 

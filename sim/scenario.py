@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import SimError
+from sim.fleet.config import ClusterSection, check_cluster
 from sim.limits import (
     MAX_BLOCK_SIZE,
     MAX_COUNT,
@@ -103,6 +104,11 @@ class Scenario(_Section):
         "overheads (*_s) in [0, 1] seconds.",
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
+    cluster: ClusterSection | None = Field(None, description="Replicas behind a router (see sim/fleet).")
+    prices: dict[str, float] = Field(
+        default_factory=dict,
+        description="$/GPU-hour by GPU name, over the catalogue's (sim/catalog/prices.toml).",
+    )
 
     @model_validator(mode="after")
     def _calibration_in_range(self) -> Scenario:
@@ -110,12 +116,16 @@ class Scenario(_Section):
             low, high = (1e-3, 10.0) if key.endswith("_eff") else (0.0, 1.0)
             if not low <= value <= high:
                 raise ValueError(f"calibration.{key}: must be in [{low:g}, {high:g}] (got {value:g})")
+        for key, value in self.prices.items():
+            if not 0.0 < value <= 1000.0:
+                raise ValueError(f"prices.{key}: $/GPU-hour must be in (0, 1000] (got {value:g})")
         return self
 
     # Resolved policy configs (pydantic models of each scheduler), filled by `validate_scenario`,
     # and the validated TOML mapping itself (overrides applied), for records of what ran.
     _policy_configs: dict[str, BaseModel] = {}
     _raw: dict[str, Any] = {}
+    _router_config: BaseModel | None = None
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -203,6 +213,8 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             configs[name] = registry[kind].config.model_validate(knobs)
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
+    if scenario.cluster is not None:
+        scenario._router_config = check_cluster(scenario.cluster, scenario.policies, source)
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario

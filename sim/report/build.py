@@ -7,6 +7,7 @@ from pathlib import Path
 from sim import stats
 from sim.outputs import atomic_write, write_text
 from sim.report import charts, frames, grid
+from sim.report.fleet import fleet_sections
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
 from sim.report.page import Section, chart_png, chart_spec, render_page
@@ -143,6 +144,8 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     caps = capacities(inputs)
     sweep, per_run = sweep_sections(inputs, series, caps), run_sections(inputs, series)
     sections = sweep + per_run if inputs.points is not None else per_run + sweep  # missing charts last
+    fleet_sweep = inputs.points if inputs.scenario is not None and inputs.scenario.cluster else None
+    sections += fleet_sections(inputs.runs, fleet_sweep, series)
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))

@@ -150,13 +150,15 @@ def timeseries(runs: list[PolicyRun], bins: int = 200) -> pl.DataFrame:
         end = run_end(run)
         if run.steps.is_empty() or end <= 0:
             continue
-        steps = run.steps.sort("start").select("start", "duration", **MEASURES)
         edges = np.linspace(0.0, end, bins + 1)
-        start, duration = steps["start"].to_numpy(), steps["duration"].to_numpy()
-        columns = {
-            name: bin_averages(start, duration, steps[name].cast(pl.Float64).to_numpy(), edges)
-            for name in MEASURES
-        }
+        columns = _fleet_averages(run.steps, edges) if "replica" in run.steps.columns else None
+        if columns is None:
+            steps = run.steps.sort("start").select("start", "duration", **MEASURES)
+            start, duration = steps["start"].to_numpy(), steps["duration"].to_numpy()
+            columns = {
+                name: bin_averages(start, duration, steps[name].cast(pl.Float64).to_numpy(), edges)
+                for name in MEASURES
+            }
         frames.append(
             pl.DataFrame({"policy": run.policy, "time": (edges[:-1] + edges[1:]) / 2, **columns}).unpivot(
                 index=["policy", "time"], on=list(MEASURES), variable_name="measure", value_name="value"
@@ -167,6 +169,27 @@ def timeseries(runs: list[PolicyRun], bins: int = 200) -> pl.DataFrame:
             schema={"policy": pl.String, "time": pl.Float64, "measure": pl.String, "value": pl.Float64}
         )
     return pl.concat(frames)
+
+
+def replica_averages(steps: pl.DataFrame, edges: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    """`bin_averages` of each measure, replica by replica (a replica's steps never overlap)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for (name,), part in steps.sort("replica", "start").group_by("replica", maintain_order=True):
+        sel = part.select("start", "duration", **MEASURES)
+        start, duration = sel["start"].to_numpy(), sel["duration"].to_numpy()
+        out[str(name)] = {
+            m: bin_averages(start, duration, sel[m].cast(pl.Float64).to_numpy(), edges) for m in MEASURES
+        }
+    return out
+
+
+def _fleet_averages(steps: pl.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """A fleet's bin averages: batch size and waiting summed over replicas, KV shares averaged."""
+    per = list(replica_averages(steps, edges).values())
+    return {
+        m: (np.mean if "share" in m else np.sum)([p[m] for p in per], axis=0)  # type: ignore[operator]
+        for m in MEASURES
+    }
 
 
 KV_PARTS = ("token states", "reserved, unused", "free")

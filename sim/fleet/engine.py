@@ -1,0 +1,318 @@
+"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine`) routes
+each request to a replica, and for disaggregated serving a prefilled request's KV moves over a link to a
+decode replica.
+
+Each replica is the single-replica engine's `Replica` running its `run` loop in the shared environment; the
+fleet only submits requests to it and listens to `Replica.on_finish`.
+
+Disaggregated prefill/decode: a request runs on a prefill replica as a one-token request (its prompt's
+prefill and its first token), then its KV (prompt tokens x KV bytes per token per GPU) crosses the link in
+`Link.transfer_s` seconds, each transfer on its own (no contention between transfers), and it joins a decode
+replica, which admits it when its blocks are free (`DecodeScheduler`). Its first token reaches the user when
+the transfer ends: TTFT includes the transfer. A one-token request ends at its prefill, with no transfer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.engine import ClosedLoopSource, Environment, Horizon, Replica, StepTime
+from sim.fleet.links import Link
+from sim.fleet.registry import ReplicaReport, Router, Snapshot
+from sim.metrics import FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
+from sim.request import Request
+from sim.schedulers.base import Scheduler, StepPlan
+
+
+class FleetRecorder(Recorder):
+    """A replica's recorder that also keeps its latest KV share for the router's reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv_fraction = 0.0
+
+    def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
+        super().step(start, duration, plan, compute_bound, waiting)
+        kv = plan.kv
+        self.kv_fraction = kv.allocated / kv.capacity if kv.capacity else 0.0
+
+
+class PrefillRecorder(FleetRecorder):
+    """A prefill replica's recorder: a finished prefill is not the request's end (the decode replica records
+    it); a rejected or unfinished one is recorded here with its own lengths restored."""
+
+    def __init__(self, lengths: dict[int, tuple[int, int]]) -> None:
+        super().__init__()
+        self.lengths = lengths
+
+    def request(self, req: Request, state: str) -> None:
+        if state == FINISHED:
+            return
+        if req.id in self.lengths:
+            req.output_len, req.max_tokens = self.lengths.pop(req.id)
+        super().request(req, state)
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    name: str
+    group: str
+    role: str  # both, prefill or decode
+    scheduler: Scheduler
+    step_time: StepTime
+    kv_bytes_per_token: int = 0  # per GPU (prefill replicas: what a transfer moves per prompt token)
+
+
+@dataclass(slots=True, eq=False)
+class Member:
+    """A replica of the fleet, and the live report the router reads (`ReplicaReport`)."""
+
+    index: int
+    spec: ReplicaSpec
+    replica: Replica
+    recorder: FleetRecorder
+    inbound: int = 0  # transfers on their way to it
+
+    @property
+    def outstanding(self) -> int:
+        return self.replica.in_system + self.inbound
+
+    @property
+    def waiting(self) -> int:
+        return self.spec.scheduler.num_waiting
+
+    @property
+    def kv_fraction(self) -> float:
+        return self.recorder.kv_fraction
+
+
+@dataclass(slots=True)
+class Handoff:
+    """Where a disaggregated request's time went."""
+
+    prefill_replica: int
+    prefill_end: float
+    decode_replica: int = -1
+    transfer_s: float = math.nan
+
+
+@dataclass(slots=True)
+class FleetOutput:
+    members: list[Member]
+    end_time: float
+    overloaded: bool
+    handoffs: dict[int, Handoff] = field(default_factory=dict)
+    admitted_at: dict[int, float] = field(default_factory=dict)  # decode start, by request id
+    routed: list[int] = field(default_factory=list)  # requests sent to each replica by the entry router
+
+
+class Fleet:
+    """Replicas on one clock behind a router. `make_router(n)` builds a router over n replicas (one for the
+    entry replicas, one more for the decode replicas of a disaggregated fleet)."""
+
+    def __init__(
+        self,
+        specs: Sequence[ReplicaSpec],
+        make_router: Callable[[int], Router],
+        horizon: Horizon,
+        link: Link | None = None,
+        report_delay_s: float = 0.0,
+    ) -> None:
+        self.env = env = Environment()
+        self.horizon = horizon
+        self.link = link
+        self.report_delay_s = report_delay_s
+        self.lengths: dict[int, tuple[int, int]] = {}  # prefilling request id -> (output_len, max_tokens)
+        self.members: list[Member] = []
+        for i, spec in enumerate(specs):
+            rec = PrefillRecorder(self.lengths) if spec.role == "prefill" else FleetRecorder()
+            replica = Replica(env, spec.scheduler, spec.step_time, rec)
+            replica.max_waiting = horizon.max_waiting
+            self.members.append(Member(i, spec, replica, rec))
+        self.entry = [m for m in self.members if m.spec.role in ("both", "prefill")]
+        self.decode = [m for m in self.members if m.spec.role == "decode"]
+        if self.decode and link is None:
+            raise ValueError("a disaggregated fleet needs a link")
+        self.entry_router = make_router(len(self.entry))
+        self.decode_router = make_router(len(self.decode)) if self.decode else None
+        self.entry_reports: Sequence[ReplicaReport] = self.entry
+        self.decode_reports: Sequence[ReplicaReport] = self.decode
+        self.handoffs: dict[int, Handoff] = {}
+        self.in_transfer: dict[int, Request] = {}
+        self.routed = [0] * len(self.members)
+        self.pending = 0
+        self.arrivals_done = False
+        self.done = env.event()
+        self.closed: ClosedLoopSource | None = None
+        self.sent = 0
+        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
+        for m in self.members:
+            m.replica.on_finish = self._on_prefill if m.spec.role == "prefill" else self._on_end
+
+    # --- bookkeeping ------------------------------------------------------------------------------------
+    def _check_done(self) -> None:
+        if self.arrivals_done and self.pending == 0 and not self.done.triggered:
+            self.done.succeed()
+
+    def _on_end(self, req: Request) -> None:
+        self.pending -= 1
+        if self.closed is not None:  # the user sends its next request after its think time
+            self.env.process(self._send_at(self.user_of.pop(req.id), self.closed.think_time()))
+        self._check_done()
+
+    # --- closed-loop users (as `sim.engine`'s, with the router between them and the replicas) ------------
+    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
+        h, source = self.horizon, self.closed
+        assert source is not None
+        if delay > 0:
+            yield self.env.timeout(delay)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            return
+        if h.duration_s is not None and self.env.now >= h.duration_s:
+            return
+        self.sent += 1
+        req = source.new_request(self.env.now, user)
+        self.user_of[req.id] = user
+        self._dispatch(req)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            self.arrivals_done = True
+
+    def _close_at_horizon(self) -> Iterator[simpy.Event]:
+        assert self.horizon.duration_s is not None
+        yield self.env.timeout(self.horizon.duration_s)
+        self.arrivals_done = True
+        self._check_done()
+
+    def _start_users(self, source: ClosedLoopSource) -> None:
+        self.closed = source
+        if self.horizon.duration_s is not None:
+            self.env.process(self._close_at_horizon())
+        for user in range(source.users):
+            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
+            self.env.process(self._send_at(user, delay))
+
+    def _refresh_reports(self) -> Iterator[simpy.Event]:
+        """Replicas report every `report_delay_s`: the router sees the latest reports, not live state."""
+
+        def snap(ms: list[Member]) -> list[Snapshot]:
+            return [Snapshot(m.outstanding, m.waiting, m.kv_fraction) for m in ms]
+
+        while True:
+            self.entry_reports, self.decode_reports = snap(self.entry), snap(self.decode)
+            yield self.env.timeout(self.report_delay_s)
+
+    def _counted(self, member: Member, index: int) -> None:
+        """A delayed report does not see what was just sent: the router counts its own sends meanwhile."""
+        reports = self.entry_reports if member.spec.role != "decode" else self.decode_reports
+        if isinstance(reports, list) and reports and isinstance(reports[0], Snapshot):
+            reports[index].outstanding += 1  # type: ignore[misc]
+
+    # --- arrivals ----------------------------------------------------------------------------------------
+    def _dispatch(self, req: Request) -> None:
+        i = self.entry_router.route(req, self.entry_reports)
+        member = self.entry[i]
+        self._counted(member, i)
+        self.routed[member.index] += 1
+        self.pending += 1
+        if member.spec.role == "prefill":
+            self.lengths[req.id] = (req.output_len, req.max_tokens)
+            self.handoffs[req.id] = Handoff(member.index, math.nan)
+            req.output_len = req.max_tokens = 1
+        member.replica.submit(req)
+
+    def _arrivals(self, requests: Iterator[Request]) -> Iterator[simpy.Event]:
+        env = self.env
+        for req in requests:
+            if req.arrival > env.now:
+                yield env.timeout(req.arrival - env.now)
+            self._dispatch(req)
+        self.arrivals_done = True
+        self._check_done()
+
+    # --- disaggregation ----------------------------------------------------------------------------------
+    def _on_prefill(self, req: Request) -> None:
+        if req.reject_reason is not None:  # recorded as rejected by the prefill recorder
+            self.handoffs.pop(req.id, None)
+            self._on_end(req)
+            return
+        req.output_len, req.max_tokens = self.lengths.pop(req.id)
+        hand = self.handoffs[req.id]
+        hand.prefill_end = req.first_token_at
+        if req.output_len <= req.num_generated:  # one token: done at its prefill
+            Recorder.request(self.members[hand.prefill_replica].recorder, req, FINISHED)
+            self._on_end(req)
+            return
+        req.finished_at = math.nan
+        j = self.decode_router.route(req, self.decode_reports)  # type: ignore[union-attr]
+        member = self.decode[j]
+        self._counted(member, j)
+        member.inbound += 1
+        self.routed[member.index] += 1
+        hand.decode_replica = member.index
+        assert self.link is not None
+        hand.transfer_s = self.link.transfer_s(
+            req.prompt_len, self.members[hand.prefill_replica].spec.kv_bytes_per_token
+        )
+        self.in_transfer[req.id] = req
+        self.env.process(self._transfer(req, member, hand.transfer_s))
+
+    def _transfer(self, req: Request, member: Member, seconds: float) -> Iterator[simpy.Event]:
+        yield self.env.timeout(seconds)
+        del self.in_transfer[req.id]
+        member.inbound -= 1
+        req.first_token_at = req.last_token_at = self.env.now  # the first token reaches the user now
+        member.replica.submit(req)
+
+    # --- the run -----------------------------------------------------------------------------------------
+    def run(
+        self, requests: Iterator[Request] | None = None, closed_loop: ClosedLoopSource | None = None
+    ) -> FleetOutput:
+        """Run open-loop `requests` or `closed_loop` users to the horizon (give exactly one)."""
+        if (requests is None) == (closed_loop is None):
+            raise ValueError("give exactly one of requests and closed_loop")
+        env, h = self.env, self.horizon
+        if closed_loop is not None:
+            self._start_users(closed_loop)  # before the replicas, as `sim.engine.simulate` orders them
+        for m in self.members:
+            env.process(m.replica.run())
+        if self.report_delay_s > 0:
+            env.process(self._refresh_reports())
+        if requests is not None:
+            env.process(self._arrivals(requests))
+        bounded = h.duration_s is not None and not h.drain
+        if bounded:
+            env.run(until=h.duration_s)
+        else:
+            env.run(until=self.done)
+        end = h.duration_s if bounded else env.now
+        assert end is not None
+        for m in self.members:
+            for req in m.spec.scheduler.in_flight():
+                m.recorder.request(req, IN_FLIGHT)
+        for req in self.in_transfer.values():
+            req.num_generated = 0
+            req.first_token_at = req.last_token_at = math.nan
+            member = self.members[self.handoffs[req.id].decode_replica]
+            member.recorder.request(req, IN_FLIGHT)
+        admitted: dict[int, float] = {}
+        for m in self.decode:
+            admitted.update(getattr(m.spec.scheduler, "admitted_at", {}))
+        out = FleetOutput(self.members, end, False, self.handoffs, admitted, self.routed)
+        return out
+
+
+def fleet_overloaded(requests_frame: object) -> bool:
+    """The single-replica overload verdict (`backlog_trend`) over the fleet's requests."""
+    trend = requests_backlog_trend(requests_frame)  # type: ignore[arg-type]
+    return trend is not None and trend.overloaded
+
+
+def seeded(seed: int | np.random.SeedSequence) -> np.random.Generator:
+    """The router's random stream: its own child of the scenario's seed, apart from the workload's."""
+    ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    return np.random.default_rng(np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, 0x0F1E)))

@@ -1,0 +1,65 @@
+"""Routers by name, as schedulers are: a pydantic config (its TOML knobs) and a factory.
+
+A router picks one replica of a role for each request, from what the replicas report (`ReplicaReport`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from pydantic import BaseModel
+
+from sim.request import Request
+
+
+class ReplicaReport(Protocol):
+    """What a replica tells the router: requests it holds (queued, running or on their way to it), those
+    of them queued, and the share of its KV cache held, as of its latest report."""
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def kv_fraction(self) -> float: ...
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A report as it was at one instant (for routers that see reports with a delay)."""
+
+    outstanding: int = 0
+    waiting: int = 0
+    kv_fraction: float = 0.0
+
+
+class Router(Protocol):
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        """The index (into `reports`) of the replica that gets `req`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouterKind:
+    name: str
+    config: type[BaseModel]
+    build: Callable[[BaseModel, int, np.random.Generator], Router]
+
+
+ROUTERS: dict[str, RouterKind] = {}
+
+
+def register(name: str, config: type[BaseModel], build: Callable[..., Router]) -> None:
+    ROUTERS[name] = RouterKind(name, config, build)
+
+
+def load_all() -> dict[str, RouterKind]:
+    """The registry, with the built-in routers registered."""
+    import sim.fleet.routers  # noqa: F401  (registers itself)
+
+    return ROUTERS

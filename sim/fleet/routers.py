@@ -1,0 +1,139 @@
+"""The built-in routers. Each sees only the replicas' reports (`ReplicaReport`), never their internals.
+
+- `round_robin`: replicas in turn.
+- `random`: uniformly at random (seeded from the scenario).
+- `least_outstanding`: join the shortest queue (fewest outstanding requests); ties go to the next replica
+  after the previous choice.
+- `power_of_two`: sample `choices` distinct replicas at random, take the one with fewest outstanding.
+- `least_kv`: the smallest share of KV cache in use (then fewest outstanding).
+- `prefix_affinity`: consistent hashing of the request's prefix group (its id when it has none) on a ring
+  of `virtual_nodes` points per replica, with bounded load (Mirrokni, Thorup and Zadimoghaddam, 2018):
+  walk the ring from the key to the first replica whose outstanding count is below
+  ceil(load_factor x (total + 1) / replicas).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from sim.fleet.registry import ReplicaReport, register
+from sim.request import Request
+
+
+class _NoKnobs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RoundRobin:
+    def __init__(self, config: BaseModel, n: int, rng: np.random.Generator) -> None:
+        self.next = 0
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        i = self.next % len(reports)
+        self.next = i + 1
+        return i
+
+
+class RandomRouter:
+    def __init__(self, config: BaseModel, n: int, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        return int(self.rng.integers(len(reports)))
+
+
+class LeastOutstanding:
+    def __init__(self, config: BaseModel, n: int, rng: np.random.Generator) -> None:
+        self.last = -1
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        n = len(reports)
+        start = self.last + 1
+        best, best_load = start % n, math.inf
+        for k in range(n):
+            i = (start + k) % n
+            load = reports[i].outstanding
+            if load < best_load:
+                best, best_load = i, load
+        self.last = best
+        return best
+
+
+class PowerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    choices: int = Field(2, ge=1, le=64, description="Replicas sampled per request.")
+
+
+class PowerOfChoices:
+    def __init__(self, config: PowerConfig, n: int, rng: np.random.Generator) -> None:
+        self.d = config.choices
+        self.rng = rng
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        n = len(reports)
+        d = min(self.d, n)
+        picks = self.rng.choice(n, size=d, replace=False) if d > 1 else [int(self.rng.integers(n))]
+        best = int(picks[0])
+        for i in picks[1:]:
+            if reports[int(i)].outstanding < reports[best].outstanding:
+                best = int(i)
+        return best
+
+
+class LeastKv:
+    def __init__(self, config: BaseModel, n: int, rng: np.random.Generator) -> None:
+        pass
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        return min(range(len(reports)), key=lambda i: (reports[i].kv_fraction, reports[i].outstanding, i))
+
+
+class AffinityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    load_factor: float = Field(
+        1.25, ge=1.0, le=100.0, description="Bound on a replica's load, as a multiple of the mean."
+    )
+    virtual_nodes: int = Field(64, ge=1, le=4096, description="Ring points per replica.")
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class PrefixAffinity:
+    def __init__(self, config: AffinityConfig, n: int, rng: np.random.Generator) -> None:
+        self.load_factor = config.load_factor
+        points = sorted(
+            (_hash64(f"replica-{i}-{v}"), i) for i in range(n) for v in range(config.virtual_nodes)
+        )
+        self.ring = [p for p, _ in points]
+        self.owner = [i for _, i in points]
+
+    def key(self, req: Request) -> str:
+        return f"group-{req.prefix_group}" if req.prefix_group >= 0 else f"request-{req.id}"
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        n = len(reports)
+        total = sum(r.outstanding for r in reports)
+        bound = math.ceil(self.load_factor * (total + 1) / n)
+        ring, owner = self.ring, self.owner
+        start = bisect.bisect_left(ring, _hash64(self.key(req)))
+        for k in range(len(ring)):
+            i = owner[(start + k) % len(ring)]
+            if reports[i].outstanding < bound:
+                return i
+        return owner[start % len(ring)]  # unreachable: some replica is below the mean
+
+
+register("round_robin", _NoKnobs, RoundRobin)
+register("random", _NoKnobs, RandomRouter)
+register("least_outstanding", _NoKnobs, LeastOutstanding)
+register("power_of_two", PowerConfig, PowerOfChoices)
+register("least_kv", _NoKnobs, LeastKv)
+register("prefix_affinity", AffinityConfig, PrefixAffinity)

@@ -1,0 +1,184 @@
+"""`sim run` of a scenario with `[cluster]`: build the replicas, run the fleet, and make the records.
+
+Records: the requests and steps of every replica in one frame each, with a `replica` column (the replica
+that served the request: its decode replica under disaggregation); disaggregated runs add where each
+request spent its time (`prefill_replica`, `prefill_s`, `transfer_s`, `decode_wait_s`, `decode_s`). The
+summary is the single-replica summary over the whole fleet, plus `cluster` (groups, GPUs, router) and
+`replicas` (each replica's own summary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from sim.engine import ClosedLoopSource, Horizon
+from sim.errors import SimError
+from sim.fleet.config import ClusterSection
+from sim.fleet.decode import DecodeScheduler
+from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, seeded
+from sim.fleet.links import get_link
+from sim.fleet.registry import Router
+from sim.fleet.registry import load_all as load_routers
+from sim.metrics import Slo, summarize
+from sim.request import Request
+from sim.scenario import Scenario
+from sim.schedulers.registry import load_all as load_policies
+from sim.workload import Workload
+
+PD_COLUMNS = ("prefill_replica", "prefill_s", "transfer_s", "decode_wait_s", "decode_s")
+
+
+def group_scenario(scenario: Scenario, gpu: str | None, tp: int | None) -> Scenario:
+    """The scenario with one group's GPU and TP in its [model] table."""
+    update: dict[str, Any] = {}
+    if gpu is not None:
+        update["gpu"] = gpu
+    if tp is not None:
+        update["tp"] = tp
+    if not update:
+        return scenario
+    out = scenario.model_copy(update={"model": scenario.model.model_copy(update=update)})
+    out._policy_configs = scenario._policy_configs
+    return out
+
+
+def build_specs(
+    scenario: Scenario, cluster: ClusterSection, policy: str, source: str
+) -> tuple[list[ReplicaSpec], dict[str, Any]]:
+    """One `ReplicaSpec` per replica, and each group's figures for the summary."""
+    from sim.run import build_cost_and_memory
+
+    specs: list[ReplicaSpec] = []
+    groups: dict[str, Any] = {}
+    policies = load_policies()
+    for gi, group in enumerate(cluster.groups):
+        gname = cluster.group_name(gi)
+        where = f"{source}: cluster.groups[{gi}]"
+        try:
+            cost, budget, info = build_cost_and_memory(group_scenario(scenario, group.gpu, group.tp), where)
+        except SimError as err:
+            raise SimError(str(err)) from None
+        pname = group.policy or policy
+        kind, config = scenario.policy(pname)
+        shown = "decode" if group.role == "decode" else kind
+        groups[gname] = {
+            **info,
+            "count": group.count,
+            "role": group.role,
+            "policy": pname,
+            "scheduler": shown,
+        }
+        for r in range(group.count):
+            if group.role == "decode":
+                sched: Any = DecodeScheduler(budget, int(getattr(config, "max_num_seqs", 256)))
+            else:
+                sched = policies[kind].build(config, budget)
+            specs.append(
+                ReplicaSpec(
+                    f"{gname}-{r}", gname, group.role, sched, cost.step_time, info["kv_bytes_per_token"]
+                )
+            )
+    return specs, groups
+
+
+def simulate_fleet(
+    scenario: Scenario, policy: str, base_dir: Path, seed: int | np.random.SeedSequence | None, source: str
+) -> tuple[FleetOutput, list[ReplicaSpec], dict[str, Any]]:
+    cluster = scenario.cluster
+    assert cluster is not None
+    specs, groups = build_specs(scenario, cluster, policy, source)
+    seed = scenario.seed if seed is None else seed
+    workload = Workload(scenario.workload, seed, base_dir)
+    h = scenario.horizon
+    horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
+    name, _ = cluster.router_kind()
+    kind, config = load_routers()[name], scenario._router_config
+    assert config is not None
+    streams = iter(seeded(seed).spawn(2))
+
+    def make_router(n: int) -> Router:
+        return kind.build(config, n, next(streams))
+
+    link = get_link(cluster.link) if cluster.disaggregated else None
+    fleet = Fleet(specs, make_router, horizon, link, cluster.report_delay_s)
+    if workload.closed_loop is not None:
+        cl = workload.closed_loop
+        loop = ClosedLoopSource(cl.users, cl.think_time, cl.new_request, cl.ramp_s)
+        return fleet.run(closed_loop=loop), specs, groups
+    requests: Iterator[Request] = workload.open_loop(h.max_requests, h.duration_s)
+    return fleet.run(requests), specs, groups
+
+
+def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The fleet's request and step frames, each with a `replica` column."""
+    req_frames, step_frames = [], []
+    for m in out.members:
+        name = pl.lit(m.spec.name, dtype=pl.String).alias("replica")
+        req_frames.append(m.recorder.requests_frame().with_columns(name))
+        step_frames.append(m.recorder.steps_frame().with_columns(name))
+    requests = pl.concat(req_frames, how="vertical").sort("id")
+    steps = pl.concat(step_frames, how="vertical")  # replica by replica, each in time order
+    if disaggregated:
+        requests = _with_handoffs(requests, out)
+    return requests, steps
+
+
+def _with_handoffs(requests: pl.DataFrame, out: FleetOutput) -> pl.DataFrame:
+    names = [m.spec.name for m in out.members]
+    ids = requests["id"].to_list()
+    hand = [out.handoffs.get(i) for i in ids]
+    nan = float("nan")
+    prefill_end = np.array([h.prefill_end if h else nan for h in hand])
+    transfer = np.array([h.transfer_s if h else nan for h in hand])
+    start = np.array([out.admitted_at.get(i, nan) for i in ids])
+    scheduled = requests["scheduled_at"].fill_null(nan).to_numpy()
+    first = requests["first_token_at"].fill_null(nan).to_numpy()
+    finished = requests["finished_at"].fill_null(nan).to_numpy()
+    cols = {
+        "prefill_replica": pl.Series(
+            [names[h.prefill_replica] if h else None for h in hand], dtype=pl.String
+        ),
+        "prefill_s": prefill_end - scheduled,
+        "transfer_s": transfer,
+        "decode_wait_s": start - first,
+        "decode_s": finished - start,
+    }
+    return requests.with_columns(**{k: v for k, v in cols.items()}).with_columns(
+        pl.col(pl.Float64).fill_nan(None)
+    )
+
+
+def fleet_summary(
+    scenario: Scenario, requests: pl.DataFrame, steps: pl.DataFrame, out: FleetOutput, groups: dict[str, Any]
+) -> dict[str, Any]:
+    slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
+    overloaded = fleet_overloaded(requests)
+    summary = summarize(requests, steps, out.end_time, slo, overloaded)
+    cluster = scenario.cluster
+    assert cluster is not None
+    name, knobs = cluster.router_kind()
+    config = scenario._router_config
+    gpus = sum(g["count"] * g["tp"] for g in groups.values())
+    per: dict[str, Any] = {}
+    for m in out.members:
+        rname = m.spec.name
+        r_req = requests.filter(pl.col("replica") == rname)
+        r_steps = steps.filter(pl.col("replica") == rname)
+        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req) if r_req.height else False)
+        per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}
+    summary["cluster"] = {
+        "router": name,
+        "router_config": config.model_dump(mode="json") if config is not None else knobs,
+        "report_delay_s": cluster.report_delay_s,
+        "link": cluster.link if cluster.disaggregated else None,
+        "replicas": len(out.members),
+        "gpus": gpus,
+        "groups": groups,
+    }
+    summary["replicas"] = per
+    return summary
