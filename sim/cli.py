@@ -470,7 +470,7 @@ def step(
     calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """One engine step's time and its kernel-by-kernel breakdown (the cost model the engine uses)."""
+    """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.step_report import print_step
 
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json)

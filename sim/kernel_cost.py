@@ -1,26 +1,35 @@
 """Kernel-level cost of one engine step (`sim step`), per GPU under tensor parallelism of degree `tp`.
 
-The engine's cost model is still the calibrated roofline of `sim.cost`: with the kernel costs measured on an
-H200 carried to the H100 ground truth, this model cross-validates worse on E2E and ITL (docs/fidelity.md).
+Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
+of `sim.cost`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and the checks
+against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays the engine's.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU):
 
-    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + kernel_fixed_s
+    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + fixed cost
 
-with bytes = weights (in their stored dtype) + 16-bit activations in and out. Attention per layer is one
-kernel over every row: max(FLOPs / (16-bit peak · attn_compute_eff) + per-query-head work, KV bytes read and
-written / (HBM · kv_bandwidth_eff)) + attn_fixed_s. MoE layers run a fused expert GEMM pair over the experts
-the step touches. Norms, rotary embedding and activations are memory-bound element-wise kernels. Under TP,
-two all-reduces per layer cost latency plus ring bytes over the link. The host adds a fixed cost per step and
-per row (scheduling, input preparation, sampling, detokenisation).
+with bytes = weights (in their stored dtype) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak,
+weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation). Attention per layer is one kernel over
+every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per (prefill query x head),
+KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost.
+MoE layers run a fused expert GEMM pair over the experts the step touches. Norms, rotary embedding and
+activations are memory-bound element-wise kernels (elementwise_fixed_s each). Under TP, two all-reduces per
+layer cost latency plus ring bytes over the link.
 
-The kernel parameters are fitted to measured kernels (sim/catalog/profiles/h200, `sim.calibrate.fit_kernels`)
-as fractions of the catalog's peaks, so any GPU in the catalog gets them from its own peaks; the host
-parameters are fitted to end-to-end vLLM runs (`sim calibrate`). docs/fidelity.md lists every parameter.
+Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
+kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
+(attn_fixed_s - kernel_fixed_s: its prologue). The host's time per step and per row (scheduling, input
+preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
+
+Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
+(sim/catalog/profiles/h200, `sim.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any GPU in
+the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times were
+fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
+parameter with its source.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
 chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
-count), so it is computed once per distinct count and reused: the engine's fast path stays a few float ops.
+count), so it is computed once per distinct count and reused.
 """
 
 from __future__ import annotations
@@ -46,22 +55,23 @@ ELEMENTWISE_KERNELS = 5
 class KernelCalibration:
     """Kernel efficiencies, fixed costs and host overheads; defaults: sim/catalog/kernel_calibration.toml."""
 
-    gemm_compute_eff: float = 0.7051  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
-    gemm_compute_eff_fp8: float = 0.6766  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
-    gemm_bandwidth_eff: float = 0.7462  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
-    kernel_fixed_s: float = 1.004e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
+    gemm_compute_eff: float = 0.7483  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
+    gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
+    gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
+    kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
     dequant_compute_eff: float = 0.6  # weight-only INT4/INT8: share of 16-bit GEMM rate left (prior)
-    attn_compute_eff: float = 0.6087  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
-    attn_query_head_s: float = 1.55e-10  # prefill attention time per (query token x head) (H200 profile)
-    kv_bandwidth_eff: float = 0.797  # decode attention KV reads, fraction of HBM peak (H200 profile)
-    attn_fixed_s: float = 1.632e-05  # per attention kernel (H200 profile)
-    graph_kernel_fixed_s: float = 1.004e-05  # per kernel in a serving step (default: an isolated kernel's)
+    attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
+    attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
+    kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
+    attn_fixed_s: float = 1.191e-05  # per attention kernel (H200 profile)
+    attn_row_head_s: float = 8.218e-09  # per (sequence x KV head) decode work item (H200 profile)
+    graph_kernel_fixed_s: float = 3.068e-06  # per kernel in a replayed serving step (end-to-end fit)
     elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
-    allreduce_latency_s: float = 1e-05  # per all-reduce over NVLink (prior: vLLM custom all-reduce)
-    allreduce_latency_pcie_s: float = 3e-5  # per all-reduce over PCIe (prior)
+    allreduce_latency_s: float = 2e-06  # per all-reduce over NVLink (end-to-end fit)
+    allreduce_latency_pcie_s: float = 3e-05  # per all-reduce over PCIe (prior)
     allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
-    step_overhead_s: float = 3e-04  # host: scheduling, input preparation, launch, per step (prior)
-    per_row_overhead_s: float = 1e-05  # host: per sequence in the step (prior)
+    step_overhead_s: float = 0.0001034  # host per step: scheduling, inputs, sampling (end-to-end fit)
+    per_row_overhead_s: float = 1.008e-07  # host: per sequence in the step (end-to-end fit)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> KernelCalibration:
@@ -89,15 +99,24 @@ def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: i
     return 0.5 * (comp + mem + abs(comp - mem)) + fixed_s
 
 
-def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s):  # type: ignore[no-untyped-def]
-    """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes."""
+def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]
+    """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes
+    streamed plus the per-(sequence x KV head) work items of a decode kernel (each loads its queries,
+    combines its split-KV partial results and writes its output)."""
     comp = flops / (peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_heads
-    return kernel_seconds(comp, nbytes, 1.0, hbm * cal.kv_bandwidth_eff, fixed_s)
+    mem = nbytes / (hbm * cal.kv_bandwidth_eff) + cal.attn_row_head_s * items
+    return kernel_seconds(comp, mem, 1.0, 1.0, fixed_s)
 
 
 def host_seconds(cal: KernelCalibration, rows: float | np.ndarray) -> float | np.ndarray:
-    """Host-side time of a step with `rows` sequences (the calibration re-costs steps with this too)."""
+    """Host-side time of a step with `rows` sequences."""
     return cal.step_overhead_s + cal.per_row_overhead_s * rows
+
+
+def overlapped(gpu_s, host_s):  # type: ignore[no-untyped-def]
+    """A step's wall time: vLLM's asynchronous scheduling prepares step n + 1 on the host while the GPU runs
+    step n, so the slower of the two sets the pace. Floats or numpy arrays alike."""
+    return 0.5 * (gpu_s + host_s + abs(gpu_s - host_s))
 
 
 @dataclass(frozen=True)
@@ -194,6 +213,7 @@ class KernelCostModel:
         self.window = float(m.sliding_window or 0)
         self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.heads = max(1.0, m.num_heads / tp)
+        self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
         # Element-wise traffic per token per layer (16-bit): two norms (read, write), the activation (read
         # gate and up, write), rotary embedding of q and k (read, write).
         inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
@@ -311,25 +331,34 @@ class KernelCostModel:
         return t
 
     def attention(
-        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, layers: int
+        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, layers: int, rows: int = 0
     ) -> Kernel:
         """Attention kernels of `layers` layers: `pairs` (query, key) pairs and `kv_tokens` cached tokens read
-        per layer, `query_tokens` prefill queries, `tokens` new KV entries written."""
+        per layer, `query_tokens` prefill queries, `tokens` new KV entries written, `rows` sequences."""
         cal = self.cal
         flops = self.attn_flops_pair * pairs
         nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
-        t = self._attention_time(pairs, kv_tokens, query_tokens, tokens)
+        t = self._attention_time(pairs, kv_tokens, query_tokens, tokens, rows)
         comp = (
             flops / (self.peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_tokens * self.heads
         )
-        bound = "compute" if comp > nbytes / self.kv_bw else "memory"
+        mem = nbytes / self.kv_bw + cal.attn_row_head_s * rows * self.kv_heads
+        bound = "compute" if comp > mem else "memory"
         return Kernel("attention", layers, layers * t, bound, layers * flops, layers * nbytes)
 
-    def _attention_time(self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float) -> float:
+    def _attention_time(
+        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, rows: int
+    ) -> float:
         flops = self.attn_flops_pair * pairs
         nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
-        return attention_seconds(self.cal, flops, query_tokens * self.heads, nbytes, self.peak16, self.hbm,
-                                 self.cal.graph_kernel_fixed_s)  # fmt: skip
+        # In a replayed step attention saves the same launch cost as a GEMM and keeps the rest of its larger
+        # isolated fixed cost (its prologue: scheduling metadata, split-KV reduction).
+        cal = self.cal
+        fixed = cal.graph_kernel_fixed_s + max(cal.attn_fixed_s - cal.kernel_fixed_s, 0.0)
+        items = rows * self.kv_heads
+        return attention_seconds(
+            cal, flops, query_tokens * self.heads, nbytes, self.peak16, self.hbm, fixed, items
+        )
 
     # ----------------------------------------------------------------------------------------- steps
 
@@ -354,11 +383,11 @@ class KernelCostModel:
         pairs, ctx, s_pairs, s_ctx, queries = sums
         t = self._linear_time(tokens) + self._head_time(rows)
         if self.full_layers:
-            t += self.full_layers * self._attention_time(pairs, ctx, queries, tokens)
+            t += self.full_layers * self._attention_time(pairs, ctx, queries, tokens, rows)
         ns = self.model.num_sliding_layers
         if ns:
-            t += ns * self._attention_time(s_pairs, s_ctx, queries, tokens)
-        return t + self.cal.step_overhead_s + self.cal.per_row_overhead_s * rows
+            t += ns * self._attention_time(s_pairs, s_ctx, queries, tokens, rows)
+        return float(overlapped(t, host_seconds(self.cal, rows)))
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """Full breakdown of one step, kernel by kernel."""
@@ -371,12 +400,12 @@ class KernelCostModel:
         pairs, ctx, s_pairs, s_ctx, queries = sums
         kernels = self.linear_kernels(tokens, rows)
         if self.full_layers:
-            kernels.append(self.attention(pairs, ctx, queries, tokens, self.full_layers))
+            kernels.append(self.attention(pairs, ctx, queries, tokens, self.full_layers, rows))
         if self.model.num_sliding_layers:
-            k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers)
+            k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers, rows)
             kernels.append(Kernel("attention_sliding", k.count, k.seconds, k.bound, k.flops, k.bytes))
         host = float(host_seconds(self.cal, rows))
-        seconds = self._seconds(tokens, rows, sums)
+        seconds = self._seconds(tokens, rows, sums)  # max(GPU kernels, host): asynchronous scheduling
         compute = sum(k.seconds for k in kernels if k.bound == "compute")
         gpu = sum(k.seconds for k in kernels)
         ar = sum(k.seconds for k in kernels if k.name == "allreduce")
@@ -403,7 +432,7 @@ class KernelCostModel:
         )
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        """(seconds, compute_bound) of one step: the engine's path, same seconds as `step`.
+        """(seconds, compute_bound) of one step without the breakdown: the same seconds as `step`.
 
         compute_bound: the step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
         c, q = _arrays(new_tokens, context)

@@ -3,6 +3,15 @@
 Each kernel kind is fitted on its own by soft-L1 least squares on log(predicted / measured), with the cost
 model's own formulas (`kernel_seconds`, `attention_seconds`) and the catalog's peaks of the profiled GPU, so
 the efficiencies are fractions of peak that carry to any GPU of the catalog.
+
+Every fit is to the middle of the measurements (over- and under-prediction weigh the same): a step is a sum
+of many kernels and its error is their mean error. Two regimes, fitted one after the other on the kernels
+each governs:
+- memory-bound: weight streaming runs at the GPU's measured HBM read rate (peaks.csv; the largest GEMVs reach
+  it), and the fixed cost per GEMM kernel (launch, ramp, tail) is fitted to the GEMMs of at most `MEMORY_M`
+  tokens; decode attention: KV streaming efficiency, fixed cost, and cost per (sequence x KV head) work item;
+- compute-bound, with the memory-side parameters held: the GEMM efficiencies over every GEMM, prefill
+  attention's efficiency and per-(query token x head) cost over the prefill kernels.
 """
 
 from __future__ import annotations
@@ -20,19 +29,13 @@ from scipy.optimize import least_squares
 from sim.kernel_cost import KernelCalibration
 
 Params = dict[str, float]
-# An under-prediction weighs this much more than an over-prediction: the fit is close to an upper envelope,
-# so a step's prediction does not fall below the measured kernels it contains.
-UNDER_WEIGHT = 4.0
-
-
-def _weighted(err: np.ndarray) -> np.ndarray:
-    return np.where(err < 0, UNDER_WEIGHT * err, err)
 
 
 def _with(base: Params, names: Sequence[str], x: np.ndarray) -> Params:
     return base | {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
 
 
+MEMORY_M = 64  # GEMMs of at most this many tokens stream their weights (below the ridge point on every GPU)
 PROFILE_GPU = "H200"
 KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_compute_eff": (0.3, 1.0),
@@ -43,6 +46,7 @@ KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
     "attn_query_head_s": (1e-12, 1e-8),
     "kv_bandwidth_eff": (0.3, 1.0),
     "attn_fixed_s": (1e-6, 5e-5),
+    "attn_row_head_s": (1e-10, 1e-7),
 }
 
 
@@ -94,6 +98,7 @@ def kernel_data(directory: Path | None = None) -> dict[str, dict[str, np.ndarray
     prefill = np.array([r["phase"] == "prefill" for r in attn])
     pairs = np.where(prefill, ql * (ql + 1) / 2, b * kvl)
     out["attention"] = {
+        "items": b * nkv,  # (sequence x KV head) work items
         "flops": 4 * nh * hd * pairs,
         "query_heads": np.where(prefill, ql * nh, 0.0),
         # prefill writes its K and V; decode reads one cache tensor (the benchmark passes it as K and V)
@@ -102,6 +107,18 @@ def kernel_data(directory: Path | None = None) -> dict[str, dict[str, np.ndarray
         "prefill": prefill,
     }
     return out
+
+
+def hbm_read_eff(directory: Path | None = None) -> float:
+    """Measured HBM read rate (peaks.csv, 4 GiB read) as a fraction of the catalog's HBM bandwidth."""
+    from sim.hardware import get_gpu
+
+    peaks = {r["what"]: float(r["per_second"]) for r in _read((directory or profile_dir()) / "peaks.csv")}
+    return peaks["read_4GiB"] / get_gpu(PROFILE_GPU).hbm_bandwidth
+
+
+def _subset(d: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[keep] for k, v in d.items()}
 
 
 def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -119,7 +136,7 @@ def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[s
         hi = np.log([KERNEL_BOUNDS[n][1] for n in names])
         x0 = np.clip(np.log([base[n] for n in names]), lo + 1e-9, hi - 1e-9)
         res = least_squares(
-            lambda x: _weighted(np.log(predict(_with(base, names, x)) / seconds)),
+            lambda x: np.log(predict(_with(base, names, x)) / seconds),
             x0,
             bounds=(lo, hi),
             loss="soft_l1",
@@ -128,7 +145,6 @@ def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[s
         return _with(base, names, res.x)
 
     g = data["gemm"]
-    names = ("gemm_compute_eff", "gemm_bandwidth_eff", "kernel_fixed_s")
 
     def gemm(
         p: Params, d: dict[str, np.ndarray] = g, peak: float = gpu.flops_16bit, eff: str = "gemm_compute_eff"
@@ -137,7 +153,10 @@ def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[s
         return kernel_seconds(d["flops"], d["bytes"], peak * p[eff], bw,
                               p["kernel_fixed_s"])  # fmt: skip
 
-    base = solve(names, gemm, g["seconds"])
+    base["gemm_bandwidth_eff"] = hbm_read_eff(directory)
+    small = _subset(g, g["m"] <= MEMORY_M)
+    base = solve(("kernel_fixed_s",), lambda p: gemm(p, small), small["seconds"])
+    base = solve(("gemm_compute_eff",), gemm, g["seconds"])
     f8 = data["gemm_fp8"]
 
     def gemm8(p: Params):  # type: ignore[no-untyped-def]
@@ -145,15 +164,18 @@ def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[s
 
     base = solve(("gemm_compute_eff_fp8",), gemm8, f8["seconds"])
     a = data["attention"]
-    names = ("attn_compute_eff", "attn_query_head_s", "kv_bandwidth_eff", "attn_fixed_s")
 
-    def attention(p: Params):  # type: ignore[no-untyped-def]
+    def attention(p: Params, d: dict[str, np.ndarray] = a):  # type: ignore[no-untyped-def]
         cal = KernelCalibration(**p)
         hbm = gpu.hbm_bandwidth
-        return attention_seconds(cal, a["flops"], a["query_heads"], a["bytes"], gpu.flops_16bit, hbm,
-                                 p["attn_fixed_s"])  # fmt: skip
+        return attention_seconds(cal, d["flops"], d["query_heads"], d["bytes"], gpu.flops_16bit, hbm,
+                                 p["attn_fixed_s"], d["items"])  # fmt: skip
 
-    base = solve(names, attention, a["seconds"])
+    dec, pre = _subset(a, ~a["prefill"]), _subset(a, a["prefill"])
+    names = ("kv_bandwidth_eff", "attn_fixed_s", "attn_row_head_s")
+    base = solve(names, lambda p: attention(p, dec), dec["seconds"])
+    names = ("attn_compute_eff", "attn_query_head_s")
+    base = solve(names, lambda p: attention(p, pre), pre["seconds"])
     stats = {}
     for kind, pred, d in (("gemm", gemm, g), ("gemm_fp8", gemm8, f8), ("attention", attention, a)):
         err = np.log(pred(base) / d["seconds"])
