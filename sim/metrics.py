@@ -559,53 +559,95 @@ def _sums(steps: Records, exprs: dict[str, pl.Expr]) -> dict[str, object]:
     return steps.lazy().select(**exprs).collect(engine=engine).row(0, named=True)
 
 
-def _float_sum(steps: Records, expr: pl.Expr, *names: str) -> float:
-    """`expr` (a float sum or mean) over the whole contiguous columns `names`, as over a frame in memory,
-    so that the summation order, hence every digit, is the same whichever way the records are held."""
-    return float(_columns(steps, *names).select(expr).item())
+def _float_agg(
+    steps: Records, values: pl.Expr, names: tuple[str, ...], count: int, mean: bool = False
+) -> float:
+    """The sum (or mean) of the float `values` computed from the columns `names` of `count` steps.
+
+    Up to `CHUNK_ROWS` steps (every shipped scenario), over the whole contiguous column, exactly as over a
+    frame in memory; beyond, summed in slices of `CHUNK_ROWS` rows added in order, so that memory stays
+    flat: the result may then differ from a one-piece sum in its last digits (summation order)."""
+    agg = values.mean() if mean else values.sum()
+    lazy = steps.lazy().select(names)
+    if count <= CHUNK_ROWS:
+        return float(lazy.collect().rechunk().select(agg).item())
+    total = 0.0
+    for offset in range(0, count, CHUNK_ROWS):
+        total += float(lazy.slice(offset, CHUNK_ROWS).collect().rechunk().select(values.sum()).item())
+    return total / count if mean else total
+
+
+QUANTILE_BINS = 4096  # bins of the first pass of `_weighted_quantiles`
+
+
+def _weighted_quantiles(steps: Records) -> dict[str, float | None]:
+    """Quantiles of the decode steps' durations, each weighted by its decode tokens: for quantile q, the
+    shortest duration whose cumulative weight (steps sorted by duration) reaches q times the total.
+
+    Exact, in streamed passes that never hold every step: the weights summed in `QUANTILE_BINS` equal bins
+    of duration (the bin of a duration never decreases with it, so the bins keep the steps' order); then,
+    per quantile, only the steps of the bin it falls in, summed per distinct duration and sorted."""
+    engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
+    dec = steps.lazy().filter(pl.col("decode_tokens") > 0).select("duration", "decode_tokens")
+    lo, hi, count = (
+        dec.select(lo=pl.col("duration").min(), hi=pl.col("duration").max(), n=pl.len())
+        .collect(engine=engine)
+        .row(0)
+    )
+    if not count:
+        return {k: None for k in QUANTILES}
+    width = (hi - lo) / QUANTILE_BINS
+    if width <= 0:
+        return {k: float(lo) for k in QUANTILES}
+    binned = ((pl.col("duration") - lo) / width).floor().cast(pl.Int64).clip(0, QUANTILE_BINS - 1)
+    bins = (
+        dec.group_by(binned.alias("bin"))
+        .agg(pl.col("decode_tokens").sum())
+        .sort("bin")
+        .collect(engine=engine)
+    )
+    cum = bins["decode_tokens"].cum_sum().to_numpy()
+    out: dict[str, float | None] = {}
+    for key, q in QUANTILES.items():
+        target = q * float(cum[-1])
+        j = int(np.searchsorted(cum.astype(np.float64), target, side="left"))
+        below = int(cum[j - 1]) if j else 0
+        rows = (
+            dec.filter(binned == int(bins["bin"][j]))
+            .group_by("duration")
+            .agg(pl.col("decode_tokens").sum())
+            .sort("duration")
+            .collect()
+        )
+        weights = (rows["decode_tokens"].cum_sum() + below).to_numpy().astype(np.float64)
+        i = int(np.searchsorted(weights, target, side="left"))
+        out[key] = float(rows["duration"][min(i, rows.height - 1)])
+    return out
 
 
 def _itl_stats(requests: Records, steps: Records) -> dict[str, float | None]:
     """ITL over every gap of every finished request: the step durations weighted by the decode tokens
     each step emitted (see the module docstring); mean and max from the exact per-request figures.
 
-    The weighted quantiles come from the decode tokens summed per distinct step duration (the same
-    quantiles as over the steps one by one, without holding every step)."""
+    The weighted quantiles are exact (`_weighted_quantiles`)."""
     fin = _columns(requests, "generated_tokens", "n", "itl_mean", "itl_max", finished=True)
-    num_steps = _sums(steps, {"n": pl.len()})["n"]
+    num_steps = _step_count(steps)
     if fin.is_empty() or not num_steps:
         return _stats(pl.Series([], dtype=pl.Float64))
     gaps = (fin["generated_tokens"] - fin["n"]).sum()
     total = (fin["itl_mean"].fill_null(0.0) * (fin["generated_tokens"] - fin["n"])).sum()
-    dec = (
-        steps.lazy()
-        .filter(pl.col("decode_tokens") > 0)
-        .group_by("duration")
-        .agg(pl.col("decode_tokens").sum())
-        .sort("duration")
-        .collect()
-    )
     out: dict[str, float | None] = {"mean": float(total / gaps) if gaps else None}
-    if dec.is_empty():
-        out.update({k: None for k in QUANTILES})
-    else:
-        weights = dec["decode_tokens"].cum_sum().to_numpy().astype(np.float64)
-        durations = dec["duration"].to_numpy()
-        for key, q in QUANTILES.items():
-            idx = int(np.searchsorted(weights, q * weights[-1], side="left"))
-            out[key] = float(durations[min(idx, len(durations) - 1)])
+    out.update(_weighted_quantiles(steps))
     out["max"] = fin["itl_max"].max()  # type: ignore[assignment]
     return out
 
 
-def _kv_used_held(steps: Records, busy: float) -> tuple[float, float]:
+def _kv_used_held(steps: Records, busy: float, count: int) -> tuple[float, float]:
     cap = pl.col("kv_capacity").cast(pl.Float64)
     w = pl.col("duration") / busy
-    used = _float_sum(steps, (w * pl.col("kv_used") / cap).sum(), "duration", "kv_used", "kv_capacity")
-    held = _float_sum(
-        steps, (w * pl.col("kv_allocated") / cap).sum(), "duration", "kv_allocated", "kv_capacity"
-    )
-    return used, held
+    used = _float_agg(steps, w * pl.col("kv_used") / cap, ("duration", "kv_used", "kv_capacity"), count)
+    held = w * pl.col("kv_allocated") / cap
+    return used, _float_agg(steps, held, ("duration", "kv_allocated", "kv_capacity"), count)
 
 
 def _kv_shares(busy: float, used: float, held: float) -> dict[str, float]:
@@ -614,15 +656,20 @@ def _kv_shares(busy: float, used: float, held: float) -> dict[str, float]:
     return {"token_states": used, "held_unused": held - used, "free": 1.0 - held}
 
 
-def _busy(steps: Records) -> float:
-    return _float_sum(steps, pl.col("duration").sum(), "duration")
+def _step_count(steps: Records) -> int:
+    return int(_sums(steps, {"n": pl.len()})["n"])  # type: ignore[call-overload]
+
+
+def _busy(steps: Records, count: int) -> float:
+    return _float_agg(steps, pl.col("duration"), ("duration",), count) if count else 0.0
 
 
 def kv_breakdown(steps: Records) -> dict[str, float]:
     """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
     but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
-    busy = _busy(steps)
-    return _kv_shares(busy, *(_kv_used_held(steps, busy) if busy > 0 else (0.0, 0.0)))
+    count = _step_count(steps)
+    busy = _busy(steps, count)
+    return _kv_shares(busy, *(_kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)))
 
 
 def summarize(
@@ -680,10 +727,10 @@ def summarize(
         "max_batch": pl.col("batch_size").max(),
     })  # fmt: skip
     count = int(s["count"])  # type: ignore[call-overload]
-    busy = _busy(steps) if count else 0.0
-    util = (pl.col("kv_used") / pl.col("kv_capacity")).mean()
-    kv_util = _float_sum(steps, util, "kv_used", "kv_capacity") if count else 0.0
-    used, held = _kv_used_held(steps, busy) if busy > 0 else (0.0, 0.0)
+    busy = _busy(steps, count)
+    util = pl.col("kv_used") / pl.col("kv_capacity")
+    kv_util = _float_agg(steps, util, ("kv_used", "kv_capacity"), count, mean=True) if count else 0.0
+    used, held = _kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)
     return {
         "requests": counts,
         "rejected_reasons": {str(reason): n for reason, n in reasons},

@@ -63,8 +63,9 @@ class MemorySink:
 class ParquetSink:
     """Writes `<folder>/<name>.parquet` (without statistics, as `write_result` does) chunk by chunk."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, row_group_rows: int = 1 << 16) -> None:
         self.folder = folder
+        self.row_group_rows = row_group_rows  # of the joined file, so a reader holds one group at a time
         self._parts: dict[str, list[Path]] = {}
         self._done: set[str] = set()
 
@@ -87,7 +88,7 @@ class ParquetSink:
             scan = pl.scan_parquet(parts)
             if sort_by is not None:  # ids out of arrival order: a sort, which holds the column in memory
                 scan = scan.sort(sort_by)
-            scan.sink_parquet(target, statistics=False)
+            scan.sink_parquet(target, statistics=False, row_group_size=self.row_group_rows)
         self._done.add(name)
         if self._done >= set(self._parts):
             shutil.rmtree(self.folder / PARTS, ignore_errors=True)

@@ -90,3 +90,48 @@ def test_a_long_request_keeps_the_steps_it_needs_across_chunks() -> None:
     assert row["itl_p50"] == pytest.approx(float(np.quantile(window, 0.5)), rel=1e-12)
     assert row["itl_p99"] == pytest.approx(float(np.quantile(window, 0.99)), rel=1e-12)
     assert len(window) == 399
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-15)
+    return a == b
+
+
+def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `CHUNK_ROWS` steps the float sums go slice by slice: the same figures up to summation order."""
+    import sim.metrics
+
+    h = HORIZONS["drain"]
+    ref = reference(_scheduler("vllm"), h, requests=_requests_copy(_requests(150, 6.0, seed=4)))
+    requests, steps = ref.requests_frame(), ref.steps_frame()
+    one_piece = summarize(requests, steps, 40.0, Slo(), False)
+    monkeypatch.setattr(sim.metrics, "CHUNK_ROWS", 37)
+    sliced = summarize(requests.lazy(), steps.lazy(), 40.0, Slo(), False)
+    assert steps.height > 10 * 37
+    assert _close(sliced, one_piece)
+    busy = float(steps["duration"].sum())
+    assert sliced["steps"]["busy_fraction"] == pytest.approx(busy / sliced["window_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("bins", [1, 3, 4096])
+def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
+    """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
+    whose cumulative decode tokens reach q times the total."""
+    import sim.metrics
+    from sim.metrics import QUANTILES, _weighted_quantiles
+
+    monkeypatch.setattr(sim.metrics, "QUANTILE_BINS", bins)
+    rng = np.random.default_rng(5)
+    durations = np.round(rng.lognormal(-3.5, 0.6, 5_000), 4)  # many ties
+    durations[:3] = [5.0, 1e-4, 0.3]  # outliers: most steps share a few bins
+    tokens = rng.integers(0, 40, 5_000)
+    steps = pl.DataFrame({"duration": durations, "decode_tokens": tokens})
+    got = _weighted_quantiles(steps.lazy())
+    keep = tokens > 0
+    order = np.argsort(durations[keep], kind="stable")
+    d, w = durations[keep][order], np.cumsum(tokens[keep][order]).astype(np.float64)
+    for key, q in QUANTILES.items():
+        assert got[key] == d[int(np.searchsorted(w, q * w[-1], side="left"))]
