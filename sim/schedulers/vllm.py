@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sim.errors import SimError
 from sim.kv import Block, KvManager, cdiv
 from sim.request import Request
-from sim.schedulers.base import KvUsage, StepPlan
+from sim.schedulers.base import KvUsage, StepPlan, StepTotals
 from sim.schedulers.registry import KvBudget, register
 
 
@@ -120,15 +120,15 @@ class VllmPlan(StepPlan):
 
     __slots__ = ("totals", "_arrays")
 
-    def __init__(self, info: StepInfo, totals: tuple[int, int, int, int, int, int, int], kv: KvUsage) -> None:
+    def __init__(self, info: StepInfo, totals: StepTotals, kv: KvUsage) -> None:
         self.totals = totals
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self.num_decode_tokens = info.decode
-        self.num_prefill_tokens = totals[1] - info.decode
+        self.num_prefill_tokens = totals.tokens - info.decode
         self.kv = kv
         self.payload = info
         self.preempted = len(info.preempted)
-        self.batch_size = totals[0]
+        self.batch_size = totals.rows
 
     def _rows(self) -> tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:
@@ -363,7 +363,7 @@ class VllmScheduler:
         kv = self.kv
         allocated = kv.allocated
         usage = KvUsage(allocated - kv.waste, allocated, self.capacity)  # used, allocated, capacity
-        return VllmPlan(info, (rows, tokens, ones, cq, cc, ctx, max_end), usage)
+        return VllmPlan(info, StepTotals(rows, tokens, ones, cq, cc, ctx, max_end), usage)
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
@@ -374,15 +374,8 @@ class VllmScheduler:
             seq.num_generated = generated
             seq.num_tokens += 1
             req = seq.req
-            if req.n == 1:  # req.emit(now), inlined: the hot path of a decode step
-                if req.num_generated == 0:
-                    req.first_token_at = now
-                elif now - req.last_token_at > req.itl_max:
-                    req.itl_max = now - req.last_token_at
-                req.last_token_at = now
-                req.num_generated += 1
-                if req.num_generated >= req.output_len:
-                    req.finished_at = now
+            if req.n == 1:
+                req.emit(now)
             else:
                 self._emit_group(req, now)
             if generated >= seq.out_len:
