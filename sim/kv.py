@@ -250,6 +250,16 @@ class KvManager:
         seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         return True
 
+    def add_block(self, seq: Tokens) -> None:
+        """One more block at the end of a holder's table, without prefix caching, for a holder that reports
+        its slots through `filled`: what `allocate` does for its next token, which opens that block, less
+        the one slot `filled` then accounts."""
+        assert seq.kv_blocks is not None and not self.caching
+        seq.kv_blocks.extend(self.pool.take(1))
+        self.waste += self.block_size
+        room = len(seq.kv_blocks) * self.block_size
+        seq.kv_room = room if room <= self.max_model_len else self.max_model_len
+
     def filled(self, tokens: int) -> None:
         """Account `tokens` slots that holders took within their `kv_room` by raising `kv_slots` themselves.
 

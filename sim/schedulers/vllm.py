@@ -277,11 +277,11 @@ class VllmScheduler:
         `_schedule_running` would, in running order, the bulk rows each taking one token of the budget."""
         step = self._step + 1
         busy, events = self._busy, self._events
+        due = []  # sequences in bulk that need a new block or reach the length limit at this step
         while events and events[0][0] <= step:
             _, _, since, seq = heapq.heappop(events)
             if seq.bulk_since == since:
-                self._wake(seq)
-                busy[seq] = None
+                due.append(seq)
         need = self._bulk_n
         for seq in busy:
             need += seq.num_tokens - seq.num_computed
@@ -292,6 +292,8 @@ class VllmScheduler:
                     busy[seq] = None
             rows = self.running
         else:
+            if due:
+                self._bulk_blocks(due, step)
             rows = sorted(busy, key=_order) if len(busy) > 1 else list(busy)
         budget = self._schedule_running(info, rows, self.token_budget, threshold)
         n = self._bulk_n
@@ -305,6 +307,41 @@ class VllmScheduler:
             budget -= n
         info.step, info.sched = step, self
         return budget
+
+    def _bulk_blocks(self, due: list[Seq], step: int) -> None:
+        """The new blocks the `due` sequences need at `step`, given in bulk when no allocation of this step
+        can fail (so none preempts, and without prefix caching which block goes where changes no count);
+        else they, and those at the length limit, get rows of their own."""
+        kv, limit = self.kv, self.max_model_len - 1
+        stay = [s for s in due if s.bulk_ctx + step < limit] if not kv.caching else []
+        if stay:
+            bound = len(stay)  # most blocks the step can take: one each, and every row's whole length
+            bs, cap = self.block_size, self.max_model_len
+            for seq in self._busy:
+                bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
+            if bound > kv.num_free:
+                stay = []
+        for seq in stay:
+            kv.add_block(seq)
+            self._bulk_until(seq)
+        if len(stay) < len(due):
+            for seq in due:
+                if seq.bulk_since >= 0 and (not stay or seq.bulk_ctx + step >= limit):
+                    self._wake(seq)
+                    self._busy[seq] = None
+
+    def _bulk_until(self, seq: Seq) -> int:
+        """Queue the step a sequence in bulk next needs a row of its own or, if that comes first, the step of
+        its last token; return the last step it decodes in bulk."""
+        since = seq.bulk_since
+        # at step j it decodes on bulk_ctx + j tokens, within its room and under the length limit
+        last = min(seq.kv_room, self.max_model_len - 1) - 1 - seq.bulk_ctx
+        finish = since + seq.out_len - seq.num_generated
+        if finish <= last:
+            heapq.heappush(self._finishes, (finish, seq.order, since, seq))
+        else:
+            heapq.heappush(self._events, (last + 1, seq.order, since, seq))
+        return last
 
     def _wake(self, seq: Seq) -> None:
         """Bring a sequence in bulk up to date (as after the latest applied step) and take it out of bulk."""
@@ -329,21 +366,15 @@ class VllmScheduler:
         its last token."""
         if seq.req.n != 1:
             return False
-        computed, step = seq.num_computed, self._updated
-        # at step j it decodes on computed + (j - step - 1) tokens, within its room and under the limit
-        last = step + min(seq.kv_room - computed, self.max_model_len - 1 - computed)
-        if last <= step:
+        step = self._updated
+        ctx = seq.num_computed - step - 1
+        if min(seq.kv_room, self.max_model_len - 1) - 1 - ctx <= step:  # a row of its own next step
             return False
-        seq.bulk_since = step
-        seq.bulk_ctx = computed - step - 1
+        seq.bulk_since, seq.bulk_ctx = step, ctx
         self._bulk_n += 1
-        self._bulk_ctx += seq.bulk_ctx
-        heapq.heappush(self._bulk_max, (-seq.bulk_ctx, step, seq.order, seq))
-        finish = step + seq.out_len - seq.num_generated
-        if finish <= last:
-            heapq.heappush(self._finishes, (finish, seq.order, step, seq))
-        else:
-            heapq.heappush(self._events, (last + 1, seq.order, step, seq))
+        self._bulk_ctx += ctx
+        heapq.heappush(self._bulk_max, (-ctx, step, seq.order, seq))
+        self._bulk_until(seq)
         return True
 
     def _schedule_running(self, info: StepInfo, running: list[Seq], budget: int, threshold: int) -> int:
