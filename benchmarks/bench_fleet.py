@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -152,8 +153,7 @@ def time_policy(policy: str, requests: int, rate: float, seed: int, repeat: int,
         runs.append(sim_run(scenario, out, work / "run.log"))
         summary = json.loads((out / policy / "summary.json").read_text())
         finished = int(summary["requests"]["finished"])
-        for path in sorted((out / policy).iterdir()):
-            path.unlink()  # a 1e6 run writes hundreds of MB; keep one run's files at a time
+        shutil.rmtree(out / policy)  # a 1e6 run writes hundreds of MB; keep one run's files at a time
     return Row(policy, requests, finished, *median_usage(runs), rate=rate)
 
 
