@@ -250,15 +250,19 @@ class KvManager:
         seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         return True
 
-    def add_block(self, seq: Tokens) -> None:
-        """One more block at the end of a holder's table, without prefix caching, for a holder that reports
-        its slots through `filled`: what `allocate` does for its next token, which opens that block, less
-        the one slot `filled` then accounts."""
-        assert seq.kv_blocks is not None and not self.caching
-        seq.kv_blocks.extend(self.pool.take(1))
-        self.waste += self.block_size
-        room = len(seq.kv_blocks) * self.block_size
-        seq.kv_room = room if room <= self.max_model_len else self.max_model_len
+    def add_blocks(self, holders: Sequence[Tokens]) -> None:
+        """One more block at the end of each holder's table, without prefix caching, for holders that report
+        their slots through `filled`: what `allocate` does for each one's next token, which opens that block,
+        less the one slot `filled` then accounts."""
+        assert not self.caching
+        bs, cap = self.block_size, self.max_model_len
+        for seq, block in zip(holders, self.pool.take(len(holders)), strict=True):
+            blocks = seq.kv_blocks
+            assert blocks is not None
+            blocks.append(block)
+            room = len(blocks) * bs
+            seq.kv_room = room if room <= cap else cap
+        self.waste += bs * len(holders)
 
     def filled(self, tokens: int) -> None:
         """Account `tokens` slots that holders took within their `kv_room` by raising `kv_slots` themselves.

@@ -321,9 +321,10 @@ class VllmScheduler:
                 bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
             if bound > kv.num_free:
                 stay = []
-        for seq in stay:
-            kv.add_block(seq)
-            self._bulk_until(seq)
+        if stay:
+            kv.add_blocks(stay)
+            for seq in stay:
+                self._bulk_until(seq)
         if len(stay) < len(due):
             for seq in due:
                 if seq.bulk_since >= 0 and (not stay or seq.bulk_ctx + step >= limit):
@@ -583,9 +584,9 @@ class VllmScheduler:
                 del busy[seq]
         finished: list[Request] = []
         if done_seqs:
-            gone = set(done_seqs)
-            self.running = [s for s in self.running if s not in gone]
+            running = self.running
             for seq in done_seqs:
+                running.remove(seq)
                 busy.pop(seq, None)
                 self.kv.free(seq)
                 if self._close(seq):
