@@ -1,7 +1,9 @@
 """Per-request and per-step records, and the run summary.
 
-Records are kept in flat typed columns (`array.array`), never as per-token objects, so a run of millions of
-requests stays within a few hundred MB. They become polars frames at the end.
+Records are kept in flat typed columns (`array.array`), never as per-token objects, and handed on in chunks
+of `CHUNK_ROWS` rows as polars frames (to memory, or to Parquet as the run goes: `sim.record_sink`), so the
+memory a run holds does not grow with its number of requests. The summary reads them back one figure's
+columns at a time (`summarize`, which takes frames or lazy scans of the written files).
 
 Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap

@@ -17,6 +17,9 @@ waiting: a lone sequence may use the whole budget.
 A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does; they share
 the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
 its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
+
+With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
+records (see `VllmScheduler.__init__`, and docs/performance.md).
 """
 
 from __future__ import annotations
