@@ -185,7 +185,7 @@ def run(
     comparison."""
     from sim import console
     from sim.outputs import exit_on_terminate, path_component
-    from sim.run import run_policy, write_result
+    from sim.run import run_to_folder
     from sim.run_size import check_run_size
     from sim.scenario import load_scenario
 
@@ -201,10 +201,9 @@ def run(
     summaries, manifest = [], None
     for name in names:
         watch = console.Stopwatch()
-        with console.run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests) as hook:
-            result = run_policy(sc, name, scenario.parent, source=str(scenario), progress=hook)
-        with exit_on_terminate():
-            write_result(result, out_dir)
+        progress = console.run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests)
+        with exit_on_terminate(), progress as hook:
+            result = run_to_folder(sc, name, out_dir, scenario.parent, source=str(scenario), progress=hook)
         typer.echo(console.run_line(result.summary, watch))
         summaries.append(result.summary)
         manifest = result.manifest

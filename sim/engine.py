@@ -118,7 +118,7 @@ class Replica:
     def _admit(self, req: Request, now: float) -> bool:
         """Record an arrival at `now` and queue it (True) or reject it (False)."""
         rec = self.recorder
-        rec.arrived += 1
+        rec.arrive(req)
         if self.max_waiting is not None and self.scheduler.num_waiting >= self.max_waiting:
             req.reject_reason = QUEUE_FULL
         elif self.scheduler.add(req, now):
@@ -249,12 +249,14 @@ def simulate(
     horizon: Horizon,
     open_loop: Iterator[Request] | None = None,
     closed_loop: ClosedLoopSource | None = None,
+    recorder: Recorder | None = None,
 ) -> RunOutput:
-    """Run one replica to the horizon and return its records."""
+    """Run one replica to the horizon and return its records (`recorder`: where they go; by default a
+    `Recorder` keeping them in memory). The recording is finished when this returns."""
     if (open_loop is None) == (closed_loop is None):
         raise ValueError("give exactly one of open_loop and closed_loop")
     env = Environment()
-    recorder = Recorder()
+    recorder = Recorder() if recorder is None else recorder
     replica = Replica(env, scheduler, step_time, recorder)
     replica.max_waiting = horizon.max_waiting
     if open_loop is not None:

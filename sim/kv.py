@@ -101,6 +101,7 @@ class BlockPool:
         return next(iter(found.values())) if found else None
 
     def cache(self, block: Block, key: Hashable) -> None:
+        """Put `block`'s content in the prefix cache under `key`."""
         block.hash = key
         found = self._cache.get(key)
         if found is None:
@@ -150,7 +151,7 @@ class KvManager:
 
     @property
     def num_free(self) -> int:
-        return len(self.pool._free)
+        return self.pool.num_free
 
     @property
     def capacity(self) -> int:
@@ -160,7 +161,7 @@ class KvManager:
     @property
     def allocated(self) -> int:
         """Token slots in blocks held by sequences (a shared block counts once)."""
-        return (self.pool.num_usable - len(self.pool._free)) * self.block_size
+        return (self.pool.num_usable - self.pool.num_free) * self.block_size
 
     def held(self, seq: Tokens) -> int:
         return len(seq.kv_blocks or ())
@@ -203,7 +204,7 @@ class KvManager:
         blocks = seq.kv_blocks
         if blocks is not None and not hits:
             return self._grow(seq, blocks, slots, filled)
-        if self.blocks_needed(seq, slots, hits) > len(self.pool._free):
+        if self.blocks_needed(seq, slots, hits) > self.pool.num_free:
             return False
         bs = self.block_size
         if blocks is None:
@@ -231,7 +232,7 @@ class KvManager:
         held = len(blocks)
         if slots > held * bs:  # new blocks
             more = -(-slots // bs) - held
-            if more > len(self.pool._free):
+            if more > self.pool.num_free:
                 return False
             blocks.extend(self.pool.take(more))
             self.waste += more * bs + seq.kv_slots - slots
@@ -248,6 +249,20 @@ class KvManager:
             room = (seq.kv_cached + 1) * bs - 1
         seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         return True
+
+    def add_blocks(self, holders: Sequence[Tokens]) -> None:
+        """One more block at the end of each holder's table, without prefix caching, for holders that report
+        their slots through `filled`: what `allocate` does for each one's next token, which opens that block,
+        less the one slot `filled` then accounts."""
+        assert not self.caching
+        bs, cap = self.block_size, self.max_model_len
+        for seq, block in zip(holders, self.pool.take(len(holders)), strict=True):
+            blocks = seq.kv_blocks
+            assert blocks is not None
+            blocks.append(block)
+            room = len(blocks) * bs
+            seq.kv_room = room if room <= cap else cap
+        self.waste += bs * len(holders)
 
     def filled(self, tokens: int) -> None:
         """Account `tokens` slots that holders took within their `kv_room` by raising `kv_slots` themselves.
@@ -280,13 +295,7 @@ class KvManager:
         full = num_tokens // self.block_size
         if full <= done:
             return
-        cache = self.pool._cache
+        cache = self.pool.cache
         for j in range(done, full):
-            block, key = blocks[j], seq.block_hash(j)
-            block.hash = key
-            found = cache.get(key)
-            if found is None:
-                cache[key] = {block.id: block}
-            else:
-                found[block.id] = block
+            cache(blocks[j], seq.block_hash(j))
         seq.kv_cached = full

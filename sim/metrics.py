@@ -1,7 +1,9 @@
 """Per-request and per-step records, and the run summary.
 
-Records are kept in flat typed columns (`array.array`), never as per-token objects, so a run of millions of
-requests stays within a few hundred MB. They become polars frames at the end.
+Records are kept in flat typed columns (`array.array`), never as per-token objects, and handed on in chunks
+of `CHUNK_ROWS` rows as polars frames (to memory, or to Parquet as the run goes: `sim.record_sink`), so the
+memory a run holds does not grow with its number of requests. The summary reads them back one figure's
+columns at a time (`summarize`, which takes frames or lazy scans of the written files).
 
 Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
@@ -15,6 +17,7 @@ Overload is a test of queue growth (`backlog_trend`), the same with or without d
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from bisect import bisect_right
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from sim.record_sink import MemorySink, RecordSink
 from sim.request import Request
 from sim.schedulers.base import StepPlan
 
@@ -53,6 +57,9 @@ _STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used",
 _WAITING = _STEP_STORED_INTS.index("waiting")
 _STATES = (FINISHED, REJECTED, IN_FLIGHT)
 _STATE_CODE = {name: i for i, name in enumerate(_STATES)}
+CHUNK_ROWS = 1 << 16  # rows per chunk of records handed to the sink
+# A recorded request row: stored floats, stored ints, state code, reject reason.
+_RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None"]
 
 
 class _Rows:
@@ -92,35 +99,57 @@ def _quantile(s: np.ndarray, q: float) -> float:
 
 
 class Recorder:
-    """Collects request and step records during a run, in flat typed buffers (no per-record objects)."""
+    """Collects request and step records during a run, in flat typed buffers (no per-record objects), and
+    hands them to `sink` in chunks of `chunk_rows` rows as the run goes (by default kept in memory).
 
-    def __init__(self) -> None:
-        self._req_ids = array("q")
-        self._req_ints = _Rows(len(_REQ_STORED_INTS))
-        self._req_floats = array("d")
-        self._req_state = bytearray()
-        self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
-        self._step_ends = array("d")
-        self._step_durations = array("d")
-        self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
+    Request rows go out in id order: a row waits until every request that arrived (`arrive`) with a lower
+    id has been recorded. Requests recorded without `arrive`, or ids that do not rise with arrival, are
+    sorted by id at `finish` instead. Step durations are kept only as far back as a request still in flight
+    needs them (its ITL quantiles are read over the steps since its first token).
+    """
+
+    def __init__(self, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS) -> None:
+        if chunk_rows < 1:
+            raise ValueError("chunk_rows must be positive")
+        self.sink: RecordSink = MemorySink() if sink is None else sink
+        self.chunk_rows = chunk_rows
+        self.arrived = 0
+        # requests
+        self._active: dict[int, Request] = {}  # id(request) -> request, arrived and not recorded
+        self._active_ids: list[tuple[int, int]] = []  # heap of (request id, id(request)), lazily pruned
+        self._held: list[tuple[int, int, _RequestRow]] = []  # heap of recorded rows waiting for their turn
+        self._held_seq = 0
+        self._last_id: int | None = None  # the id of the latest row handed on
+        self._unsorted = False
+        self._new_request_chunk()
+        self._request_chunks = 0
+        # steps: durations and ends of steps from `_win_start` on (global step numbers)
+        self._ends = array("d")
+        self._durations = array("d")
+        self._win_start = 0
+        self._flushed_steps = 0  # steps handed to the sink
+        self._prev_end = math.nan  # the end of the step before the current chunk
         self._last_end = math.nan
+        self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
         self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
         self._capacity: int | None = None
         self._step_ints = _Rows(len(_STEP_STORED_INTS))
         self._step_compute = bytearray()
-        self.arrived = 0
+        self._trim = True  # whether step durations no request in flight needs may be dropped
+        self._finished = False
 
     # --- steps -------------------------------------------------------------------------------------------
     def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
         end = start + duration
+        index = self._flushed_steps + len(self._step_compute)
         if start != self._last_end:
-            self._step_starts[len(self._step_durations)] = start
+            self._step_starts[index] = start
         self._last_end = end
-        self._step_ends.append(end)
-        self._step_durations.append(duration)
+        self._ends.append(end)
+        self._durations.append(duration)
         kv = plan.kv
         if kv.capacity != self._capacity:
-            self._capacity = self._step_capacity[len(self._step_compute)] = kv.capacity
+            self._capacity = self._step_capacity[index] = kv.capacity
         rows = self._step_ints
         values = (
             plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
@@ -132,26 +161,89 @@ class Recorder:
             del rows.data[len(self._step_compute) * rows.width :]  # the part that fitted
             rows.extend(values)
         self._step_compute.append(compute_bound)
+        if len(self._step_compute) >= self.chunk_rows:
+            self._flush_steps()
 
     @property
     def num_steps(self) -> int:
-        return len(self._step_ends)
+        return self._flushed_steps + len(self._step_compute)
 
     def step_waiting(self, index: int) -> int:
         """Requests waiting after step `index`."""
+        local = index - self._flushed_steps
+        if local < 0:
+            return int(self.sink.lazy("steps").select(pl.col("waiting").get(index)).collect().item())
         data = self._step_ints
-        return data.data[index * data.width + _WAITING]
+        return data.data[local * data.width + _WAITING]
 
-    def backlog_trend(self) -> BacklogTrend | None:
-        """`backlog_trend` of the requests recorded so far (see `backlog_inputs`)."""
-        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS))
-        state = np.frombuffer(self._req_state, dtype=np.uint8)
-        turned_away = np.zeros(len(state), dtype=bool)
-        for row, reason in self._req_reason.items():
-            turned_away[row] = reason == QUEUE_FULL
-        return backlog_trend(*backlog_inputs(f[:, 0], f[:, 4], state == _STATE_CODE[REJECTED], turned_away))
+    def _steps_chunk(self) -> pl.DataFrame:
+        """The steps not yet handed on, as a frame (with their global step numbers)."""
+        first = self._flushed_steps
+        n = len(self._step_compute)
+        lo = first - self._win_start
+        ends = np.frombuffer(self._ends, dtype=np.float64, count=n, offset=lo * 8)
+        start = np.empty_like(ends)
+        if n:
+            start[0] = self._prev_end
+            start[1:] = ends[:-1]
+        for step, t in self._step_starts.items():
+            start[step - first] = t
+        cols: dict[str, object] = {
+            "start": start,
+            "duration": np.frombuffer(self._durations, np.float64, count=n, offset=lo * 8).copy(),
+        }
+        stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
+        capacity = np.empty(n, np.int64)
+        changes = list(self._step_capacity.items())
+        for i, (step, cap) in enumerate(changes):
+            capacity[max(step - first, 0) : changes[i + 1][0] - first if i + 1 < len(changes) else n] = cap
+        stored["kv_capacity"] = capacity
+        for name in _STEP_INT_COLUMNS:
+            cols[name] = (
+                stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
+            )
+        cols["waiting"] = stored["waiting"]
+        frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
+        return frame.with_row_index("step", offset=first)
+
+    def _flush_steps(self) -> None:
+        n = len(self._step_compute)
+        if n == 0 and self._flushed_steps:
+            return
+        self.sink.write("steps", self._steps_chunk())
+        self._flushed_steps += n
+        if n:
+            self._prev_end = self._ends[self._flushed_steps - 1 - self._win_start]
+        self._step_starts = {}
+        self._step_capacity = {self._flushed_steps: self._capacity} if self._capacity is not None else {}
+        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_compute = bytearray()
+        self._trim_steps()
+
+    def _trim_steps(self) -> None:
+        """Drop the step durations no request in flight can need any more."""
+        if not self._trim:
+            return
+        keep = self._flushed_steps
+        firsts = [r.first_token_at for r in self._active.values() if r.num_generated > 0]
+        if firsts:
+            keep = min(keep, self._win_start + bisect_right(self._ends, min(firsts)))
+        drop = keep - self._win_start
+        if drop > 0:
+            del self._ends[:drop]
+            del self._durations[:drop]
+            self._win_start = keep
 
     # --- requests ----------------------------------------------------------------------------------------
+    def arrive(self, req: Request) -> None:
+        """A request arrived: its record, and those of later ids, wait until it is recorded."""
+        self.arrived += 1
+        key = id(req)
+        self._active[key] = req
+        heapq.heappush(self._active_ids, (req.id, key))
+        if self._last_id is not None and req.id < self._last_id:
+            self._unsorted = True
+
     def request(self, req: Request, state: str) -> None:
         """Record a request once, when it finishes, is rejected, or is still in flight at the horizon.
 
@@ -161,29 +253,71 @@ class Recorder:
         itl_p50 = itl_p99 = itl_max = nan
         if req.num_generated > 1:
             itl_max = req.itl_max
-            ends = self._step_ends
+            ends = self._ends
             lo = bisect_right(ends, req.first_token_at)
             hi = bisect_right(ends, req.last_token_at)
             if hi > lo:
-                window = np.sort(np.frombuffer(self._step_durations, np.float64, hi - lo, lo * 8))
+                window = np.sort(np.frombuffer(self._durations, np.float64, hi - lo, lo * 8))
                 itl_p50, itl_p99 = _quantile(window, 0.5), _quantile(window, 0.99)
                 itl_max = max(itl_max, float(window[-1]))
         finished_at = req.finished_at if state == FINISHED else nan
-        self._req_floats.extend((
-            req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, itl_p50,
-            itl_p99, itl_max,
-        ))  # fmt: skip
-        self._req_ids.append(req.id)
-        self._req_ints.extend((
-            req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
-            req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens,
-        ))  # fmt: skip
-        if req.reject_reason is not None:
-            self._req_reason[len(self._req_state)] = req.reject_reason
-        self._req_state.append(_STATE_CODE[state])
+        row = (
+            (req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, itl_p50,
+             itl_p99, itl_max),
+            (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
+             req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens),
+            _STATE_CODE[state],
+            req.reject_reason,
+        )  # fmt: skip
+        if self._active.pop(id(req), None) is None:
+            self._trim = False  # recorded without `arrive`: its steps cannot be told apart; keep them all
+        self._held_seq += 1
+        heapq.heappush(self._held, (req.id, self._held_seq, row))
+        self._release()
 
-    # --- frames ------------------------------------------------------------------------------------------
-    def requests_frame(self) -> pl.DataFrame:
+    def _release(self) -> None:
+        """Hand on the held rows whose ids come before every request still in flight."""
+        active, ids, held = self._active, self._active_ids, self._held
+        while ids:
+            rid, key = ids[0]
+            r = active.get(key)
+            if r is not None and r.id == rid:
+                break
+            heapq.heappop(ids)  # recorded already
+        bound = ids[0][0] if ids else None
+        while held and (bound is None or held[0][0] < bound):
+            rid, _, row = heapq.heappop(held)
+            self._append_request(rid, row)
+
+    def _append_request(self, rid: int, row: _RequestRow) -> None:
+        if self._last_id is not None and rid < self._last_id:
+            self._unsorted = True
+        self._last_id = rid
+        floats, ints, state, reason = row
+        self._req_floats.extend(floats)
+        self._req_ids.append(rid)
+        self._req_ints.extend(ints)
+        if reason is not None:
+            self._req_reason[len(self._req_state)] = reason
+        self._req_state.append(state)
+        if len(self._req_state) >= self.chunk_rows:
+            self._flush_requests()
+
+    def _new_request_chunk(self) -> None:
+        self._req_ids = array("q")
+        self._req_ints = _Rows(len(_REQ_STORED_INTS))
+        self._req_floats = array("d")
+        self._req_state = bytearray()
+        self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
+
+    def _flush_requests(self) -> None:
+        if not self._req_state and self._request_chunks:
+            return
+        self.sink.write("requests", self._requests_chunk())
+        self._request_chunks += 1
+        self._new_request_chunk()
+
+    def _requests_chunk(self) -> pl.DataFrame:
         f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS)).T
         arrival, scheduled, first, last, finished, p50, p99, itl_max = f
         i = dict(zip(_REQ_STORED_INTS, self._req_ints.columns(), strict=True))
@@ -224,32 +358,41 @@ class Recorder:
         cols["reject_reason"] = pl.Series(
             [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
         )
-        frame = pl.DataFrame(cols).sort("id")
+        frame = pl.DataFrame(cols)
         return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
 
+    # --- the end -----------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Hand on every record still held (the run is over); later calls do nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        self._active.clear()
+        self._active_ids.clear()
+        self._release()
+        self._flush_requests()
+        self._flush_steps()
+        self.sink.finish("requests", sort_by="id" if self._unsorted else None)
+        self.sink.finish("steps")
+
+    def requests_lazy(self) -> pl.LazyFrame:
+        self.finish()
+        return self.sink.lazy("requests")
+
+    def steps_lazy(self) -> pl.LazyFrame:
+        self.finish()
+        return self.sink.lazy("steps")
+
+    def requests_frame(self) -> pl.DataFrame:
+        return self.requests_lazy().collect()
+
     def steps_frame(self) -> pl.DataFrame:
-        ends = np.frombuffer(self._step_ends, dtype=np.float64)
-        start = np.empty_like(ends)
-        start[1:] = ends[:-1]
-        for step, t in self._step_starts.items():
-            start[step] = t
-        cols: dict[str, object] = {
-            "start": start,
-            "duration": np.frombuffer(self._step_durations, np.float64),
-        }
-        stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
-        capacity = np.empty(len(ends), np.int64)
-        changes = list(self._step_capacity.items())
-        for i, (step, cap) in enumerate(changes):
-            capacity[step : changes[i + 1][0] if i + 1 < len(changes) else len(ends)] = cap
-        stored["kv_capacity"] = capacity
-        for name in _STEP_INT_COLUMNS:
-            cols[name] = (
-                stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
-            )
-        cols["waiting"] = stored["waiting"]
-        frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
-        return frame.with_row_index("step")
+        return self.steps_lazy().collect()
+
+    def backlog_trend(self) -> BacklogTrend | None:
+        """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
+        cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
+        return requests_backlog_trend(cols)
 
 
 def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
@@ -400,82 +543,196 @@ def _stats(values: pl.Series) -> dict[str, float | None]:
     return out
 
 
-def _itl_stats(requests: pl.DataFrame, steps: pl.DataFrame) -> dict[str, float | None]:
+Records = pl.DataFrame | pl.LazyFrame  # in memory, or scanned from the written Parquet files
+
+
+def _columns(records: Records, *names: str, finished: bool = False) -> pl.DataFrame:
+    """Only `names` of `records` (of the finished requests when `finished`), as one contiguous frame: a
+    summary over files never loads more than the columns one figure needs."""
+    lazy = records.lazy()
+    if finished:
+        lazy = lazy.filter(pl.col("state").cast(pl.String) == FINISHED)
+    return lazy.select(names).collect().rechunk()
+
+
+def _sums(steps: Records, exprs: dict[str, pl.Expr]) -> dict[str, object]:
+    """One row of exact step aggregates (counts, integer sums, maxima), streamed over files."""
+    engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
+    return steps.lazy().select(**exprs).collect(engine=engine).row(0, named=True)
+
+
+def _float_agg(
+    steps: Records, values: pl.Expr, names: tuple[str, ...], count: int, mean: bool = False
+) -> float:
+    """The sum (or mean) of the float `values` computed from the columns `names` of `count` steps.
+
+    Up to `CHUNK_ROWS` steps (every shipped scenario), over the whole contiguous column, exactly as over a
+    frame in memory; beyond, summed in slices of `CHUNK_ROWS` rows added in order, so that memory stays
+    flat: the result may then differ from a one-piece sum in its last digits (summation order)."""
+    agg = values.mean() if mean else values.sum()
+    lazy = steps.lazy().select(names)
+    if count <= CHUNK_ROWS:
+        return float(lazy.collect().rechunk().select(agg).item())
+    total = 0.0
+    for offset in range(0, count, CHUNK_ROWS):
+        total += float(lazy.slice(offset, CHUNK_ROWS).collect().rechunk().select(values.sum()).item())
+    return total / count if mean else total
+
+
+QUANTILE_BINS = 4096  # bins of the first pass of `_weighted_quantiles`
+
+
+def _weighted_quantiles(steps: Records) -> dict[str, float | None]:
+    """Quantiles of the decode steps' durations, each weighted by its decode tokens: for quantile q, the
+    shortest duration whose cumulative weight (steps sorted by duration) reaches q times the total.
+
+    Exact, in streamed passes that never hold every step: the weights summed in `QUANTILE_BINS` equal bins
+    of duration (the bin of a duration never decreases with it, so the bins keep the steps' order); then,
+    per quantile, only the steps of the bin it falls in, summed per distinct duration and sorted."""
+    engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
+    dec = steps.lazy().filter(pl.col("decode_tokens") > 0).select("duration", "decode_tokens")
+    lo, hi, count = (
+        dec.select(lo=pl.col("duration").min(), hi=pl.col("duration").max(), n=pl.len())
+        .collect(engine=engine)
+        .row(0)
+    )
+    if not count:
+        return {k: None for k in QUANTILES}
+    width = (hi - lo) / QUANTILE_BINS
+    if width <= 0:
+        return {k: float(lo) for k in QUANTILES}
+    binned = ((pl.col("duration") - lo) / width).floor().cast(pl.Int64).clip(0, QUANTILE_BINS - 1)
+    bins = (
+        dec.group_by(binned.alias("bin"))
+        .agg(pl.col("decode_tokens").sum())
+        .sort("bin")
+        .collect(engine=engine)
+    )
+    cum = bins["decode_tokens"].cum_sum().to_numpy()
+    out: dict[str, float | None] = {}
+    for key, q in QUANTILES.items():
+        target = q * float(cum[-1])
+        j = int(np.searchsorted(cum.astype(np.float64), target, side="left"))
+        below = int(cum[j - 1]) if j else 0
+        rows = (
+            dec.filter(binned == int(bins["bin"][j]))
+            .group_by("duration")
+            .agg(pl.col("decode_tokens").sum())
+            .sort("duration")
+            .collect()
+        )
+        weights = (rows["decode_tokens"].cum_sum() + below).to_numpy().astype(np.float64)
+        i = int(np.searchsorted(weights, target, side="left"))
+        out[key] = float(rows["duration"][min(i, rows.height - 1)])
+    return out
+
+
+def _itl_stats(requests: Records, steps: Records) -> dict[str, float | None]:
     """ITL over every gap of every finished request: the step durations weighted by the decode tokens
-    each step emitted (see the module docstring); mean and max from the exact per-request figures."""
-    fin = requests.filter(pl.col("state") == FINISHED)
-    if fin.is_empty() or steps.is_empty():
+    each step emitted (see the module docstring); mean and max from the exact per-request figures.
+
+    The weighted quantiles are exact (`_weighted_quantiles`)."""
+    fin = _columns(requests, "generated_tokens", "n", "itl_mean", "itl_max", finished=True)
+    num_steps = _step_count(steps)
+    if fin.is_empty() or not num_steps:
         return _stats(pl.Series([], dtype=pl.Float64))
     gaps = (fin["generated_tokens"] - fin["n"]).sum()
     total = (fin["itl_mean"].fill_null(0.0) * (fin["generated_tokens"] - fin["n"])).sum()
-    dec = steps.filter(pl.col("decode_tokens") > 0).sort("duration")
     out: dict[str, float | None] = {"mean": float(total / gaps) if gaps else None}
-    if dec.is_empty():
-        out.update({k: None for k in QUANTILES})
-    else:
-        weights = dec["decode_tokens"].cum_sum().to_numpy().astype(np.float64)
-        durations = dec["duration"].to_numpy()
-        for key, q in QUANTILES.items():
-            idx = int(np.searchsorted(weights, q * weights[-1], side="left"))
-            out[key] = float(durations[min(idx, len(durations) - 1)])
+    out.update(_weighted_quantiles(steps))
     out["max"] = fin["itl_max"].max()  # type: ignore[assignment]
     return out
 
 
-def kv_breakdown(steps: pl.DataFrame) -> dict[str, float]:
-    """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
-    but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
-    busy = float(steps["duration"].sum()) if steps.height else 0.0
+def _kv_used_held(steps: Records, busy: float, count: int) -> tuple[float, float]:
+    cap = pl.col("kv_capacity").cast(pl.Float64)
+    w = pl.col("duration") / busy
+    used = _float_agg(steps, w * pl.col("kv_used") / cap, ("duration", "kv_used", "kv_capacity"), count)
+    held = w * pl.col("kv_allocated") / cap
+    return used, _float_agg(steps, held, ("duration", "kv_allocated", "kv_capacity"), count)
+
+
+def _kv_shares(busy: float, used: float, held: float) -> dict[str, float]:
     if busy <= 0:
         return {"token_states": 0.0, "held_unused": 0.0, "free": 1.0}
-    w = steps["duration"] / busy
-    cap = steps["kv_capacity"].cast(pl.Float64)
-    used = float((w * steps["kv_used"] / cap).sum())
-    held = float((w * steps["kv_allocated"] / cap).sum())
     return {"token_states": used, "held_unused": held - used, "free": 1.0 - held}
 
 
+def _step_count(steps: Records) -> int:
+    return int(_sums(steps, {"n": pl.len()})["n"])  # type: ignore[call-overload]
+
+
+def _busy(steps: Records, count: int) -> float:
+    return _float_agg(steps, pl.col("duration"), ("duration",), count) if count else 0.0
+
+
+def kv_breakdown(steps: Records) -> dict[str, float]:
+    """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
+    but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
+    count = _step_count(steps)
+    busy = _busy(steps, count)
+    return _kv_shares(busy, *(_kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)))
+
+
 def summarize(
-    requests: pl.DataFrame, steps: pl.DataFrame, horizon_s: float, slo: Slo, overloaded: bool
+    requests: Records, steps: Records, horizon_s: float, slo: Slo, overloaded: bool
 ) -> dict[str, object]:
     """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
 
     `horizon_s` is where the run ended (its horizon, or the end of the drain); every rate is per second of
     `measurement_window`. `overloaded` is the engine's verdict (`RunOutput.overloaded`), from the same
-    `backlog_trend` whose figures are `overload_test`.
+    `backlog_trend` whose figures are `overload_test`. The records may be frames or scans of the written
+    files: each figure reads only its own columns, and quantiles are exact (numpy's linear method over the
+    column's values).
     """
-    state = requests["state"].cast(pl.String)
-    fin = requests.filter(state == FINISHED)
+    base = _columns(requests, "state", "reject_reason", "arrival", "finished_at")
+    state = base["state"].cast(pl.String)
+    finished = int((state == FINISHED).sum())
     counts = {
-        "arrived": requests.height,
-        "finished": fin.height,
+        "arrived": base.height,
+        "finished": finished,
         "rejected": int((state == REJECTED).sum()),
         "in_flight": int((state == IN_FLIGHT).sum()),
     }
-    reasons = requests.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
-    window_start, window_end = measurement_window(requests, horizon_s)
+    reasons = base.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
+    window_start, window_end = measurement_window(base, horizon_s)
+    trend = requests_backlog_trend(base)
+    del base, state
     window = window_end - window_start
     span = window if window > 0 else math.inf  # no window: every rate is 0
-    trend = requests_backlog_trend(requests)
-    out_tokens = float(fin["generated_tokens"].sum())
-    all_tokens = out_tokens + float(fin["prompt_len"].sum())
-    latency = {name: _stats(fin[name]) for name in ("queue_wait", "ttft", "tpot", "e2e")}
-    latency["queue_wait"] = _stats(requests["queue_wait"])
+    tokens = _columns(requests, "generated_tokens", "prompt_len", "prefix_hit_tokens", "prefix_query_tokens",
+                      finished=True)  # fmt: skip
+    out_tokens = float(tokens["generated_tokens"].sum())
+    all_tokens = out_tokens + float(tokens["prompt_len"].sum())
+    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per sequence,
+    # at its first admission), so it lies in [0, 1]
+    lookups = int(tokens["prefix_query_tokens"].sum()) if finished else 0
+    hit_rate = float(tokens["prefix_hit_tokens"].sum() / lookups) if lookups else 0.0
+    del tokens
+    latency = {
+        name: _stats(_columns(requests, name, finished=True)[name]) for name in ("ttft", "tpot", "e2e")
+    }
+    latency["queue_wait"] = _stats(_columns(requests, "queue_wait")["queue_wait"])
     latency["itl"] = _itl_stats(requests, steps)
-    good = fin
+    good = _columns(requests, "ttft", "tpot", "e2e", finished=True)
     if slo.ttft_s is not None:
         good = good.filter(pl.col("ttft") <= slo.ttft_s)
     if slo.tpot_s is not None:
         good = good.filter(pl.col("tpot").fill_null(0.0) <= slo.tpot_s)
     if slo.e2e_s is not None:
         good = good.filter(pl.col("e2e") <= slo.e2e_s)
-    busy = float(steps["duration"].sum()) if steps.height else 0.0
-    kv_util = (
-        float((steps["kv_used"] / steps["kv_capacity"]).mean()) if steps.height else 0.0  # type: ignore[arg-type]
-    )
-    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per sequence,
-    # at its first admission), so it lies in [0, 1]
-    lookups = int(fin["prefix_query_tokens"].sum()) if fin.height else 0
+    s = _sums(steps, {
+        "count": pl.len(),
+        "mean_batch": pl.col("batch_size").mean(),
+        "compute_bound": pl.col("compute_bound").mean(),
+        "preemptions": pl.col("preempted").sum(),
+        "max_batch": pl.col("batch_size").max(),
+    })  # fmt: skip
+    count = int(s["count"])  # type: ignore[call-overload]
+    busy = _busy(steps, count)
+    util = pl.col("kv_used") / pl.col("kv_capacity")
+    kv_util = _float_agg(steps, util, ("kv_used", "kv_capacity"), count, mean=True) if count else 0.0
+    used, held = _kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)
     return {
         "requests": counts,
         "rejected_reasons": {str(reason): n for reason, n in reasons},
@@ -485,22 +742,22 @@ def summarize(
         "window_s": window,
         "window": {"start_s": window_start, "end_s": window_end},
         "throughput": {
-            "requests_per_s": fin.height / span,
+            "requests_per_s": finished / span,
             "output_tokens_per_s": out_tokens / span,
             "total_tokens_per_s": all_tokens / span,
         },
         "latency": {name: latency[name] for name in LATENCY_METRICS},
         "goodput_per_s": good.height / span,
-        "slo_attainment": good.height / fin.height if fin.height else None,
+        "slo_attainment": good.height / finished if finished else None,
         "steps": {
-            "count": steps.height,
+            "count": count,
             "busy_fraction": busy / span,
-            "mean_batch_size": float(steps["batch_size"].mean()) if steps.height else 0.0,  # type: ignore[arg-type]
-            "compute_bound_fraction": float(steps["compute_bound"].mean()) if steps.height else 0.0,  # type: ignore[arg-type]
-            "preemptions": int(steps["preempted"].sum()),
+            "mean_batch_size": float(s["mean_batch"]) if count else 0.0,  # type: ignore[arg-type]
+            "compute_bound_fraction": float(s["compute_bound"]) if count else 0.0,  # type: ignore[arg-type]
+            "preemptions": int(s["preemptions"] or 0),  # type: ignore[call-overload]
             "mean_kv_utilization": kv_util,
-            "max_batch_size": int(steps["batch_size"].max()) if steps.height else 0,  # type: ignore[arg-type]
+            "max_batch_size": int(s["max_batch"]) if count else 0,  # type: ignore[call-overload]
         },
-        "kv_memory": kv_breakdown(steps),
-        "prefix_cache_hit_rate": float(fin["prefix_hit_tokens"].sum() / lookups) if lookups else 0.0,
+        "kv_memory": _kv_shares(busy, used, held),
+        "prefix_cache_hit_rate": hit_rate,
     }

@@ -59,3 +59,14 @@ class Request:
         self.num_generated += 1
         if self.num_generated >= self.output_len:
             self.finished_at = now
+
+    def emit_run(self, count: int, now: float, longest_gap: float) -> None:
+        """`count` calls of `emit` at consecutive step ends after a token already emitted, the last at
+        `now`, the longest gap between two of them (the first measured from `last_token_at`) `longest_gap`:
+        the same fields as one `emit` per token."""
+        if longest_gap > self.itl_max:
+            self.itl_max = longest_gap
+        self.last_token_at = now
+        self.num_generated += count
+        if self.num_generated >= self.output_len:
+            self.finished_at = now

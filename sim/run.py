@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -18,9 +19,10 @@ from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
 from sim.hardware import get_gpu
-from sim.metrics import Slo, summarize
+from sim.metrics import Recorder, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder
+from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import KvBudget, load_all
@@ -39,10 +41,13 @@ PROGRESS_EVERY = 32  # arrivals between two progress calls
 
 @dataclass(slots=True)
 class RunResult:
+    """A run's records (frames in memory, or scans of the Parquet files they were streamed to), its
+    summary and its manifest."""
+
     scenario: str
     policy: str
-    requests: pl.DataFrame
-    steps: pl.DataFrame
+    requests: pl.DataFrame | pl.LazyFrame
+    steps: pl.DataFrame | pl.LazyFrame
     summary: dict[str, Any]
     manifest: dict[str, Any]
 
@@ -157,16 +162,20 @@ def run_policy(
     seed: int | np.random.SeedSequence | None = None,
     source: str = "scenario",
     progress: ProgressHook | None = None,
+    records: Path | None = None,
 ) -> RunResult:
     """Simulate `policy` of `scenario`. Every policy of a scenario sees the same request stream.
 
     `progress`, when given, is called every `PROGRESS_EVERY` arrivals and once at the end; without it the
-    engine runs untouched."""
+    engine runs untouched. `records`: a folder to stream `requests.parquet` and `steps.parquet` into as the
+    run goes (memory then stays flat however long the run; the result scans those files); without it the
+    records are kept in memory as frames."""
     kind, config = scenario.policy(policy)
     if scenario.cluster is not None:
         return _run_fleet(scenario, policy, base_dir, seed, source, progress)
     cost, budget, info = build_cost_and_memory(scenario, source)
     scheduler = load_all()[kind].build(config, budget)
+    recorder = Recorder(ParquetSink(records)) if records is not None else Recorder()
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
@@ -174,16 +183,19 @@ def run_policy(
         cl = workload.closed_loop
         new_request = cl.new_request if progress is None else _counting(cl.new_request, progress)
         loop = ClosedLoopSource(cl.users, cl.think_time, new_request, cl.ramp_s)
-        out = simulate(scheduler, cost.step_time, horizon, closed_loop=loop)
+        out = simulate(scheduler, cost.step_time, horizon, closed_loop=loop, recorder=recorder)
     else:
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-        out = simulate(scheduler, cost.step_time, horizon, open_loop=requests)
+        out = simulate(scheduler, cost.step_time, horizon, open_loop=requests, recorder=recorder)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
-    req_frame = out.recorder.requests_frame()
-    step_frame = out.recorder.steps_frame()
+    if records is None:
+        req_frame: pl.DataFrame | pl.LazyFrame = out.recorder.requests_frame()
+        step_frame: pl.DataFrame | pl.LazyFrame = out.recorder.steps_frame()
+    else:
+        req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
@@ -243,16 +255,55 @@ def _json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False, default=float) + "\n"
 
 
+def _write_records(frame: pl.DataFrame | pl.LazyFrame, path: Path) -> None:
+    if isinstance(frame, pl.LazyFrame):
+        frame.sink_parquet(path, statistics=False)
+    else:
+        frame.write_parquet(path, statistics=False)
+
+
+def _write_meta(result: RunResult, folder: Path) -> None:
+    (folder / "summary.json").write_text(_json(result.summary), encoding="utf-8")
+    (folder / MANIFEST).write_text(_json(result.manifest), encoding="utf-8")
+
+
 def write_result(result: RunResult, out_dir: Path) -> Path:
     """Write `manifest.json`, `requests.parquet`, `steps.parquet` and `summary.json` as one unit under
     `out_dir/<policy>/`: all four replace the previous run's at once, or nothing changes."""
     target = policy_folder(out_dir, result.policy)
     with replace_folder(target, is_run_folder) as tmp:
-        result.requests.write_parquet(tmp / "requests.parquet", statistics=False)
-        result.steps.write_parquet(tmp / "steps.parquet", statistics=False)
-        (tmp / "summary.json").write_text(_json(result.summary), encoding="utf-8")
-        (tmp / MANIFEST).write_text(_json(result.manifest), encoding="utf-8")
+        _write_records(result.requests, tmp / "requests.parquet")
+        _write_records(result.steps, tmp / "steps.parquet")
+        _write_meta(result, tmp)
     return target
+
+
+def run_to_folder(
+    scenario: Scenario,
+    policy: str,
+    out_dir: Path,
+    base_dir: Path,
+    source: str = "scenario",
+    progress: ProgressHook | None = None,
+) -> RunResult:
+    """`run_policy` with its records streamed to Parquet as the run goes, into a temporary folder that
+    becomes `out_dir/<policy>/` (with `summary.json` and `manifest.json`) only when the run succeeds, as
+    `write_result` does: the previous run's files are replaced at once, or nothing changes. The result scans
+    the written files."""
+    target = policy_folder(out_dir, policy)
+    made = [p for p in (out_dir, *out_dir.parents) if not p.exists()]  # folders a failed run must not leave
+    try:
+        with replace_folder(target, is_run_folder) as tmp:
+            result = run_policy(scenario, policy, base_dir, source=source, progress=progress, records=tmp)
+            _write_meta(result, tmp)
+    except BaseException:
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only while empty
+        raise
+    result.requests = pl.scan_parquet(target / "requests.parquet")
+    result.steps = pl.scan_parquet(target / "steps.parquet")
+    return result
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ A request arrives through `add`, which may reject it (the reason is stored on th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -28,6 +28,18 @@ class KvUsage:
     used: int  # token states actually stored
     allocated: int  # slots held by requests (blocks or reservations)
     capacity: int  # slots available for KV in total
+
+
+class StepTotals(NamedTuple):
+    """A step's rows summed, for `CostModel.step_time_totals(*totals)` (c new tokens on q cached per row)."""
+
+    rows: int
+    tokens: int  # Σc
+    ones: int  # rows with c = 1
+    cq: int  # Σc·q
+    cc: int  # Σc²
+    ctx: int  # Σq
+    max_end: int  # at least max(q + c)
 
 
 @dataclass(slots=True)

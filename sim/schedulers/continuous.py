@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sim.request import Request
-from sim.schedulers.base import KvUsage, StepPlan
+from sim.schedulers.base import KvUsage, StepPlan, StepTotals
 from sim.schedulers.registry import KvBudget, register
 from sim.schedulers.reservation import ReservationQueue
 
@@ -52,7 +52,7 @@ class ContinuousPlan(StepPlan):
 
     def __init__(
         self,
-        totals: tuple[int, ...],
+        totals: StepTotals,
         build: Callable[[list[Request]], tuple[np.ndarray, np.ndarray]],
         admitted: list[Request],
         prefill: int,
@@ -67,7 +67,7 @@ class ContinuousPlan(StepPlan):
         self.kv = kv
         self.payload = admitted
         self.preempted = 0
-        self.batch_size = totals[0]
+        self.batch_size = totals.rows
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if self._rows is None:
@@ -151,7 +151,7 @@ class ContinuousScheduler(ReservationQueue):
         # KV used counts the token states stored once this step is done: every decode's (already in
         # `kv.used()`) and every admitted prompt copy's.
         # (rows, Σc, #(c = 1), Σc·q, Σc², Σq, max(q + c)): decodes have c = 1, prefills q = 0.
-        totals = (
+        totals = StepTotals(
             seqs + prefill_rows, seqs + prefill, seqs + prefill_ones, seqs_ctx, seqs + prefill_sq, seqs_ctx,
             max_end,
         )  # fmt: skip

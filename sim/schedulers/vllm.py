@@ -17,11 +17,16 @@ waiting: a lone sequence may use the whole budget.
 A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does; they share
 the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
 its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
+
+With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
+records (see `VllmScheduler.__init__`, and docs/performance.md).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from array import array
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -33,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sim.errors import SimError
 from sim.kv import Block, KvManager, cdiv
 from sim.request import Request
-from sim.schedulers.base import KvUsage, StepPlan
+from sim.schedulers.base import KvUsage, StepPlan, StepTotals
 from sim.schedulers.registry import KvBudget, register
 
 
@@ -82,6 +87,10 @@ class Seq:
     kv_slots: int = 0
     kv_cached: int = 0
     kv_room: int = -1
+    # --- bulk decoding (`VllmScheduler(fast=True)`) ---
+    order: int = 0  # position key in the running list (admissions count up)
+    bulk_since: int = -1  # the step after whose update its fields were last exact; -1: handled row by row
+    bulk_ctx: int = 0  # its context at step j is bulk_ctx + j
 
     def block_hash(self, j: int) -> Hashable:
         """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies."""
@@ -97,7 +106,8 @@ class Seq:
 class StepInfo:
     """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
 
-    __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode")
+    __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode", "bulk",
+                 "bulk_ctx", "bulk_max", "step", "sched")  # fmt: skip
 
     def __init__(self) -> None:
         self.seqs: list[Seq] = []
@@ -108,6 +118,10 @@ class StepInfo:
         self.resumed: list[Seq] = []
         self.preempted: list[Seq] = []
         self.decode = 0  # rows that decode one token
+        # rows advanced in bulk (fast mode), not in the lists above: count, Σ and max of their contexts
+        self.bulk = self.bulk_ctx = self.bulk_max = 0
+        self.step = 0
+        self.sched: VllmScheduler | None = None
 
     @property
     def rows(self) -> list[tuple[Seq, int]]:
@@ -120,20 +134,29 @@ class VllmPlan(StepPlan):
 
     __slots__ = ("totals", "_arrays")
 
-    def __init__(self, info: StepInfo, totals: tuple[int, int, int, int, int, int, int], kv: KvUsage) -> None:
+    def __init__(self, info: StepInfo, totals: StepTotals, kv: KvUsage) -> None:
         self.totals = totals
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self.num_decode_tokens = info.decode
-        self.num_prefill_tokens = totals[1] - info.decode
+        self.num_prefill_tokens = totals.tokens - info.decode
         self.kv = kv
         self.payload = info
         self.preempted = len(info.preempted)
-        self.batch_size = totals[0]
+        self.batch_size = totals.rows
 
     def _rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Built before the step is applied (`update`): rows advanced in bulk are read from the scheduler."""
         if self._arrays is None:
             info: StepInfo = self.payload
-            self._arrays = np.array(info.counts, dtype=np.int64), np.array(info.contexts, dtype=np.int64)
+            counts, contexts = info.counts, info.contexts
+            if info.bulk:
+                assert info.sched is not None
+                rows = sorted(
+                    [(s.order, 1, s.bulk_ctx + info.step) for s in info.sched.running if s.bulk_since >= 0]
+                    + [(s.order, c, q) for s, c, q in zip(info.seqs, counts, contexts, strict=True)]
+                )
+                counts, contexts = [c for _, c, _ in rows], [q for _, _, q in rows]
+            self._arrays = np.array(counts, dtype=np.int64), np.array(contexts, dtype=np.int64)
         return self._arrays
 
     @property  # type: ignore[override]
@@ -153,7 +176,9 @@ class VllmScheduler:
     already scheduled in the same step.
     """
 
-    def __init__(self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None) -> None:
+    def __init__(
+        self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None, fast: bool = False
+    ) -> None:
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < budget.max_model_len:
             raise SimError(
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least max_model_len "
@@ -177,6 +202,25 @@ class VllmScheduler:
         self.last = StepInfo()
         self._next_sid = 0
         self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
+        # Bulk decoding: a running sequence of a one-sequence request that will decode one token per step
+        # within its blocks for a while is left alone ("in bulk") and counted in the plans' totals; its
+        # fields are brought up to date (`_wake`) when it next needs a row of its own (a new block, the
+        # length limit), finishes, is preempted, or is read (`in_flight`). `last` then lists only the rows
+        # handled one by one.
+        self.fast = fast
+        self._order = 0
+        self._step = 0  # steps scheduled
+        self._updated = 0  # steps applied
+        self._last_end = 0.0  # when the latest applied step ended
+        self._gaps = array("d")  # step j's end minus step j-1's, for steps from `_gaps_from` on
+        self._gaps_from = 1
+        self._busy: dict[Seq, None] = {}  # running sequences handled row by row (insertion-ordered set)
+        self._bulk_n = self._bulk_ctx = 0  # sequences in bulk, Σ of their `bulk_ctx`
+        self._bulk_max: list[
+            tuple[int, int, int, Seq]
+        ] = []  # heap of (-bulk_ctx, since, order, seq), pruned lazily
+        self._events: list[tuple[int, int, int, Seq]] = []  # (step it needs its own row, order, since, seq)
+        self._finishes: list[tuple[int, int, int, Seq]] = []  # (step of its last token, order, since, seq)
 
     # ---- arrival -------------------------------------------------------------------------------------
     def add(self, request: Request, now: float) -> bool:
@@ -220,15 +264,124 @@ class VllmScheduler:
         self.last = info
         # the threshold keeps a long prefill from starving others: with nobody else to starve it is off
         threshold = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
-        budget = self._schedule_running(info, self.token_budget, threshold)
+        if self.fast:
+            budget = self._schedule_fast(info, threshold)
+        else:
+            budget = self._schedule_running(info, self.running, self.token_budget, threshold)
         if self.waiting and not info.preempted:
             self._schedule_waiting(info, budget, now, threshold)
-        if not info.seqs:
+        if not info.seqs and not info.bulk:
             return None
+        self._step += 1
         return self._plan(info)
 
-    def _schedule_running(self, info: StepInfo, budget: int, threshold: int) -> int:
-        running = self.running
+    def _schedule_fast(self, info: StepInfo, threshold: int) -> int:
+        """The running rows, those in bulk counted only: the rows handled one by one are scheduled as
+        `_schedule_running` would, in running order, the bulk rows each taking one token of the budget."""
+        step = self._step + 1
+        busy, events = self._busy, self._events
+        due = []  # sequences in bulk that need a new block or reach the length limit at this step
+        while events and events[0][0] <= step:
+            _, _, since, seq = heapq.heappop(events)
+            if seq.bulk_since == since:
+                due.append(seq)
+        need = self._bulk_n
+        for seq in busy:
+            need += seq.num_tokens - seq.num_computed
+        if need >= self.token_budget:  # the budget may bind: every row one by one, in running order
+            for seq in self.running:
+                if seq.bulk_since >= 0:
+                    self._wake(seq)
+                    busy[seq] = None
+            rows = self.running
+        else:
+            if due:
+                self._bulk_blocks(due, step)
+            rows = sorted(busy, key=_order) if len(busy) > 1 else list(busy)
+        budget = self._schedule_running(info, rows, self.token_budget, threshold)
+        n = self._bulk_n
+        if n:
+            heap = self._bulk_max
+            while heap[0][3].bulk_since != heap[0][1]:
+                heapq.heappop(heap)
+            info.bulk, info.bulk_ctx, info.bulk_max = n, self._bulk_ctx + n * step, step - heap[0][0]
+            info.decode += n
+            self.kv.filled(n)
+            budget -= n
+        info.step, info.sched = step, self
+        return budget
+
+    def _bulk_blocks(self, due: list[Seq], step: int) -> None:
+        """The new blocks the `due` sequences need at `step`, given in bulk when no allocation of this step
+        can fail (so none preempts, and without prefix caching which block goes where changes no count);
+        else they, and those at the length limit, get rows of their own."""
+        kv, limit = self.kv, self.max_model_len - 1
+        stay = [s for s in due if s.bulk_ctx + step < limit] if not kv.caching else []
+        if stay:
+            bound = len(stay)  # most blocks the step can take: one each, and every row's whole length
+            bs, cap = self.block_size, self.max_model_len
+            for seq in self._busy:
+                bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
+            if bound > kv.num_free:
+                stay = []
+        if stay:
+            kv.add_blocks(stay)
+            for seq in stay:
+                self._bulk_until(seq)
+        if len(stay) < len(due):
+            for seq in due:
+                if seq.bulk_since >= 0 and (not stay or seq.bulk_ctx + step >= limit):
+                    self._wake(seq)
+                    self._busy[seq] = None
+
+    def _bulk_until(self, seq: Seq) -> int:
+        """Queue the step a sequence in bulk next needs a row of its own or, if that comes first, the step of
+        its last token; return the last step it decodes in bulk."""
+        since = seq.bulk_since
+        # at step j it decodes on bulk_ctx + j tokens, within its room and under the length limit
+        last = min(seq.kv_room, self.max_model_len - 1) - 1 - seq.bulk_ctx
+        finish = since + seq.out_len - seq.num_generated
+        if finish <= last:
+            heapq.heappush(self._finishes, (finish, seq.order, since, seq))
+        else:
+            heapq.heappush(self._events, (last + 1, seq.order, since, seq))
+        return last
+
+    def _wake(self, seq: Seq) -> None:
+        """Bring a sequence in bulk up to date (as after the latest applied step) and take it out of bulk."""
+        since = seq.bulk_since
+        count = self._updated - since
+        if count:
+            seq.num_computed += count
+            seq.kv_slots = seq.num_computed
+            seq.num_tokens += count
+            seq.num_generated += count
+            req = seq.req
+            req.num_computed = seq.num_computed
+            lo = since + 1 - self._gaps_from
+            req.emit_run(count, self._last_end, max(self._gaps[lo : lo + count]))
+        seq.bulk_since = -1
+        self._bulk_n -= 1
+        self._bulk_ctx -= seq.bulk_ctx
+
+    def _to_bulk(self, seq: Seq) -> bool:
+        """After its update: put a one-sequence request's decoding sequence in bulk while it can stay there
+        for at least one step (True), with the step it needs its own row again and, if first, the step of
+        its last token."""
+        if seq.req.n != 1:
+            return False
+        step = self._updated
+        ctx = seq.num_computed - step - 1
+        if min(seq.kv_room, self.max_model_len - 1) - 1 - ctx <= step:  # a row of its own next step
+            return False
+        seq.bulk_since, seq.bulk_ctx = step, ctx
+        self._bulk_n += 1
+        self._bulk_ctx += ctx
+        heapq.heappush(self._bulk_max, (-ctx, step, seq.order, seq))
+        self._bulk_until(seq)
+        return True
+
+    def _schedule_running(self, info: StepInfo, running: list[Seq], budget: int, threshold: int) -> int:
         if not running:
             return budget
         kv, limit = self.kv, self.max_model_len - 1
@@ -236,7 +389,7 @@ class VllmScheduler:
         add_emit = info.emit.append
         decode = grown = 0
         for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
-            if budget <= 0:
+            if budget <= 0 or seq.preempted:  # (in fast mode `running` may be a copy: popped ones remain)
                 break
             computed = seq.num_computed
             length = seq.num_tokens
@@ -302,6 +455,9 @@ class VllmScheduler:
         return True
 
     def _preempt(self, seq: Seq) -> None:
+        if seq.bulk_since >= 0:
+            self._wake(seq)
+        self._busy.pop(seq, None)
         self.kv.free(seq)
         seq.num_computed = 0
         self._sync(seq)
@@ -329,6 +485,10 @@ class VllmScheduler:
                 break
             waiting.popleft()
             running.append(seq)
+            seq.order = self._order
+            self._order += 1
+            if self.fast:
+                self._busy[seq] = None
             resumed = seq.preempted
             (info.resumed if resumed else info.new).append(seq)
             seq.preempted = False
@@ -356,33 +516,33 @@ class VllmScheduler:
         counts, contexts = info.counts, info.contexts
         rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
         if ones == rows:  # one token per row: c·q = q, c² = 1
-            cq, cc, max_end = ctx, rows, max(contexts) + 1
+            cq, cc, max_end = ctx, rows, max(contexts) + 1 if contexts else 0
         else:
             cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
             max_end = max(map(add, counts, contexts))
+        if info.bulk:  # one token each on their contexts
+            bulk = info.bulk
+            rows, tokens, ones, cc = rows + bulk, tokens + bulk, ones + bulk, cc + bulk
+            ctx, cq = ctx + info.bulk_ctx, cq + info.bulk_ctx
+            max_end = max(max_end, info.bulk_max + 1)
         kv = self.kv
         allocated = kv.allocated
         usage = KvUsage(allocated - kv.waste, allocated, self.capacity)  # used, allocated, capacity
-        return VllmPlan(info, (rows, tokens, ones, cq, cc, ctx, max_end), usage)
+        return VllmPlan(info, StepTotals(rows, tokens, ones, cq, cc, ctx, max_end), usage)
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
         finished: list[Request] = []
         done_seqs: list[Seq] = []
+        if self.fast:
+            return self._update_fast(info, now)
         for seq in info.emit:
             generated = seq.num_generated + 1
             seq.num_generated = generated
             seq.num_tokens += 1
             req = seq.req
-            if req.n == 1:  # req.emit(now), inlined: the hot path of a decode step
-                if req.num_generated == 0:
-                    req.first_token_at = now
-                elif now - req.last_token_at > req.itl_max:
-                    req.itl_max = now - req.last_token_at
-                req.last_token_at = now
-                req.num_generated += 1
-                if req.num_generated >= req.output_len:
-                    req.finished_at = now
+            if req.n == 1:
+                req.emit(now)
             else:
                 self._emit_group(req, now)
             if generated >= seq.out_len:
@@ -395,6 +555,58 @@ class VllmScheduler:
                 if self._close(seq):
                     finished.append(seq.req)
         return finished
+
+    def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
+        """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
+        finish; sequences that can decode alone go into bulk."""
+        step = self._updated = self._step
+        self._gaps.append(now - self._last_end)
+        self._last_end = now
+        done_seqs: list[Seq] = []
+        for seq in info.emit:
+            seq.num_generated += 1
+            seq.num_tokens += 1
+            req = seq.req
+            if req.n == 1:
+                req.emit(now)
+            else:
+                self._emit_group(req, now)
+            if seq.num_generated >= seq.out_len:
+                done_seqs.append(seq)
+        finishes, by_row = self._finishes, len(done_seqs)
+        while finishes and finishes[0][0] <= step:
+            _, _, since, seq = heapq.heappop(finishes)
+            if seq.bulk_since == since:
+                self._wake(seq)
+                done_seqs.append(seq)
+        if by_row and len(done_seqs) > by_row:
+            done_seqs.sort(key=_order)
+        busy = self._busy
+        for seq in info.emit:
+            if seq.num_generated < seq.out_len and self._to_bulk(seq):
+                del busy[seq]
+        finished: list[Request] = []
+        if done_seqs:
+            running = self.running
+            for seq in done_seqs:
+                running.remove(seq)
+                busy.pop(seq, None)
+                self.kv.free(seq)
+                if self._close(seq):
+                    finished.append(seq.req)
+        if step % GAPS_KEPT == 0:
+            self._trim_gaps()
+        return finished
+
+    def _trim_gaps(self) -> None:
+        """Drop the step gaps no sequence in bulk can need, and the stale entries of the bulk heap."""
+        self._bulk_max = [e for e in self._bulk_max if e[3].bulk_since == e[1]]
+        heapq.heapify(self._bulk_max)
+        oldest = min((s.bulk_since for s in self.running if s.bulk_since >= 0), default=self._updated)
+        drop = oldest + 1 - self._gaps_from
+        if drop > 0:
+            del self._gaps[:drop]
+            self._gaps_from += drop
 
     def _sync(self, seq: Seq) -> None:
         """Mirror progress on the request: its sequences' computed tokens, summed."""
@@ -431,11 +643,22 @@ class VllmScheduler:
         return None
 
     def in_flight(self) -> list[Request]:
+        for seq in self.running:
+            if seq.bulk_since >= 0:
+                self._wake(seq)
+                self._busy[seq] = None
         return [seqs[0].req for seqs in self._open.values()]
 
 
+def _order(seq: Seq) -> int:
+    return seq.order
+
+
+GAPS_KEPT = 4096  # steps between two drops of the step gaps no sequence in bulk needs
+
+
 def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
-    return VllmScheduler(config, budget)
+    return VllmScheduler(config, budget, fast=True)
 
 
 register("vllm", VllmConfig, build_vllm)

@@ -1,0 +1,137 @@
+"""Records streamed in chunks (to memory or to Parquet part files) against the plain reference loop, which
+records every request and step in one piece and sorts at the end; and the summary read from the files
+against the summary of frames in memory."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _scheduler, reference
+
+from sim.engine import Horizon, simulate
+from sim.metrics import FINISHED, Recorder, Slo, summarize
+from sim.record_sink import PARTS, ParquetSink
+from sim.request import Request
+
+
+def _streamed(policy: str, h: Horizon, reqs: list[Request], recorder: Recorder) -> Recorder:
+    out = simulate(
+        _scheduler(policy), COST.step_time, h, open_loop=iter(_requests_copy(reqs)), recorder=recorder
+    )
+    return out.recorder
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous", "vllm"])
+@pytest.mark.parametrize("horizon", sorted(HORIZONS))
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64])
+def test_records_in_chunks_match_the_reference_in_one_piece(
+    policy: str, horizon: str, chunk_rows: int
+) -> None:
+    h = HORIZONS[horizon]
+    stop = h.duration_s if h.duration_s is not None else math.inf
+    reqs = [r for r in _requests(150, 6.0, seed=len(policy) + chunk_rows) if r.arrival < stop]
+    rec = _streamed(policy, h, reqs, Recorder(chunk_rows=chunk_rows))
+    ref = reference(_scheduler(policy), h, requests=_requests_copy(reqs))
+    assert rec.num_steps > 8 * chunk_rows  # many chunks of each
+    assert_frame_equal(rec.requests_frame(), ref.requests_frame())
+    assert_frame_equal(rec.steps_frame(), ref.steps_frame())
+
+
+def test_parquet_parts_join_into_the_same_records_and_summary(tmp_path: Path) -> None:
+    """Streamed to part files and joined, the records equal the reference's, and the summary of the files
+    is the summary of the reference's frames, to every digit; no part file is left behind."""
+    h = HORIZONS["drain"]
+    reqs = _requests(150, 6.0, seed=4)
+    rec = _streamed("vllm", h, reqs, Recorder(ParquetSink(tmp_path), chunk_rows=50))
+    ref = reference(_scheduler("vllm"), h, requests=_requests_copy(reqs))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["requests.parquet", "steps.parquet"]
+    assert not (tmp_path / PARTS).exists()
+    files = pl.read_parquet(tmp_path / "requests.parquet"), pl.read_parquet(tmp_path / "steps.parquet")
+    assert_frame_equal(files[0], ref.requests_frame())
+    assert_frame_equal(files[1], ref.steps_frame())
+    slo = Slo(ttft_s=0.5, tpot_s=0.05)
+    from_files = summarize(rec.requests_lazy(), rec.steps_lazy(), 40.0, slo, False)
+    in_memory = summarize(ref.requests_frame(), ref.steps_frame(), 40.0, slo, False)
+    assert json.dumps(from_files, sort_keys=True) == json.dumps(in_memory, sort_keys=True)
+
+
+def test_ids_out_of_arrival_order_are_sorted() -> None:
+    """A trace whose ids do not rise with arrival: the records still come out sorted by id."""
+    reqs = _requests(60, 6.0, seed=9)
+    ids = np.random.default_rng(2).permutation(60)
+    shuffled = [
+        Request(int(i), r.arrival, r.prompt_len, r.max_tokens, r.output_len)
+        for i, r in zip(ids, reqs, strict=True)
+    ]
+    rec = _streamed("continuous", Horizon(max_requests=60), shuffled, Recorder(chunk_rows=5))
+    frame = rec.requests_frame()
+    assert frame["id"].to_list() == list(range(60))
+    by_id = {int(i): r.arrival for i, r in zip(ids, reqs, strict=True)}
+    assert frame["arrival"].to_list() == [by_id[i] for i in range(60)]
+
+
+def test_a_long_request_keeps_the_steps_it_needs_across_chunks() -> None:
+    """One request running through many chunks, beside short ones: its ITL quantiles are those of every
+    step it emitted in (a hand count: all decode steps of a lone constant-time run are equal)."""
+    reqs = [Request(0, 0.0, 16, 400, 400)] + [Request(i, 0.01 * i, 16, 2, 2) for i in range(1, 40)]
+    rec = _streamed("continuous", Horizon(max_requests=40), reqs, Recorder(chunk_rows=3))
+    frame = rec.requests_frame().filter(pl.col("state") == FINISHED)
+    steps = rec.steps_frame()
+    first, last = frame.row(0, named=True)["first_token_at"], frame.row(0, named=True)["finished_at"]
+    ends = steps["start"] + steps["duration"]
+    window = np.sort(steps.filter((ends > first) & (ends <= last))["duration"].to_numpy())
+    row = frame.row(0, named=True)
+    assert row["itl_p50"] == pytest.approx(float(np.quantile(window, 0.5)), rel=1e-12)
+    assert row["itl_p99"] == pytest.approx(float(np.quantile(window, 0.99)), rel=1e-12)
+    assert len(window) == 399
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-15)
+    return a == b
+
+
+def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `CHUNK_ROWS` steps the float sums go slice by slice: the same figures up to summation order."""
+    import sim.metrics
+
+    h = HORIZONS["drain"]
+    ref = reference(_scheduler("vllm"), h, requests=_requests_copy(_requests(150, 6.0, seed=4)))
+    requests, steps = ref.requests_frame(), ref.steps_frame()
+    one_piece = summarize(requests, steps, 40.0, Slo(), False)
+    monkeypatch.setattr(sim.metrics, "CHUNK_ROWS", 37)
+    sliced = summarize(requests.lazy(), steps.lazy(), 40.0, Slo(), False)
+    assert steps.height > 10 * 37
+    assert _close(sliced, one_piece)
+    busy = float(steps["duration"].sum())
+    assert sliced["steps"]["busy_fraction"] == pytest.approx(busy / sliced["window_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("bins", [1, 3, 4096])
+def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
+    """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
+    whose cumulative decode tokens reach q times the total."""
+    import sim.metrics
+    from sim.metrics import QUANTILES, _weighted_quantiles
+
+    monkeypatch.setattr(sim.metrics, "QUANTILE_BINS", bins)
+    rng = np.random.default_rng(5)
+    durations = np.round(rng.lognormal(-3.5, 0.6, 5_000), 4)  # many ties
+    durations[:3] = [5.0, 1e-4, 0.3]  # outliers: most steps share a few bins
+    tokens = rng.integers(0, 40, 5_000)
+    steps = pl.DataFrame({"duration": durations, "decode_tokens": tokens})
+    got = _weighted_quantiles(steps.lazy())
+    keep = tokens > 0
+    order = np.argsort(durations[keep], kind="stable")
+    d, w = durations[keep][order], np.cumsum(tokens[keep][order]).astype(np.float64)
+    for key, q in QUANTILES.items():
+        assert got[key] == d[int(np.searchsorted(w, q * w[-1], side="left"))]
