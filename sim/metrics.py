@@ -230,8 +230,10 @@ class Recorder:
             keep = min(keep, self._win_start + bisect_right(self._ends, min(firsts)))
         drop = keep - self._win_start
         if drop > 0:
-            del self._ends[:drop]
-            del self._durations[:drop]
+            # New arrays rather than resizing: a numpy view of the old ones may still be alive (a frame held
+            # by a profiler, as dask's workers keep), and an array exporting its buffer cannot be resized.
+            self._ends = self._ends[drop:]
+            self._durations = self._durations[drop:]
             self._win_start = keep
 
     # --- requests ----------------------------------------------------------------------------------------

@@ -295,6 +295,9 @@ def run_to_folder(
     try:
         with replace_folder(target, is_run_folder) as tmp:
             result = run_policy(scenario, policy, base_dir, source=source, progress=progress, records=tmp)
+            if isinstance(result.requests, pl.DataFrame):  # a fleet keeps its records in memory
+                _write_records(result.requests, tmp / "requests.parquet")
+                _write_records(result.steps, tmp / "steps.parquet")
             _write_meta(result, tmp)
     except BaseException:
         for folder in made:
