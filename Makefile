@@ -29,12 +29,14 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 # Engine and vllm-policy speed in process, the sweep's speed-up, then whole `sim run` processes against the bare
-# SimPy loop (benchmarks/floor.py) at 20k, 100k and 200k requests (docs/performance.md; a few minutes in all).
+# SimPy loop (benchmarks/floor.py) at 20k, 100k and 200k requests, and a 32-replica fleet of 100k requests
+# (docs/performance.md, docs/fleet.md; several minutes in all).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_vllm.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_fleet.py
+	$(BIN)/python benchmarks/bench_cluster.py
 
 # Queueing theory (M/D/1, M/G/1, Little's law), the vLLM scheduler conformance cases, and the cost model
 # against the real vLLM measurements (reports/fidelity/fidelity.csv and fidelity.html).
