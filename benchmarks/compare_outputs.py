@@ -1,4 +1,4 @@
-"""Run every shipped scenario with two source trees and compare their outputs file by file.
+"""Run every scenario both trees ship with each source tree and compare their outputs file by file.
 
     .venv/bin/python benchmarks/compare_outputs.py --base OLD_SRC --out WORK [--new NEW_SRC]
 
@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = ("requests.parquet", "steps.parquet", "summary.json", "manifest.json")
 
 
-def run_all(src: Path, out: Path) -> None:
+def run_all(src: Path, out: Path, names: set[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    for scenario in sorted((ROOT / "scenarios").glob("*.toml")):
+    for scenario in sorted(p for p in (ROOT / "scenarios").glob("*.toml") if p.name in names):
         target = out / scenario.stem
         if target.is_dir():
             continue
@@ -48,8 +48,9 @@ def main() -> None:
     ap.add_argument("--new", type=Path, default=ROOT, help="the source tree under test (default: this one)")
     ap.add_argument("--out", type=Path, required=True, help="work folder for both trees' outputs")
     args = ap.parse_args()
-    run_all(args.base.resolve(), args.out / "base")
-    run_all(args.new.resolve(), args.out / "new")
+    shared = {p.name for p in (args.base / "scenarios").glob("*.toml")}  # scenarios both trees ship
+    run_all(args.base.resolve(), args.out / "base", shared)
+    run_all(args.new.resolve(), args.out / "new", shared)
     bad = 0
     for folder in sorted((args.out / "base").glob("*/*/")):
         other = args.out / "new" / folder.relative_to(args.out / "base")
