@@ -462,7 +462,7 @@ def pareto(rows: pl.DataFrame, metric: str = "ttft_p99") -> pl.DataFrame:
 
 def set_args(overrides: dict[str, Any]) -> list[str]:
     """`--set` arguments for `sim run` (values as TOML)."""
-    from sim.fleet.tomltext import toml_value  # noqa: I001
+    from sim.tomltext import toml_value
 
     return [f"{k}={toml_value(v)}" for k, v in sorted(overrides.items())]
 

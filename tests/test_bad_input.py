@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomltext
 
-from sim import run_size
+from sim import run_size, tomltext
 from sim.cli import main
 from sim.limits import RUN_MAX_REQUESTS, RUN_MAX_TOKENS
 from sim.run_size import estimate

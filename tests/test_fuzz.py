@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import tomltext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim import tomltext
 from sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
