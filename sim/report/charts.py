@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import polars as pl
 
@@ -164,34 +166,36 @@ def latency_cdf(cdf: pl.DataFrame, series: list[str]) -> alt.FacetChart:
     )
 
 
-def convoy_timeline(segments: pl.DataFrame) -> alt.FacetChart:
-    """Gantt view: one row per request, bars for queued, prefill, decode and padding; one panel per policy."""
-    rows = max(int(segments["id"].n_unique()), 1)
+def gantt(
+    frame: pl.DataFrame, field: str, colors: dict[str, str], tooltip: list[Any], row_px: int
+) -> alt.FacetChart:
+    """One row per request (`id`), a bar from `start` to `end` per `field` value in its colour; one panel per
+    policy."""
+    rows = max(int(frame["id"].n_unique()), 1)
+    phases = list(colors)
     return (
-        alt.Chart(segments)
+        alt.Chart(frame)
         .mark_bar(height={"band": 0.8})
         .encode(
             x=alt.X("start:Q", title="simulated time (s)", scale=alt.Scale(zero=False, nice=False)),
             x2="end:Q",
             y=alt.Y("id:O", title="request id", axis=alt.Axis(labelFontSize=8, labelOverlap="greedy")),
             color=alt.Color(
-                "segment:N",
-                scale=alt.Scale(domain=list(SEGMENTS), range=[SEGMENT_COLORS[s] for s in SEGMENTS]),
-                sort=list(SEGMENTS),
+                f"{field}:N", scale=alt.Scale(domain=phases, range=[colors[p] for p in phases]), sort=phases
             ),
-            tooltip=[
-                "policy:N",
-                "id:O",
-                "output_len:Q",
-                "segment:N",
-                alt.Tooltip("start:Q", format=".3f"),
-                alt.Tooltip("end:Q", format=".3f"),
-            ],  # fmt: skip
+            tooltip=tooltip,
         )
-        .properties(width=3 * WIDTH, height=min(6 * rows, 400))
+        .properties(width=3 * WIDTH, height=min(row_px * rows, 400))
         .facet(row=alt.Row("policy:N", title=None))
         .resolve_scale(x="independent")
     )
+
+
+def convoy_timeline(segments: pl.DataFrame) -> alt.FacetChart:
+    """Gantt view: one row per request, bars for queued, prefill, decode and padding; one panel per policy."""
+    tooltip = ["policy:N", "id:O", "output_len:Q", "segment:N",
+               alt.Tooltip("start:Q", format=".3f"), alt.Tooltip("end:Q", format=".3f")]  # fmt: skip
+    return gantt(segments, "segment", {s: SEGMENT_COLORS[s] for s in SEGMENTS}, tooltip, 6)
 
 
 def utilisation_over_time(ts: pl.DataFrame, series: list[str]) -> alt.FacetChart:

@@ -147,32 +147,9 @@ def hit_rate_chart(frame: pl.DataFrame) -> alt.Chart:
 
 
 def pd_chart(frame: pl.DataFrame) -> alt.FacetChart:
-    rows = max(int(frame["id"].n_unique()), 1)
-    return (
-        alt.Chart(frame)
-        .mark_bar(height={"band": 0.8})
-        .encode(
-            x=alt.X("start:Q", title="simulated time (s)", scale=alt.Scale(zero=False, nice=False)),
-            x2="end:Q",
-            y=alt.Y("id:O", title="request id", axis=alt.Axis(labelFontSize=8, labelOverlap="greedy")),
-            color=alt.Color(
-                "phase:N",
-                sort=list(PD_PHASES),
-                scale=alt.Scale(domain=list(PD_PHASES), range=[PD_COLORS[p] for p in PD_PHASES]),
-            ),
-            tooltip=[
-                "id:O",
-                "phase:N",
-                "prefill_replica:N",
-                "replica:N",
-                alt.Tooltip("start:Q", format=".4f"),
-                alt.Tooltip("end:Q", format=".4f"),
-            ],  # fmt: skip
-        )
-        .properties(width=3 * WIDTH, height=min(8 * rows, 400))
-        .facet(row=alt.Row("policy:N", title=None))
-        .resolve_scale(x="independent")
-    )
+    tooltip = ["id:O", "phase:N", "prefill_replica:N", "replica:N",
+               alt.Tooltip("start:Q", format=".4f"), alt.Tooltip("end:Q", format=".4f")]  # fmt: skip
+    return charts.gantt(frame, "phase", {p: PD_COLORS[p] for p in PD_PHASES}, tooltip, 8)
 
 
 def sweep_hit_rates(points: pl.DataFrame, series: list[str]) -> alt.LayerChart | None:
