@@ -9,13 +9,12 @@ A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
@@ -40,19 +39,7 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
         """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
-        if path is None:
-            text = (resources.files("sim") / "catalog" / "calibration.toml").read_text()
-        else:
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise SimError(f"cannot read calibration file {path}: {exc}") from exc
-        table = tomllib.loads(text).get("calibration", {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(table) - known
-        if unknown:
-            raise SimError(f"unknown calibration keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: float(v) for k, v in table.items()})
+        return cls(**calibration_table("calibration.toml", path, {f.name for f in fields(cls)}))
 
 
 @dataclass(frozen=True)

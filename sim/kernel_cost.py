@@ -34,13 +34,12 @@ count), so it is computed once per distinct count and reused.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, fields
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
@@ -76,21 +75,7 @@ class KernelCalibration:
     @classmethod
     def load(cls, path: str | Path | None = None) -> KernelCalibration:
         """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors."""
-        if path is None:
-            text = (resources.files("sim") / "catalog" / "kernel_calibration.toml").read_text()
-        else:
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise SimError(f"cannot read calibration file {path}: {exc}") from exc
-        table = tomllib.loads(text).get("calibration", {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(table) - known
-        if unknown:
-            raise SimError(
-                f"{path or 'kernel_calibration.toml'}: calibration: unknown keys {sorted(unknown)}"
-            )
-        return cls(**{k: float(v) for k, v in table.items()})
+        return cls(**calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)}))
 
 
 def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]

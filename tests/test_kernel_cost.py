@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
+from sim.cost import Calibration
 from sim.errors import SimError
 from sim.hardware import get_gpu
 from sim.kernel_cost import (
@@ -284,3 +285,15 @@ def test_host_time_overlaps_the_gpu() -> None:
     assert fast.seconds > 2 * KernelCalibration().step_overhead_s + 8 * KernelCalibration().per_row_overhead_s
     full = KernelCostModel(spec, g).step(*_decode(8, 100))
     assert full.seconds == pytest.approx(fast.seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("cls", [Calibration, KernelCalibration])
+def test_a_calibration_file_with_an_unknown_key_is_refused_naming_it(cls: type, tmp_path: Path) -> None:
+    path = tmp_path / "cal.toml"
+    path.write_text("[calibration]\nstep_overhead_s = 0.002\nwarp_speed = 9\n")
+    with pytest.raises(SimError, match=r"cal\.toml: calibration: unknown keys \['warp_speed'\]"):
+        cls.load(path)
+    path.write_text("[calibration]\nstep_overhead_s = 0.002\n")
+    assert cls.load(path).step_overhead_s == 0.002
+    with pytest.raises(SimError, match="cannot read calibration file"):
+        cls.load(tmp_path / "missing.toml")
