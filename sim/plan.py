@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from sim.errors import SimError
-from sim.scenario import Scenario, apply_overrides, load_scenario, validate_scenario
+from sim.scenario import Scenario, load_scenario, validate_scenario
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
 DEFAULT_TPS = (1, 2, 4, 8)
@@ -236,7 +236,10 @@ class PlanTask:
 
 
 def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
-    return validate_scenario(apply_overrides(raw, overrides, source), source)
+    """The validated scenario of one configuration: the sweep's point without a rate axis."""
+    from sim.sweep import point_scenario
+
+    return point_scenario(raw, None, overrides, source)
 
 
 def evaluate(task: PlanTask) -> dict[str, Any]:

@@ -532,21 +532,10 @@ class VllmScheduler:
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
-        finished: list[Request] = []
-        done_seqs: list[Seq] = []
         if self.fast:
             return self._update_fast(info, now)
-        for seq in info.emit:
-            generated = seq.num_generated + 1
-            seq.num_generated = generated
-            seq.num_tokens += 1
-            req = seq.req
-            if req.n == 1:
-                req.emit(now)
-            else:
-                self._emit_group(req, now)
-            if generated >= seq.out_len:
-                done_seqs.append(seq)
+        finished: list[Request] = []
+        done_seqs = self._emit_rows(info.emit, now)
         if done_seqs:
             gone = set(done_seqs)
             self.running = [s for s in self.running if s not in gone]
@@ -556,14 +545,10 @@ class VllmScheduler:
                     finished.append(seq.req)
         return finished
 
-    def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
-        """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
-        finish; sequences that can decode alone go into bulk."""
-        step = self._updated = self._step
-        self._gaps.append(now - self._last_end)
-        self._last_end = now
-        done_seqs: list[Seq] = []
-        for seq in info.emit:
+    def _emit_rows(self, rows: list[Seq], now: float) -> list[Seq]:
+        """One token for each sequence of the step's rows that emits; the sequences that are now done."""
+        done: list[Seq] = []
+        for seq in rows:
             seq.num_generated += 1
             seq.num_tokens += 1
             req = seq.req
@@ -572,7 +557,16 @@ class VllmScheduler:
             else:
                 self._emit_group(req, now)
             if seq.num_generated >= seq.out_len:
-                done_seqs.append(seq)
+                done.append(seq)
+        return done
+
+    def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
+        """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
+        finish; sequences that can decode alone go into bulk."""
+        step = self._updated = self._step
+        self._gaps.append(now - self._last_end)
+        self._last_end = now
+        done_seqs = self._emit_rows(info.emit, now)
         finishes, by_row = self._finishes, len(done_seqs)
         while finishes and finishes[0][0] <= step:
             _, _, since, seq = heapq.heappop(finishes)
