@@ -11,40 +11,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from test_manifest import TINY
 
 from sim import sweep
 from sim.errors import SimError
 from sim.scenario import validate_scenario
 
-SCENARIO = """
-name = "tiny"
-seed = 3
-
-[model]
-name = "llama-2-7b"
-gpu = "A100-80GB"
-
-[workload]
-arrival = { kind = "poisson", rate = 2.0 }
-prompt = { kind = "lognormal", mean = 128, cv = 1.0, min = 8, max = 512 }
-output = { kind = "lognormal", mean = 32, cv = 1.0, min = 2, max = 128 }
-max_tokens = 128
-
-[horizon]
-duration_s = 8
-
-[slo]
-ttft_s = 0.5
-tpot_s = 0.05
-
-[policies.static]
-scheduler = "static"
-max_batch_size = 8
-
-[policies.continuous]
-scheduler = "continuous"
-max_num_seqs = 8
-"""
+# The tests' two-policy scenario, with this module's seed and a shorter horizon.
+SCENARIO = TINY.replace("seed = 5", "seed = 3").replace("duration_s = 10", "duration_s = 8")
 
 SWEEP = """
 [sweep]
