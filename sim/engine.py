@@ -56,7 +56,7 @@ class Horizon:
 class RunOutput:
     recorder: Recorder
     end_time: float
-    overloaded: bool  # the delay requests meet grew steadily over the arrival period (`Recorder.backlog_trend`)
+    overloaded: bool  # requests piled up over the arrival period (`Recorder.backlog_trend`)
 
 
 class Environment(simpy.Environment):

@@ -11,7 +11,8 @@ import pytest
 
 from sim import sweep
 from sim.engine import Horizon, simulate
-from sim.metrics import RISE_Z, Slo, backlog_trend, summarize
+from sim.metrics import Slo, summarize
+from sim.overload import RISE_Z, backlog_trend
 from sim.request import Request
 from sim.run import run_policy
 from sim.scenario import load_scenario
