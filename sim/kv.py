@@ -110,6 +110,54 @@ class BlockPool:
             found[block.id] = block
 
 
+class StackPool(BlockPool):
+    """The block pool without a prefix cache: no block ever has a hash, so every freed block goes to the
+    free queue's head and the queue is a stack (its head is the list's end). Same blocks in the same order
+    as `BlockPool`, without the ordered map."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
+        self.num_blocks = num_blocks
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._stack = self.blocks[:0:-1]  # the head (next taken) last: block 1 first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._stack)
+
+    def take(self, n: int) -> list[Block]:
+        stack = self._stack
+        if n > len(stack):
+            raise RuntimeError(f"cannot take {n} blocks, {len(stack)} free")
+        if n <= 0:
+            return []
+        out = stack[-n:]
+        del stack[-n:]
+        out.reverse()
+        for block in out:
+            block.ref = 1
+        return out
+
+    def release(self, blocks: Iterable[Block]) -> None:
+        freed = []
+        for block in blocks:
+            block.ref -= 1
+            if block.ref == 0:
+                freed.append(block)
+        freed.reverse()  # the first given ends at the head
+        self._stack.extend(freed)
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        raise RuntimeError("a pool without a prefix cache has no cache hits to touch")
+
+    def lookup(self, key: Hashable) -> Block | None:
+        return None
+
+    def cache(self, block: Block, key: Hashable) -> None:
+        raise RuntimeError("a pool without a prefix cache caches nothing")
+
+
 class Tokens(Protocol):
     """A sequence as the block manager sees it; the `kv_*` fields are its block table, owned by the manager.
 
@@ -139,7 +187,7 @@ class KvManager:
     """Blocks held per sequence, allocation on demand, prefix-cache lookups and fragmentation accounting."""
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, caching: bool) -> None:
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks) if caching else StackPool(num_blocks)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.caching = caching
