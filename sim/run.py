@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
 from sim.hardware import get_gpu
-from sim.metrics import Recorder, Slo, summarize
+from sim.metrics import Recorder, Records, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder
 from sim.record_sink import ParquetSink
@@ -172,7 +173,7 @@ def run_policy(
     records are kept in memory as frames."""
     kind, config = scenario.policy(policy)
     if scenario.cluster is not None:
-        return _run_fleet(scenario, policy, base_dir, seed, source, progress)
+        return _run_fleet(scenario, policy, base_dir, seed, source, progress, records)
     cost, budget, info = build_cost_and_memory(scenario, source)
     scheduler = load_all()[kind].build(config, budget)
     recorder = Recorder(ParquetSink(records)) if records is not None else Recorder()
@@ -210,15 +211,26 @@ def _run_fleet(
     seed: int | np.random.SeedSequence | None,
     source: str,
     progress: ProgressHook | None,
+    records: Path | None,
 ) -> RunResult:
-    """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py)."""
-    from sim.fleet.run import fleet_frames, fleet_summary, simulate_fleet
+    """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py). With `records`, each replica
+    streams its records under it, and they are merged into its `requests.parquet` and `steps.parquet`."""
+    from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet
 
     assert scenario.cluster is not None
-    out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source)
+    out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source, records)
+    req_frame: Records
+    step_frame: Records
     req_frame, step_frame = fleet_frames(out, scenario.cluster.disaggregated)
+    if records is None:
+        req_frame, step_frame = req_frame.collect(), step_frame.collect()
+    else:
+        _write_records(req_frame, records / "requests.parquet")
+        _write_records(step_frame, records / "steps.parquet")
+        shutil.rmtree(records / REPLICA_RECORDS)
+        req_frame, step_frame = (pl.scan_parquet(records / f) for f in ("requests.parquet", "steps.parquet"))
     if progress is not None:
-        progress(out.end_time, req_frame.height)
+        progress(out.end_time, sum(m.recorder.arrived for m in out.members if m.spec.role != "decode"))
     kind, _ = scenario.policy(policy)
     summary = fleet_summary(scenario, req_frame, step_frame, out, groups)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary}
@@ -295,9 +307,6 @@ def run_to_folder(
     try:
         with replace_folder(target, is_run_folder) as tmp:
             result = run_policy(scenario, policy, base_dir, source=source, progress=progress, records=tmp)
-            if isinstance(result.requests, pl.DataFrame):  # a fleet keeps its records in memory
-                _write_records(result.requests, tmp / "requests.parquet")
-                _write_records(result.steps, tmp / "steps.parquet")
             _write_meta(result, tmp)
     except BaseException:
         for folder in made:

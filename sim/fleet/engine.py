@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import polars as pl
 import simpy
 
 from sim.engine import ClosedLoopSource, Environment, Horizon, Replica, StepTime
 from sim.fleet.links import Link
 from sim.fleet.registry import ReplicaReport, Router, Snapshot
 from sim.metrics import FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
+from sim.record_sink import RecordSink
 from sim.request import Request
 from sim.schedulers.base import Scheduler, StepPlan
 
@@ -32,8 +34,8 @@ from sim.schedulers.base import Scheduler, StepPlan
 class FleetRecorder(Recorder):
     """A replica's recorder that also keeps its latest KV share for the router's reports."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, sink: RecordSink | None = None) -> None:
+        super().__init__(sink)
         self.kv_fraction = 0.0
 
     def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
@@ -46,8 +48,8 @@ class PrefillRecorder(FleetRecorder):
     """A prefill replica's recorder: a finished prefill is not the request's end (the decode replica records
     it); a rejected or unfinished one is recorded here with its own lengths restored."""
 
-    def __init__(self, lengths: dict[int, tuple[int, int]]) -> None:
-        super().__init__()
+    def __init__(self, lengths: dict[int, tuple[int, int]], sink: RecordSink | None = None) -> None:
+        super().__init__(sink)
         self.lengths = lengths
 
     def request(self, req: Request, state: str) -> None:
@@ -122,7 +124,9 @@ class Fleet:
         horizon: Horizon,
         link: Link | None = None,
         report_delay_s: float = 0.0,
+        sink_for: Callable[[str], RecordSink] | None = None,
     ) -> None:
+        """`sink_for(replica name)`: where each replica's records go (default: kept in memory)."""
         self.env = env = Environment()
         self.horizon = horizon
         self.link = link
@@ -130,7 +134,8 @@ class Fleet:
         self.lengths: dict[int, tuple[int, int]] = {}  # prefilling request id -> (output_len, max_tokens)
         self.members: list[Member] = []
         for i, spec in enumerate(specs):
-            rec = PrefillRecorder(self.lengths) if spec.role == "prefill" else FleetRecorder()
+            sink = sink_for(spec.name) if sink_for is not None else None
+            rec = PrefillRecorder(self.lengths, sink) if spec.role == "prefill" else FleetRecorder(sink)
             replica = Replica(env, spec.scheduler, spec.step_time, rec)
             replica.max_waiting = horizon.max_waiting
             self.members.append(Member(i, spec, replica, rec))
@@ -306,9 +311,12 @@ class Fleet:
         return out
 
 
-def fleet_overloaded(requests_frame: object) -> bool:
+def fleet_overloaded(requests: pl.DataFrame | pl.LazyFrame) -> bool:
     """The single-replica overload verdict (`backlog_trend`) over the fleet's requests."""
-    trend = requests_backlog_trend(requests_frame)  # type: ignore[arg-type]
+    cols = requests.lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
+    if cols.is_empty():
+        return False
+    trend = requests_backlog_trend(cols)
     return trend is not None and trend.overloaded
 
 

@@ -10,6 +10,7 @@ summary is the single-replica summary over the whole fleet, plus `cluster` (grou
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, 
 from sim.fleet.links import get_link
 from sim.fleet.registry import Router
 from sim.fleet.registry import load_all as load_routers
-from sim.metrics import Slo, summarize
+from sim.metrics import Records, Slo, summarize
+from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import load_all as load_policies
@@ -87,8 +89,15 @@ def build_specs(
 
 
 def simulate_fleet(
-    scenario: Scenario, policy: str, base_dir: Path, seed: int | np.random.SeedSequence | None, source: str
+    scenario: Scenario,
+    policy: str,
+    base_dir: Path,
+    seed: int | np.random.SeedSequence | None,
+    source: str,
+    records: Path | None = None,
 ) -> tuple[FleetOutput, list[ReplicaSpec], dict[str, Any]]:
+    """Run the fleet; `records`: a folder to stream each replica's records into as the run goes
+    (`records/replicas/<name>/`), else they are kept in memory."""
     cluster = scenario.cluster
     assert cluster is not None
     specs, groups = build_specs(scenario, cluster, policy, source)
@@ -105,7 +114,8 @@ def simulate_fleet(
         return kind.build(config, n, next(streams))
 
     link = get_link(cluster.link) if cluster.disaggregated else None
-    fleet = Fleet(specs, make_router, horizon, link, cluster.report_delay_s)
+    sink_for = None if records is None else partial(_replica_sink, records / REPLICA_RECORDS)
+    fleet = Fleet(specs, make_router, horizon, link, cluster.report_delay_s, sink_for)
     if workload.closed_loop is not None:
         cl = workload.closed_loop
         loop = ClosedLoopSource(cl.users, cl.think_time, cl.new_request, cl.ramp_s)
@@ -114,47 +124,75 @@ def simulate_fleet(
     return fleet.run(requests), specs, groups
 
 
-def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The fleet's request and step frames, each with a `replica` column."""
+REPLICA_RECORDS = "replicas"  # each replica's streamed records, under the run's records folder, until merged
+
+
+def _replica_sink(folder: Path, name: str) -> ParquetSink:
+    (folder / name).mkdir(parents=True, exist_ok=True)
+    return ParquetSink(folder / name)
+
+
+def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """The fleet's request and step records, each with a `replica` column: requests by id, steps replica by
+    replica, each in time order. Lazy over the replicas' records (files when they were streamed)."""
     req_frames, step_frames = [], []
     for m in out.members:
         name = pl.lit(m.spec.name, dtype=pl.String).alias("replica")
-        req_frames.append(m.recorder.requests_frame().with_columns(name))
-        step_frames.append(m.recorder.steps_frame().with_columns(name))
+        req_frames.append(m.recorder.requests_lazy().with_columns(name))
+        step_frames.append(m.recorder.steps_lazy().with_columns(name))
     requests = pl.concat(req_frames, how="vertical").sort("id")
-    steps = pl.concat(step_frames, how="vertical")  # replica by replica, each in time order
+    steps = pl.concat(step_frames, how="vertical")
     if disaggregated:
         requests = _with_handoffs(requests, out)
     return requests, steps
 
 
-def _with_handoffs(requests: pl.DataFrame, out: FleetOutput) -> pl.DataFrame:
+def _with_handoffs(requests: pl.LazyFrame, out: FleetOutput) -> pl.LazyFrame:
+    """Where each disaggregated request's time went, from the fleet's hand-off books (NaN becomes null)."""
     names = [m.spec.name for m in out.members]
-    ids = requests["id"].to_list()
-    hand = [out.handoffs.get(i) for i in ids]
+    books = pl.DataFrame(
+        {
+            "id": list(out.handoffs),
+            "_prefill_replica": [names[h.prefill_replica] for h in out.handoffs.values()],
+            "_prefill_end": [h.prefill_end for h in out.handoffs.values()],
+            "_transfer": [h.transfer_s for h in out.handoffs.values()],
+        },
+        schema={
+            "id": pl.Int64,
+            "_prefill_replica": pl.String,
+            "_prefill_end": pl.Float64,
+            "_transfer": pl.Float64,
+        },
+    )
+    admitted = pl.DataFrame(
+        {"id": list(out.admitted_at), "_start": list(out.admitted_at.values())},
+        schema={"id": pl.Int64, "_start": pl.Float64},
+    )
+    id_type = requests.collect_schema()["id"]
+    books, admitted = books.cast({"id": id_type}), admitted.cast({"id": id_type})
     nan = float("nan")
-    prefill_end = np.array([h.prefill_end if h else nan for h in hand])
-    transfer = np.array([h.transfer_s if h else nan for h in hand])
-    start = np.array([out.admitted_at.get(i, nan) for i in ids])
-    scheduled = requests["scheduled_at"].fill_null(nan).to_numpy()
-    first = requests["first_token_at"].fill_null(nan).to_numpy()
-    finished = requests["finished_at"].fill_null(nan).to_numpy()
+
+    def value(name: str) -> pl.Expr:
+        return pl.col(name).cast(pl.Float64).fill_null(nan)
+
     cols = {
-        "prefill_replica": pl.Series(
-            [names[h.prefill_replica] if h else None for h in hand], dtype=pl.String
-        ),
-        "prefill_s": prefill_end - scheduled,
-        "transfer_s": transfer,
-        "decode_wait_s": start - first,
-        "decode_s": finished - start,
+        "prefill_replica": pl.col("_prefill_replica"),
+        "prefill_s": value("_prefill_end") - value("scheduled_at"),
+        "transfer_s": value("_transfer"),
+        "decode_wait_s": value("_start") - value("first_token_at"),
+        "decode_s": value("finished_at") - value("_start"),
     }
-    return requests.with_columns(**{k: v for k, v in cols.items()}).with_columns(
-        pl.col(pl.Float64).fill_nan(None)
+    joined = requests.join(books.lazy(), on="id", how="left").join(admitted.lazy(), on="id", how="left")
+    return (
+        joined.sort("id")
+        .with_columns(**cols)
+        .drop("_prefill_replica", "_prefill_end", "_transfer", "_start")
+        .with_columns(pl.col(pl.Float64).fill_nan(None))
     )
 
 
 def fleet_summary(
-    scenario: Scenario, requests: pl.DataFrame, steps: pl.DataFrame, out: FleetOutput, groups: dict[str, Any]
+    scenario: Scenario, requests: Records, steps: Records, out: FleetOutput, groups: dict[str, Any]
 ) -> dict[str, Any]:
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     overloaded = fleet_overloaded(requests)
@@ -169,7 +207,7 @@ def fleet_summary(
         rname = m.spec.name
         r_req = requests.filter(pl.col("replica") == rname)
         r_steps = steps.filter(pl.col("replica") == rname)
-        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req) if r_req.height else False)
+        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req))
         per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}
     summary["cluster"] = {
         "router": name,
