@@ -17,7 +17,9 @@ The table gives, per run: requests per wall second, the ratio to the floor's req
 process on both sides), and the peak RSS. Below it, the checks of the fleet-scale targets: the `vllm` policy
 at least as fast as the floor at 100,000 requests, and peak RSS at 20,000 and at 1,000,000 requests within
 200 MB of each other. With a largest size under 1,000,000 the memory check also gives the linear extrapolation
-to 1,000,000, marked as such.
+to 1,000,000, marked as such. The `no steps` row (`benchmarks/fixed_cost.py`, whole process, on the `vllm`
+policy's stream) starts up, generates the requests and records each as finished without running any step:
+what every policy pays before scheduling, so the floor's time over it bounds any policy's `x floor`.
 
     .venv/bin/python benchmarks/bench_fleet.py                          # 20k, 100k, 200k: a few minutes
     .venv/bin/python benchmarks/bench_fleet.py --sizes 20000 100000 1000000   # the full check (long)
@@ -43,6 +45,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = ROOT / "benchmarks" / "floor.py"
+FIXED_COST = ROOT / "benchmarks" / "fixed_cost.py"
 MIB = 1024 * 1024
 SPEED_SIZE, MEMORY_SIZES, MEMORY_TARGET_MB = 100_000, (20_000, 1_000_000), 200.0
 
@@ -174,6 +177,14 @@ def time_floor(requests: int, load: float, seed: int, repeat: int, work: Path) -
                                                                 loop, math.nan, math.nan)  # fmt: skip
 
 
+def time_no_steps(requests: int, rate: float, seed: int, repeat: int, work: Path) -> Row:
+    """`fixed_cost.py` as a whole process: start-up, generating and recording the stream, no step."""
+    cmd = [sys.executable, str(FIXED_COST), "--requests", str(requests), "--rate", repr(rate)]
+    cmd += ["--seed", str(seed), "--json"]
+    runs = [measure(cmd, work / "fixed.log") for _ in range(repeat)]
+    return Row("no steps", requests, 0, *median_usage(runs), rate=rate)
+
+
 def table(rows: list[Row], floors: dict[int, Row], loops: dict[int, Row]) -> str:
     """One line per run; `x floor` against the floor process, `x loop` against the floor's loop alone."""
     head = f"{'run':<18} {'requests':>10} {'finished':>10} {'wall s':>8} {'cpu s':>8} {'req/s':>9} "
@@ -198,6 +209,10 @@ def checks(rows: list[Row], floors: dict[int, Row], policies: list[str]) -> list
         verdict = "met" if ratio >= 1.0 else "not met"
         out.append(f"speed: vllm at {SPEED_SIZE:,} requests runs {ratio:.2f} x the floor "
                    f"(target >= 1.00): {verdict}")  # fmt: skip
+    if ("no steps", SPEED_SIZE) in by:
+        bound = floors[SPEED_SIZE].wall_s / by["no steps", SPEED_SIZE].wall_s
+        out.append(f"bound: starting, generating and recording {SPEED_SIZE:,} requests with no step at all "
+                   f"runs {bound:.2f} x the floor: no policy's process can run faster")  # fmt: skip
     sizes = sorted({r.requests for r in rows})
     if len(sizes) < 2:
         return out
@@ -252,6 +267,8 @@ def main() -> None:
             floor, loop = time_floor(n, args.load, args.seed, args.repeat, work)
             floors[n], loops[n] = floor, loop
             rows += [floor, loop]
+            if "vllm" in rates:
+                rows.append(time_no_steps(n, rates["vllm"], args.seed, args.repeat, work))
             for policy in args.policies:
                 rows.append(time_policy(policy, n, rates[policy], args.seed, args.repeat, work))
                 r = rows[-1]
