@@ -215,18 +215,22 @@ def _run_fleet(
 ) -> RunResult:
     """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py). With `records`, each replica
     streams its records under it, and they are merged into its `requests.parquet` and `steps.parquet`."""
-    from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet
+    from sim.fleet.run import (
+        REPLICA_RECORDS,
+        fleet_frames,
+        fleet_summary,
+        simulate_fleet,
+        write_fleet_records,
+    )
 
     assert scenario.cluster is not None
     out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source, records)
     req_frame: Records
     step_frame: Records
-    req_frame, step_frame = fleet_frames(out, scenario.cluster.disaggregated)
     if records is None:
-        req_frame, step_frame = req_frame.collect(), step_frame.collect()
+        req_frame, step_frame = fleet_frames(out, scenario.cluster.disaggregated)
     else:
-        _write_records(req_frame, records / "requests.parquet")
-        _write_records(step_frame, records / "steps.parquet")
+        write_fleet_records(out, scenario.cluster.disaggregated, records)
         shutil.rmtree(records / REPLICA_RECORDS)
         req_frame, step_frame = (pl.scan_parquet(records / f) for f in ("requests.parquet", "steps.parquet"))
     if progress is not None:

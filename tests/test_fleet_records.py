@@ -21,8 +21,17 @@ DISAGGREGATED = [
 ]
 
 
+@pytest.mark.parametrize("chunk", [None, 7], ids=["one-chunk", "many-chunks"])
 @pytest.mark.parametrize("cluster", [COLOCATED, DISAGGREGATED], ids=["colocated", "disaggregated"])
-def test_streamed_fleet_records_equal_the_in_memory_ones(tmp_path: Path, cluster: list[str]) -> None:
+def test_streamed_fleet_records_equal_the_in_memory_ones(
+    tmp_path: Path, cluster: list[str], chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streamed: each replica's records in chunks, merged by id range; kept: one sort in memory. With
+    `chunk` rows, the replicas hand on chunks of a few rows and the merge takes many id ranges."""
+    if chunk is not None:
+        monkeypatch.setattr("sim.fleet.engine.MIN_CHUNK_ROWS", chunk)
+        monkeypatch.setattr("sim.fleet.engine.CHUNK_ROWS", chunk)
+        monkeypatch.setattr("sim.fleet.run.CHUNK_ROWS", chunk)
     sc = load_scenario(RAG, ["horizon.duration_s=20", *cluster])
     kept = run_policy(sc, "vllm", RAG.parent)
     streamed = run_to_folder(sc, "vllm", tmp_path, RAG.parent)

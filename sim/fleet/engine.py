@@ -25,17 +25,19 @@ import simpy
 from sim.engine import ClosedLoopSource, Environment, Horizon, Replica, StepTime
 from sim.fleet.links import Link
 from sim.fleet.registry import ReplicaReport, Router, Snapshot
-from sim.metrics import FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
+from sim.metrics import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
 from sim.record_sink import RecordSink
 from sim.request import Request
 from sim.schedulers.base import Scheduler, StepPlan
+
+MIN_CHUNK_ROWS = 4096  # the smallest chunk a replica hands its sink
 
 
 class FleetRecorder(Recorder):
     """A replica's recorder that also keeps its latest KV share for the router's reports."""
 
-    def __init__(self, sink: RecordSink | None = None) -> None:
-        super().__init__(sink)
+    def __init__(self, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS) -> None:
+        super().__init__(sink, chunk_rows)
         self.kv_fraction = 0.0
 
     def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
@@ -48,8 +50,13 @@ class PrefillRecorder(FleetRecorder):
     """A prefill replica's recorder: a finished prefill is not the request's end (the decode replica records
     it); a rejected or unfinished one is recorded here with its own lengths restored."""
 
-    def __init__(self, lengths: dict[int, tuple[int, int]], sink: RecordSink | None = None) -> None:
-        super().__init__(sink)
+    def __init__(
+        self,
+        lengths: dict[int, tuple[int, int]],
+        sink: RecordSink | None = None,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> None:
+        super().__init__(sink, chunk_rows)
         self.lengths = lengths
 
     def request(self, req: Request, state: str) -> None:
@@ -126,16 +133,22 @@ class Fleet:
         report_delay_s: float = 0.0,
         sink_for: Callable[[str], RecordSink] | None = None,
     ) -> None:
-        """`sink_for(replica name)`: where each replica's records go (default: kept in memory)."""
+        """`sink_for(replica name)`: where each replica's records go (default: kept in memory), in chunks
+        of `CHUNK_ROWS` rows shared out between the replicas (so the fleet buffers as many rows as one)."""
         self.env = env = Environment()
         self.horizon = horizon
         self.link = link
         self.report_delay_s = report_delay_s
         self.lengths: dict[int, tuple[int, int]] = {}  # prefilling request id -> (output_len, max_tokens)
         self.members: list[Member] = []
+        chunk = max(MIN_CHUNK_ROWS, CHUNK_ROWS // max(len(specs), 1))
         for i, spec in enumerate(specs):
             sink = sink_for(spec.name) if sink_for is not None else None
-            rec = PrefillRecorder(self.lengths, sink) if spec.role == "prefill" else FleetRecorder(sink)
+            rec = (
+                PrefillRecorder(self.lengths, sink, chunk)
+                if spec.role == "prefill"
+                else FleetRecorder(sink, chunk)
+            )
             replica = Replica(env, spec.scheduler, spec.step_time, rec)
             replica.max_waiting = horizon.max_waiting
             self.members.append(Member(i, spec, replica, rec))

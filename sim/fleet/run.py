@@ -25,7 +25,7 @@ from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, 
 from sim.fleet.links import get_link
 from sim.fleet.registry import Router
 from sim.fleet.registry import load_all as load_routers
-from sim.metrics import Records, Slo, summarize
+from sim.metrics import CHUNK_ROWS, Records, Slo, summarize
 from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
@@ -132,19 +132,50 @@ def _replica_sink(folder: Path, name: str) -> ParquetSink:
     return ParquetSink(folder / name)
 
 
-def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """The fleet's request and step records, each with a `replica` column: requests by id, steps replica by
-    replica, each in time order. Lazy over the replicas' records (files when they were streamed)."""
+def _replica_frames(out: FleetOutput) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """The replicas' request and step records, one after the other, each with a `replica` column."""
     req_frames, step_frames = [], []
     for m in out.members:
         name = pl.lit(m.spec.name, dtype=pl.String).alias("replica")
         req_frames.append(m.recorder.requests_lazy().with_columns(name))
         step_frames.append(m.recorder.steps_lazy().with_columns(name))
-    requests = pl.concat(req_frames, how="vertical").sort("id")
-    steps = pl.concat(step_frames, how="vertical")
+    return pl.concat(req_frames, parallel=False), pl.concat(step_frames, parallel=False)
+
+
+def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The fleet's request and step records, each with a `replica` column: requests by id, steps replica by
+    replica, each in time order (records kept in memory)."""
+    requests, steps = _replica_frames(out)
+    requests = requests.sort("id")
     if disaggregated:
         requests = _with_handoffs(requests, out)
-    return requests, steps
+    return requests.collect(), steps.collect()
+
+
+def write_fleet_records(out: FleetOutput, disaggregated: bool, folder: Path) -> None:
+    """`fleet_frames` written to `folder/requests.parquet` and `folder/steps.parquet` from the replicas'
+    streamed records, holding about `CHUNK_ROWS` requests at a time: each replica's requests are in id order,
+    so the fleet's are merged one id range at a time, and the steps are copied replica by replica."""
+    requests, steps = _replica_frames(out)
+    steps.sink_parquet(folder / "steps.parquet", statistics=False)
+    bounds = requests.select(lo=pl.col("id").min(), hi=pl.col("id").max(), n=pl.len()).collect().row(0)
+    lo, hi, count = bounds
+    sink = ParquetSink(folder)
+    if count == 0:
+        sink.write("requests", _finish_requests(requests.head(0), out, disaggregated))
+    else:
+        parts = -(-count // CHUNK_ROWS)
+        edges = np.linspace(lo, hi + 1, parts + 1).round().astype(np.int64)
+        for a, b in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+            if b > a:
+                in_range = requests.filter((pl.col("id") >= a) & (pl.col("id") < b))
+                sink.write("requests", _finish_requests(in_range, out, disaggregated))
+    sink.finish("requests")
+
+
+def _finish_requests(requests: pl.LazyFrame, out: FleetOutput, disaggregated: bool) -> pl.DataFrame:
+    requests = requests.sort("id")
+    return (_with_handoffs(requests, out) if disaggregated else requests).collect()
 
 
 def _with_handoffs(requests: pl.LazyFrame, out: FleetOutput) -> pl.LazyFrame:
