@@ -80,6 +80,9 @@ def run_manifest(
         seed_record: Any = {"entropy": str(seed.entropy), "spawn_key": list(seed.spawn_key)}
     else:
         seed_record = scenario.seed if seed is None else seed
+    policy_config = config.model_dump(mode="json")
+    if getattr(config, "speculative", None) is not None:  # kept out of dumps without it (sim/speculative.py)
+        policy_config["speculative"] = config.speculative.model_dump(mode="json")  # type: ignore[attr-defined]
     return {
         "format": MANIFEST_FORMAT,
         "servesim": __version__,
@@ -87,7 +90,7 @@ def run_manifest(
         "scenario_hash": scenario_hash(scenario),
         "policy": policy,
         "scheduler": kind,
-        "policy_config": config.model_dump(mode="json"),
+        "policy_config": policy_config,
         "seed": seed_record,
         "compared": compared_scenario(scenario),
         "as_run": scenario.raw,

@@ -53,6 +53,9 @@ class SpeculativeConfig(BaseModel):
     method: Literal["draft", "ngram", "eagle", "mtp"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS, description="Draft tokens k per step.")
     draft_model: str | None = Field(None, description="Catalogue name of the draft model (method = draft).")
+    draft_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="GPUs the draft model is sharded over (default: the target's tp)."
+    )
     head_layers: int | None = Field(
         None, ge=1, le=8, description="Decoder layers of the drafting head (method = eagle or mtp)."
     )
@@ -79,8 +82,10 @@ class SpeculativeConfig(BaseModel):
                 load_model(self.draft_model)
             except SimError as err:
                 raise ValueError(f"draft_model: {err}") from None
-        elif self.draft_model is not None:
-            raise ValueError(f"draft_model: only with method = 'draft' (method is {m!r})")
+        else:
+            for key in ("draft_model", "draft_tensor_parallel_size"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: only with method = 'draft' (method is {m!r})")
         if m in ("eagle", "mtp"):
             if self.head_layers is None:
                 raise ValueError(f"head_layers: required when method = {m!r} (decoder layers of the head)")
@@ -221,7 +226,9 @@ def head_spec(target: ModelSpec, layers: int) -> ModelSpec:
 
 @dataclass(slots=True)
 class Drafter:
-    """The proposer's cost model (None for n-gram) and the memory it takes per GPU."""
+    """The proposer's cost model (None for n-gram) and the memory it takes on the GPU holding most of it (a
+    draft sharded over fewer GPUs than the target sits whole on the first ones, which then bind the KV
+    blocks every GPU gets)."""
 
     method: str
     k: int
@@ -241,10 +248,11 @@ def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
     if config.method == "draft":
         assert config.draft_model is not None
         spec = load_model(config.draft_model)
+        tp = config.draft_tensor_parallel_size or tp
         if spec.num_heads % tp:
             raise SimError(
-                f"speculative.draft_model: {spec.name} has {spec.num_heads} attention heads, not divisible "
-                f"by the tensor parallel degree {tp}"
+                f"speculative.draft_tensor_parallel_size: {spec.name} has {spec.num_heads} attention heads, "
+                f"not divisible by {tp}; set draft_tensor_parallel_size (1 runs the draft on one GPU)"
             )
         cost = CostModel(spec, target.gpu, tp, None, kv_dtype, target.cal)
         weights = int(spec.weight_bytes() / tp)
