@@ -383,3 +383,46 @@ def test_trace_acceptance_needs_a_trace_arrival() -> None:
     sc = scenario({"method": "ngram", "num_speculative_tokens": 2, "acceptance": "trace"})
     with pytest.raises(SimError, match="arrival kind = 'trace'"):
         run_policy(sc, "spec", ROOT)
+
+
+# --- report ---------------------------------------------------------------------------------------------
+
+
+def _point(policy: str, rate: float, e2e: float, tpot: float) -> dict[str, Any]:
+    from sim.sweep import POINT_SCHEMA
+
+    row: dict[str, Any] = {name: None for name in POINT_SCHEMA}
+    row.update(point_key=f"{policy}-{rate}", policy=policy, scheduler="vllm", rate=rate, replication=0,
+               seed_entropy="1", spawn_key=[0], params="{}", e2e_p50=e2e, tpot_p50=tpot)  # fmt: skip
+    return row
+
+
+def test_report_speedup_is_the_plain_policys_latency_over_the_speculating_ones() -> None:
+    from sim.report.speculative import latency_ratios
+    from sim.sweep import POINT_SCHEMA
+
+    rows = [_point("vllm", 1.0, 3.0, 0.02), _point("spec", 1.0, 2.0, 0.01),
+            _point("vllm", 8.0, 3.0, 0.02), _point("spec", 8.0, 6.0, 0.05)]  # fmt: skip
+    ratios = latency_ratios(pl.DataFrame(rows, schema=POINT_SCHEMA), ["spec"], "vllm")
+    got = {(r["latency"], r["rate"]): r["ratio"] for r in ratios.iter_rows(named=True)}
+    assert got == pytest.approx(
+        {("E2E", 1.0): 1.5, ("E2E", 8.0): 0.5, ("TPOT", 1.0): 2.0, ("TPOT", 8.0): 0.4}
+    )
+
+
+def test_report_has_the_speculative_sections_only_when_a_policy_speculates(tmp_path: Path) -> None:
+    from sim.report import build_report
+    from sim.run import write_result
+
+    sc = scenario({"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.6})
+    report_dir = tmp_path / "reports" / "spec-test"
+    for policy in sc.policies:
+        write_result(run_policy(sc, policy, ROOT), report_dir)
+    build_report(report_dir, png=False)
+    html = (report_dir / "index.html").read_text()
+    assert "Speculative decoding: tokens per verification step" in html
+    assert "Speculative decoding: speed-up against arrival rate" in html  # with the sweep's hint
+    plain = tmp_path / "reports" / "plain"
+    write_result(run_policy(scenario(None), "vllm", ROOT), plain)
+    build_report(plain, png=False)
+    assert "Speculative decoding" not in (plain / "index.html").read_text()
