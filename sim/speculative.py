@@ -252,7 +252,8 @@ def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
         if spec.num_heads % tp:
             raise SimError(
                 f"speculative.draft_tensor_parallel_size: {spec.name} has {spec.num_heads} attention heads, "
-                f"not divisible by {tp}; set draft_tensor_parallel_size (1 runs the draft on one GPU)"
+                f"not divisible by {tp}; set draft_tensor_parallel_size (sim capacity: --draft-tp; 1 runs "
+                "the draft on one GPU)"
             )
         cost = CostModel(spec, target.gpu, tp, None, kv_dtype, target.cal)
         weights = int(spec.weight_bytes() / tp)
@@ -465,3 +466,80 @@ def speculative_setup(
     run = SpecRun(config, drafter, Acceptance(config, run_seed(seed), rates))
     run.budget = KvBudget(blocks, budget.block_size, budget.max_model_len)
     return run
+
+
+# ----------------------------------------------------------------------------- `sim capacity --draft-model`
+
+
+def draft_capacity(
+    model: str,
+    gpu: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    draft_model: str,
+    draft_tp: int | None,
+    typical_len: int,
+) -> dict[str, Any]:
+    """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
+    from sim.hardware import get_gpu
+
+    g = get_gpu(gpu)
+    target = load_model(model)
+    mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
+    cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
+    cfg = SpeculativeConfig(
+        method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
+        num_speculative_tokens=1, acceptance_rate=0.5,
+    )  # fmt: skip
+    drafter = build_drafter(cfg, cost)
+    blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
+    per_seq = math.ceil(typical_len / mem.block_size)
+    return {
+        "model": target.name,
+        "draft_model": drafter.name,
+        "gpu": g.name,
+        "tp": tp,
+        "draft_tp": draft_tp or tp,
+        "kv_bytes_available": mem.kv_bytes_available,
+        "draft_weight_bytes": drafter.weight_bytes,
+        "kv_bytes_per_token": mem.kv_bytes_per_token,
+        "draft_kv_bytes_per_token": drafter.kv_bytes_per_token,
+        "block_size": mem.block_size,
+        "kv_blocks": mem.num_blocks,
+        "kv_blocks_with_draft": blocks,
+        "typical_len": typical_len,
+        "max_seqs_at_typical_len": mem.num_blocks // per_seq,
+        "max_seqs_at_typical_len_with_draft": blocks // per_seq,
+    }
+
+
+def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
+    """`sim capacity MODEL --draft-model DRAFT`: the KV blocks the draft's weights and KV take."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
+        print(json.dumps(figures))
+        return
+    f, gb = figures, 1e9
+    t = Table(title=f"{f['model']} on {f['gpu']} x{f['tp']} with draft {f['draft_model']} (x{f['draft_tp']})")
+    t.add_column("quantity")
+    t.add_column("without draft", justify="right")
+    t.add_column("with draft", justify="right")
+    t.add_column("arithmetic")
+    t.add_row("draft weights / GPU", "0", f"{f['draft_weight_bytes'] / gb:,.2f} GB", "on the draft's GPUs")
+    per, dper = f["kv_bytes_per_token"], f["draft_kv_bytes_per_token"]
+    t.add_row("KV bytes / token", f"{per:,} B", f"{per + dper:,} B", f"target {per:,} + draft {dper:,}")
+    t.add_row(
+        "KV blocks", f"{f['kv_blocks']:,}", f"{f['kv_blocks_with_draft']:,}",
+        f"({f['kv_bytes_available'] / gb:,.2f} GB - draft weights) / ({f['block_size']} x KV bytes / token)",
+    )  # fmt: skip
+    t.add_row(
+        f"max seqs @ {f['typical_len']:,} tokens", f"{f['max_seqs_at_typical_len']:,}",
+        f"{f['max_seqs_at_typical_len_with_draft']:,}", "blocks / blocks per sequence",
+    )  # fmt: skip
+    Console(width=140).print(t)
