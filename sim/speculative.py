@@ -443,8 +443,6 @@ def speculative_setup(
     config = getattr(policy_config, "speculative", None)
     if config is None:
         return None
-    if scenario.cluster is not None:
-        raise SimError(f"{source}: speculative: not modelled with [cluster] (one replica only)")
     try:
         drafter = build_drafter(config, target)
     except SimError as err:

@@ -426,3 +426,14 @@ def test_report_has_the_speculative_sections_only_when_a_policy_speculates(tmp_p
     write_result(run_policy(scenario(None), "vllm", ROOT), plain)
     build_report(plain, png=False)
     assert "Speculative decoding" not in (plain / "index.html").read_text()
+
+
+def test_speculation_with_a_cluster_is_refused_at_validation() -> None:
+    data = copy.deepcopy(BASE)
+    data["policies"]["spec"] = {
+        "scheduler": "vllm",
+        "speculative": {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5},
+    }
+    data["cluster"] = {"router": "round_robin", "groups": [{"count": 2}]}
+    with pytest.raises(SimError, match=r"^test: policies\.spec\.speculative: not modelled with \[cluster\]$"):
+        validate_scenario(data, "test")
