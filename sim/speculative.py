@@ -137,7 +137,6 @@ class Acceptance:
 
     def __init__(self, config: SpeculativeConfig, seed: int, per_request: np.ndarray | None = None) -> None:
         self.config = config
-        self.k = config.num_speculative_tokens
         self.seed = seed
         self._per_request = per_request
         self._alpha: dict[int, float] = {}
@@ -168,9 +167,6 @@ class Acceptance:
         """The uniform draws of one sequence's verification steps."""
         state = np.random.SeedSequence([self.seed, 2, request_id, child]).generate_state(2, np.uint64)
         return random.Random(int(state[0]) << 64 | int(state[1]))
-
-    def forget(self, request_id: int) -> None:
-        self._alpha.pop(request_id, None)
 
 
 def run_seed(seed: int | np.random.SeedSequence) -> int:

@@ -187,21 +187,29 @@ def test_rejected_tokens_slots_are_freed_after_each_step() -> None:
 
 
 def test_a_step_never_exceeds_the_token_budget_counting_spec_tokens() -> None:
-    budget, k = 40, 8
+    budget, k = 37, 8  # four rows of 1 + 8 leave one token: the fifth decodes without drafts
     sched = _spec_scheduler(blocks=2000, budget=budget, k=k, alpha=0.7)
     reqs = [Request(i, 0.0, 20, 200, 200) for i in range(12)]
     totals: list[int] = []
     trimmed = []
+    verifying: list[int] = []  # tokens of the decoding rows (context past the 20-token prompt) with drafts
+    plain: list[int] = []  # decoding rows cut to one token
 
     def check(plan: Any) -> None:
-        c = np.asarray(plan.new_tokens)
+        c, q = np.asarray(plan.new_tokens), np.asarray(plan.context)
         totals.append(int(c.sum()))
         trimmed.extend(int(x) for x in c if 1 < x < k + 1)
+        verifying.extend(int(x) for x, ctx in zip(c, q, strict=True) if ctx >= 20 and x > 1)
+        plain.extend(int(x) for x, ctx in zip(c, q, strict=True) if ctx >= 20 and x == 1)
 
     _drive(sched, reqs, check)
     assert max(totals) <= budget
     assert totals.count(budget) > 10  # the budget binds ...
     assert trimmed  # ... and cuts some rows' drafts short
+    # a decoding row cut to one token verifies nothing: only rows with drafts count as verification steps
+    assert plain
+    assert sum(sched.counts.steps.values()) == len(verifying)
+    assert sum(sched.counts.drafted.values()) == sum(x - 1 for x in verifying)
 
 
 def test_spec_tokens_stop_at_max_model_len() -> None:

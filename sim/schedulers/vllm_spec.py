@@ -67,7 +67,7 @@ class SpeculativeScheduler(VllmScheduler):
             self._sync(seq)
             if computed + n >= length:
                 info.emit.append(seq)
-            if decoding:
+            if decoding:  # its drafts (none when a cap left it one token: a plain decode)
                 self._drafts[seq.sid] = n - 1
                 info.decode += n
             budget -= n
@@ -102,15 +102,14 @@ class SpeculativeScheduler(VllmScheduler):
             req = seq.req
             count = 1
             k = drafts.get(seq.sid)
-            if k is not None:
-                alpha = self.acceptance.alpha(req.id)
-                rng = self._stream(seq)
-                a = accepted_drafts(rng.random(), alpha, k)
+            if k:  # a verification: draw the accepted drafts, give back the rejected ones' slots
+                a = accepted_drafts(self._stream(seq).random(), self.acceptance.alpha(req.id), k)
                 self.counts.add(req.id, k, a)
                 seq.num_computed -= k - a
                 self._sync(seq)
                 kv.trim(seq, seq.num_computed)
                 count = min(a + 1, seq.out_len - seq.num_generated)
+            if k is not None:
                 emitted_by_decodes += count
             for _ in range(count):
                 seq.num_generated += 1
