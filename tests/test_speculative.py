@@ -445,3 +445,33 @@ def test_speculation_with_a_cluster_is_refused_at_validation() -> None:
     data["cluster"] = {"router": "round_robin", "groups": [{"count": 2}]}
     with pytest.raises(SimError, match=r"^test: policies\.spec\.speculative: not modelled with \[cluster\]$"):
         validate_scenario(data, "test")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_preemptions_under_speculation_keep_the_kv_accounting(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sched = _spec_scheduler(
+        blocks=60, budget=96, k=int(rng.integers(1, 9)), alpha=float(rng.uniform(0.2, 0.95))
+    )
+    reqs = [
+        Request(i, 0.0, int(rng.integers(5, 200)), 400, int(rng.integers(20, 300)), n=int(rng.integers(1, 3)))
+        for i in range(16)
+    ]
+    usable = 60 - 1
+
+    def check(plan: Any) -> None:
+        assert int(np.asarray(plan.new_tokens).sum()) <= 96
+
+    def after(s: SpeculativeScheduler) -> None:
+        held = sum(len(q.kv_blocks or ()) for q in s.running)
+        assert s.kv.num_free == usable - held  # no block lost or held twice (no prefix caching: no sharing)
+        for q in s.running:
+            assert len(q.kv_blocks or ()) == math.ceil(q.num_computed / 16)
+        for q in s.waiting:
+            assert q.kv_blocks is None
+
+    check.after = after  # type: ignore[attr-defined]
+    _drive(sched, reqs, check)
+    assert all(r.num_generated == r.output_len for r in reqs)
+    assert sum(r.preemptions for r in reqs) > 0
+    assert sched.kv.num_free == usable
