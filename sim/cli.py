@@ -253,12 +253,22 @@ def capacity(
     ),
     compare: bool = typer.Option(False, "--compare", help="Several models side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    draft_model: str | None = typer.Option(None, "--draft-model", help="Speculative draft model beside it."),
+    draft_tp: int | None = typer.Option(None, "--draft-tp", min=1, max=64, help="Draft's TP (default --tp)."),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
+    if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/speculative.py)
+        from sim.speculative import draft_capacity, print_draft_capacity
+
+        if len(models) > 1:
+            raise SimError("--draft-model takes one model")
+        args = (models[0], gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, draft_model, draft_tp)
+        print_draft_capacity(draft_capacity(*args, typical_len), as_json)
+        return
     capacity_report(
         models,
         gpu,

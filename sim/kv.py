@@ -331,6 +331,23 @@ class KvManager:
         seq.kv_room = -1
         self.pool.release(reversed(blocks))
 
+    def trim(self, seq: Tokens, num_tokens: int) -> None:
+        """Keep only the slots of the first `num_tokens` tokens of `seq`: the blocks past them go back to the
+        pool, tail first (rejected speculative tokens; those blocks were never cached)."""
+        blocks = seq.kv_blocks
+        if blocks is None:
+            return
+        bs = self.block_size
+        keep = cdiv(num_tokens, bs)
+        old_waste = len(blocks) * bs - seq.kv_slots
+        if keep < len(blocks):
+            extra = blocks[keep:]
+            del blocks[keep:]
+            self.pool.release(reversed(extra))
+        seq.kv_slots = num_tokens
+        self.waste += len(blocks) * bs - num_tokens - old_waste
+        self._set_room(seq, blocks)
+
     def _set_room(self, seq: Tokens, blocks: list[Block]) -> None:
         bs = self.block_size
         room = len(blocks) * bs

@@ -27,6 +27,7 @@ from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import KvBudget, load_all
+from sim.speculative import speculative_setup
 from sim.workload import Workload
 
 RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
@@ -80,6 +81,9 @@ def run_manifest(
         seed_record: Any = {"entropy": str(seed.entropy), "spawn_key": list(seed.spawn_key)}
     else:
         seed_record = scenario.seed if seed is None else seed
+    policy_config = config.model_dump(mode="json")
+    if getattr(config, "speculative", None) is not None:  # kept out of dumps without it (sim/speculative.py)
+        policy_config["speculative"] = config.speculative.model_dump(mode="json")  # type: ignore[attr-defined]
     return {
         "format": MANIFEST_FORMAT,
         "servesim": __version__,
@@ -87,7 +91,7 @@ def run_manifest(
         "scenario_hash": scenario_hash(scenario),
         "policy": policy,
         "scheduler": kind,
-        "policy_config": config.model_dump(mode="json"),
+        "policy_config": policy_config,
         "seed": seed_record,
         "compared": compared_scenario(scenario),
         "as_run": scenario.raw,
@@ -175,7 +179,12 @@ def run_policy(
     if scenario.cluster is not None:
         return _run_fleet(scenario, policy, base_dir, seed, source, progress, records)
     cost, budget, info = build_cost_and_memory(scenario, source)
+    run_seed = scenario.seed if seed is None else seed
+    spec = speculative_setup(scenario, config, cost, budget, run_seed, base_dir, source)
+    if spec is not None and spec.budget is not None:
+        budget, info = spec.budget, {**info, **spec.replica_info()}
     scheduler = load_all()[kind].build(config, budget)
+    step_time = cost.step_time if spec is None else spec.step_time(cost, scheduler)
     recorder = Recorder(ParquetSink(records)) if records is not None else Recorder()
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon
@@ -184,12 +193,12 @@ def run_policy(
         cl = workload.closed_loop
         new_request = cl.new_request if progress is None else _counting(cl.new_request, progress)
         loop = ClosedLoopSource(cl.users, cl.think_time, new_request, cl.ramp_s)
-        out = simulate(scheduler, cost.step_time, horizon, closed_loop=loop, recorder=recorder)
+        out = simulate(scheduler, step_time, horizon, closed_loop=loop, recorder=recorder)
     else:
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-        out = simulate(scheduler, cost.step_time, horizon, open_loop=requests, recorder=recorder)
+        out = simulate(scheduler, step_time, horizon, open_loop=requests, recorder=recorder)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
     if records is None:
@@ -197,9 +206,16 @@ def run_policy(
         step_frame: pl.DataFrame | pl.LazyFrame = out.recorder.steps_frame()
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
+    if spec is not None:  # per-request speculation columns, written into the streamed file too
+        req_frame = spec.requests(req_frame if isinstance(req_frame, pl.DataFrame) else req_frame.collect())
+        if records is not None:
+            _write_records(req_frame, records / "requests.parquet")
+            req_frame = pl.scan_parquet(records / "requests.parquet")
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
+    if spec is not None:
+        summary["speculative"] = spec.summary()
     manifest = run_manifest(scenario, policy, seed)
     return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
 

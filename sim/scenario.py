@@ -215,6 +215,9 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
     if scenario.cluster is not None:
         scenario._router_config = check_cluster(scenario.cluster, scenario.policies, source)
+        for name, config in configs.items():  # speculative decoding is modelled on one replica only
+            if getattr(config, "speculative", None) is not None:
+                raise SimError(f"{source}: policies.{name}.speculative: not modelled with [cluster]")
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario

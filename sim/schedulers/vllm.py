@@ -40,6 +40,7 @@ from sim.kv import Block, KvManager, cdiv
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan, StepTotals
 from sim.schedulers.registry import KvBudget, register
+from sim.speculative import SpeculativeConfig
 
 
 class VllmConfig(BaseModel):
@@ -56,6 +57,8 @@ class VllmConfig(BaseModel):
     watermark: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
     )
+    # --- speculative decoding (sim/speculative.py); left out of dumps so records without it are unchanged ---
+    speculative: SpeculativeConfig | None = Field(None, exclude=True)
 
 
 class SarathiConfig(VllmConfig):
@@ -652,6 +655,10 @@ GAPS_KEPT = 4096  # steps between two drops of the step gaps no sequence in bulk
 
 
 def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
+    if config.speculative is not None:  # speculative decoding: its own rows, no bulk decoding
+        from sim.schedulers.vllm_spec import build_speculative
+
+        return build_speculative(config, budget)
     return VllmScheduler(config, budget, fast=True)
 
 

@@ -1,0 +1,539 @@
+"""Speculative decoding: the `speculative` table of the vllm policy, acceptance draws, the draft's cost and
+memory, and the run's figures.
+
+A decoding sequence carries k draft tokens (`num_speculative_tokens`); the target verifies them in one step
+that computes 1 + k tokens for it. Draft token i is accepted with probability alpha independently of the
+others, and verification stops at the first rejection, so the accepted count a in {0..k} has
+P(a >= i) = alpha^i; the step emits a + 1 tokens (the accepted drafts and the target's own token at the first
+rejected position). Its mean is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1).
+
+Who proposes the drafts sets their cost, added to the target's verification step:
+
+- `draft`: a smaller model of the catalogue on the same GPUs and tensor parallelism: one pass over the step's
+  rows (the new prompt tokens and the verified tokens, which the draft must cache too), then k - 1 passes of
+  one token for every row that samples a token, as vLLM v1's proposers run;
+- `eagle` / `mtp`: the same passes through a head of `head_layers` decoder layers of the target's own shape
+  (with the target's LM head);
+- `ngram`: prompt lookup on the host, `ngram_s_per_row` seconds per sampling row and step, no GPU work.
+
+The scheduling side (spec tokens in the token budget, KV slots of rejected tokens freed) is in
+sim/schedulers/vllm_spec.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory
+from sim.cost import CostModel
+from sim.errors import SimError
+from sim.model import ModelSpec, load_model
+from sim.schedulers.registry import KvBudget
+
+MAX_SPEC_TOKENS = 16
+# Host time of an n-gram lookup per sampling sequence and step: vLLM's proposer matches the last n tokens
+# against the context on the CPU (numba); a few microseconds per sequence. An assumption, not a measurement.
+NGRAM_S_PER_ROW = 5e-6
+
+
+class SpeculativeConfig(BaseModel):
+    """The `speculative` table of a `vllm` / `sarathi` policy."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    method: Literal["draft", "ngram", "eagle", "mtp"]
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS, description="Draft tokens k per step.")
+    draft_model: str | None = Field(None, description="Catalogue name of the draft model (method = draft).")
+    draft_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="GPUs the draft model is sharded over (default: the target's tp)."
+    )
+    head_layers: int | None = Field(
+        None, ge=1, le=8, description="Decoder layers of the drafting head (method = eagle or mtp)."
+    )
+    acceptance: Literal["fixed", "beta", "trace"] = Field(
+        "fixed", description="fixed alpha, alpha ~ Beta per request, or the trace's acceptance_rate column."
+    )
+    acceptance_rate: float | None = Field(
+        None, ge=0.0, le=1.0, description="alpha (fixed), or the mean of the Beta distribution."
+    )
+    acceptance_concentration: float | None = Field(
+        None, gt=0.0, le=1e6, description="Beta concentration a + b (acceptance = beta)."
+    )
+    ngram_s_per_row: float = Field(
+        NGRAM_S_PER_ROW, ge=0.0, le=1e-2, description="Host seconds of an n-gram lookup per sequence."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeConfig:
+        m = self.method
+        if m == "draft":
+            if self.draft_model is None:
+                raise ValueError("draft_model: required when method = 'draft' (a catalogue model name)")
+            try:
+                load_model(self.draft_model)
+            except SimError as err:
+                raise ValueError(f"draft_model: {err}") from None
+        else:
+            for key in ("draft_model", "draft_tensor_parallel_size"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: only with method = 'draft' (method is {m!r})")
+        if m in ("eagle", "mtp"):
+            if self.head_layers is None:
+                raise ValueError(f"head_layers: required when method = {m!r} (decoder layers of the head)")
+        elif self.head_layers is not None:
+            raise ValueError(f"head_layers: only with method = 'eagle' or 'mtp' (method is {m!r})")
+        if self.acceptance in ("fixed", "beta") and self.acceptance_rate is None:
+            raise ValueError(f"acceptance_rate: required when acceptance = {self.acceptance!r}")
+        if self.acceptance == "beta":
+            if self.acceptance_concentration is None:
+                raise ValueError("acceptance_concentration: required when acceptance = 'beta'")
+            assert self.acceptance_rate is not None
+            if not 0.0 < self.acceptance_rate < 1.0:
+                raise ValueError("acceptance_rate: the Beta mean must lie strictly between 0 and 1")
+        elif self.acceptance_concentration is not None:
+            raise ValueError("acceptance_concentration: only with acceptance = 'beta'")
+        if self.acceptance == "trace" and self.acceptance_rate is not None:
+            raise ValueError("acceptance_rate: not used with acceptance = 'trace' (the trace gives it)")
+        return self
+
+
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens emitted by one verification of k drafts at per-token acceptance alpha."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def accepted_drafts(u: float, alpha: float, k: int) -> int:
+    """Drafts accepted out of k for a uniform draw u in [0, 1): the largest a <= k with u < alpha^a, so that
+    P(a >= i) = alpha^i (independent acceptances, stopping at the first rejection)."""
+    if alpha <= 0.0:
+        return 0
+    if alpha >= 1.0 or u <= 0.0:
+        return k
+    a = int(math.log(u) / math.log(alpha))
+    while a > 0 and u >= alpha**a:  # guard the floating-point edge of the division
+        a -= 1
+    while a < k and u < alpha ** (a + 1):
+        a += 1
+    return min(a, k)
+
+
+# ----------------------------------------------------------------------------- acceptance per request
+
+
+class Acceptance:
+    """Per-request acceptance rate and per-sequence random streams, all derived from one run seed: the same
+    scenario and seed give the same draws whatever else runs."""
+
+    def __init__(self, config: SpeculativeConfig, seed: int, per_request: np.ndarray | None = None) -> None:
+        self.config = config
+        self.seed = seed
+        self._per_request = per_request
+        self._alpha: dict[int, float] = {}
+
+    def alpha(self, request_id: int) -> float:
+        """The acceptance rate of a request (drawn once)."""
+        got = self._alpha.get(request_id)
+        if got is not None:
+            return got
+        c = self.config
+        if c.acceptance == "fixed":
+            assert c.acceptance_rate is not None
+            value = c.acceptance_rate
+        elif c.acceptance == "beta":
+            assert c.acceptance_rate is not None and c.acceptance_concentration is not None
+            mean, kappa = c.acceptance_rate, c.acceptance_concentration
+            rng = np.random.default_rng([self.seed, 1, request_id])
+            value = float(rng.beta(mean * kappa, (1.0 - mean) * kappa))
+        else:
+            rates = self._per_request
+            if rates is None or request_id >= rates.size:
+                raise SimError(f"request {request_id}: no acceptance_rate in the trace")
+            value = float(rates[request_id])
+        self._alpha[request_id] = value
+        return value
+
+    def stream(self, request_id: int, child: int) -> random.Random:
+        """The uniform draws of one sequence's verification steps."""
+        state = np.random.SeedSequence([self.seed, 2, request_id, child]).generate_state(2, np.uint64)
+        return random.Random(int(state[0]) << 64 | int(state[1]))
+
+
+def run_seed(seed: int | np.random.SeedSequence) -> int:
+    """One integer for the acceptance streams, from a run's seed (an int, or a sweep point's SeedSequence)."""
+    if isinstance(seed, np.random.SeedSequence):
+        seq = np.random.SeedSequence(seed.entropy, spawn_key=seed.spawn_key, pool_size=seed.pool_size)
+    else:
+        seq = np.random.SeedSequence(seed)
+    return int(seq.generate_state(1, np.uint64)[0])
+
+
+def trace_acceptance(arrival: Any, base_dir: Path, source: str) -> np.ndarray:
+    """The trace's `acceptance_rate` column in request order (arrival order, ties in file order)."""
+    from sim.tables import read_table
+    from sim.workload import TRACE_COLUMNS, TraceArrival, resolve
+
+    if not isinstance(arrival, TraceArrival):
+        raise SimError(f"{source}: speculative.acceptance = 'trace' needs workload.arrival kind = 'trace'")
+    path = resolve(arrival.path, base_dir)
+    table = read_table(path, arrival.format)
+    if "acceptance_rate" not in table.columns:
+        raise SimError(f"{path}: no 'acceptance_rate' column (speculative.acceptance = 'trace')")
+    rates = table.numbers("acceptance_rate")
+    bad = ~((rates >= 0.0) & (rates <= 1.0))
+    if bad.any():
+        line = int(table.lines[int(np.argmax(bad))])
+        raise SimError(f"{path}: line {line}: column 'acceptance_rate': expected a number in [0, 1]")
+    name = next(n for n in TRACE_COLUMNS["arrival"] if n in table.columns)
+    order = np.argsort(table.numbers(name), kind="stable")
+    return rates[order]
+
+
+# ----------------------------------------------------------------------------- the draft's cost and memory
+
+
+def head_spec(target: ModelSpec, layers: int) -> ModelSpec:
+    """A drafting head: `layers` decoder layers of the target's shape, its LM head (shared weights), no
+    embedding of its own."""
+    f = layers / target.num_layers
+    moe = round(target.num_moe_layers * f)
+    return replace(
+        target,
+        name=f"{target.name} head ({layers} layers)",
+        num_layers=layers,
+        num_sliding_layers=min(layers, round(target.num_sliding_layers * f)),
+        num_moe_layers=moe,
+        attention_params=round(target.attention_params * f),
+        dense_params=round(target.dense_params * f),
+        routed_expert_params=moe * target.num_experts * target.expert_params,
+        norm_params=round(target.norm_params * f),
+    )
+
+
+@dataclass(slots=True)
+class Drafter:
+    """The proposer's cost model (None for n-gram) and the memory it takes on the GPU holding most of it (a
+    draft sharded over fewer GPUs than the target sits whole on the first ones, which then bind the KV
+    blocks every GPU gets)."""
+
+    method: str
+    k: int
+    cost: CostModel | None
+    weight_bytes: int  # per GPU, beside the target's
+    kv_bytes_per_token: int  # per GPU, beside the target's
+    host_s_per_row: float
+    name: str
+
+
+def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
+    """The proposer of a `speculative` table, on the target's GPU type and tensor parallelism."""
+    k, tp = config.num_speculative_tokens, target.tp
+    if config.method == "ngram":
+        return Drafter("ngram", k, None, 0, 0, config.ngram_s_per_row, "n-gram")
+    kv_dtype = target.kv_dtype
+    if config.method == "draft":
+        assert config.draft_model is not None
+        spec = load_model(config.draft_model)
+        tp = config.draft_tensor_parallel_size or tp
+        if spec.num_heads % tp:
+            raise SimError(
+                f"speculative.draft_tensor_parallel_size: {spec.name} has {spec.num_heads} attention heads, "
+                f"not divisible by {tp}; set draft_tensor_parallel_size (sim capacity: --draft-tp; 1 runs "
+                "the draft on one GPU)"
+            )
+        cost = CostModel(spec, target.gpu, tp, None, kv_dtype, target.cal)
+        weights = int(spec.weight_bytes() / tp)
+        name = spec.name
+    else:
+        assert config.head_layers is not None
+        spec = head_spec(target.model, config.head_layers)
+        cost = CostModel(spec, target.gpu, tp, target.weight_dtype, kv_dtype, target.cal)
+        groups = ("attention", "dense", "experts", "norm")
+        wd = target.weight_dtype
+        weights = int(sum(spec.group_params(g) * spec.param_bytes(g, wd) for g in groups) / tp)
+        name = f"{config.method} head, {config.head_layers} layers"
+    kv = kv_bytes_per_token_per_gpu(spec, tp, kv_dtype)
+    return Drafter(config.method, k, cost, weights, kv, 0.0, name)
+
+
+def kv_blocks_with_draft(available: int, target_per_token: int, drafter: Drafter, block_size: int) -> int:
+    """KV blocks when the draft's weights come out of the KV memory and every block also holds the draft's
+    KV for its tokens (one block table for both, as vLLM allocates them)."""
+    per_block = (target_per_token + drafter.kv_bytes_per_token) * block_size
+    return max(0, (available - drafter.weight_bytes) // per_block)
+
+
+# ----------------------------------------------------------------------------- step time
+
+
+@dataclass(slots=True)
+class DraftWork:
+    """The rows of a step as the proposer sees them: the step's rows (c new tokens on q cached) and, for
+    each row that samples a token, the context it drafts from."""
+
+    counts: list[int]
+    contexts: list[int]
+    samplers: list[int]  # context after the step's tokens, one entry per sampling row
+
+
+class SpeculativeTiming:
+    """The engine's step time: the target's verification step plus the proposer's work, read from the
+    scheduler's latest plan (`work()`: the engine times a plan right after `schedule` returned it)."""
+
+    def __init__(self, target: CostModel, drafter: Drafter, work: Callable[[], DraftWork]) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.work = work
+        self.target_s = 0.0
+        self.draft_s = 0.0
+
+    def draft_seconds(self, w: DraftWork) -> float:
+        d = self.drafter
+        if d.cost is None:
+            return d.host_s_per_row * len(w.samplers)
+        if not w.counts:
+            return 0.0
+        seconds = d.cost.step_time(np.array(w.counts, np.int64), np.array(w.contexts, np.int64))[0]
+        if w.samplers and d.k > 1:
+            ctx = np.array(w.samplers, np.int64)
+            ones = np.ones_like(ctx)
+            for i in range(d.k - 1):
+                seconds += d.cost.step_time(ones, ctx + i)[0]
+        return seconds
+
+    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        seconds, bound = self.target.step_time(new_tokens, context)
+        draft = self.draft_seconds(self.work())
+        self.target_s += seconds
+        self.draft_s += draft
+        return seconds + draft, bound
+
+
+# ----------------------------------------------------------------------------- records and summary
+
+
+@dataclass(slots=True)
+class SpecCounts:
+    """Per request: verification steps, drafts verified, drafts accepted (summed over its sequences)."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    drafted: dict[int, int] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)
+    rejections: int = 0  # steps that stopped at a rejected draft (all requests)
+
+    def add(self, request_id: int, drafted: int, accepted: int) -> None:
+        if accepted < drafted:
+            self.rejections += 1
+        self.steps[request_id] = self.steps.get(request_id, 0) + 1
+        self.drafted[request_id] = self.drafted.get(request_id, 0) + drafted
+        self.accepted[request_id] = self.accepted.get(request_id, 0) + accepted
+
+
+SPEC_COLUMNS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens")
+
+
+def with_spec_columns(frame: pl.DataFrame, counts: SpecCounts) -> pl.DataFrame:
+    """The requests frame with each request's verification steps, drafts and accepted drafts."""
+    ids = frame["id"].to_list()
+    cols = {
+        "spec_steps": [counts.steps.get(i, 0) for i in ids],
+        "spec_drafted_tokens": [counts.drafted.get(i, 0) for i in ids],
+        "spec_accepted_tokens": [counts.accepted.get(i, 0) for i in ids],
+    }
+    return frame.with_columns(pl.Series(k, v, dtype=pl.Int64) for k, v in cols.items())
+
+
+def spec_summary(
+    config: SpeculativeConfig, drafter: Drafter, timing: SpeculativeTiming, counts: SpecCounts
+) -> dict[str, Any]:
+    """The summary's `speculative` block."""
+    steps = sum(counts.steps.values())
+    drafted = sum(counts.drafted.values())
+    accepted = sum(counts.accepted.values())
+    stops = counts.rejections
+    busy = timing.target_s + timing.draft_s
+    return {
+        "method": config.method,
+        "proposer": drafter.name,
+        "num_speculative_tokens": config.num_speculative_tokens,
+        "acceptance": config.acceptance,
+        "acceptance_rate_config": config.acceptance_rate,
+        "verification_steps": steps,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "mean_tokens_per_step": (accepted + steps) / steps if steps else None,
+        "mean_accepted_per_step": accepted / steps if steps else None,
+        "draft_acceptance_rate": accepted / drafted if drafted else None,
+        # per-token acceptance: accepted drafts over drafts judged (each step judges its accepted drafts and,
+        # unless all were accepted, the one rejected): the estimate of alpha
+        "per_token_acceptance": accepted / (accepted + stops) if accepted + stops else None,
+        "expected_tokens_per_step": (
+            tokens_per_step(config.acceptance_rate, config.num_speculative_tokens)
+            if config.acceptance == "fixed" and config.acceptance_rate is not None
+            else None
+        ),
+        "draft_time_s": timing.draft_s,
+        "draft_time_share": timing.draft_s / busy if busy > 0 else 0.0,
+        "draft_weight_bytes_per_gpu": drafter.weight_bytes,
+        "draft_kv_bytes_per_token": drafter.kv_bytes_per_token,
+    }
+
+
+# ----------------------------------------------------------------------------- wiring into a run
+
+
+class SpecRun:
+    """A run's speculative decoding: the KV budget less the draft's memory, the step time with the draft's
+    work, and the figures added to the records and summary (`sim.run.run_policy` calls these in order)."""
+
+    def __init__(self, config: SpeculativeConfig, drafter: Drafter, acceptance: Acceptance) -> None:
+        self.config = config
+        self.drafter = drafter
+        self.acceptance = acceptance
+        self.timing: SpeculativeTiming | None = None
+        self.counts = SpecCounts()
+        self.budget: KvBudget | None = None  # the replica's KV budget with the draft's memory taken out
+
+    def replica_info(self) -> dict[str, Any]:
+        """The summary's `replica` figures that the draft changes."""
+        assert self.budget is not None
+        return {"kv_blocks": self.budget.num_blocks, "kv_tokens": self.budget.num_tokens}
+
+    def step_time(
+        self, target: CostModel, scheduler: Any
+    ) -> Callable[[np.ndarray, np.ndarray], tuple[float, bool]]:
+        """Hand the scheduler its acceptance draws; the engine's step-time function."""
+        scheduler.attach(self.acceptance)
+        self.counts = scheduler.counts
+        self.timing = SpeculativeTiming(target, self.drafter, scheduler.draft_work)
+        return self.timing.step_time
+
+    def requests(self, frame: pl.DataFrame) -> pl.DataFrame:
+        return with_spec_columns(frame, self.counts)
+
+    def summary(self) -> dict[str, Any]:
+        assert self.timing is not None
+        return spec_summary(self.config, self.drafter, self.timing, self.counts)
+
+
+def speculative_setup(
+    scenario: Any,
+    policy_config: BaseModel,
+    target: CostModel,
+    budget: KvBudget,
+    seed: int | np.random.SeedSequence,
+    base_dir: Path,
+    source: str,
+) -> SpecRun | None:
+    """The run's `SpecRun`, or None when the policy has no `speculative` table."""
+    config = getattr(policy_config, "speculative", None)
+    if config is None:
+        return None
+    try:
+        drafter = build_drafter(config, target)
+    except SimError as err:
+        raise SimError(f"{source}: {err}") from None
+    arrival = scenario.workload.arrival
+    rates = trace_acceptance(arrival, base_dir, source) if config.acceptance == "trace" else None
+    m = scenario.model
+    if m.num_kv_blocks is not None:
+        blocks = budget.num_blocks
+    else:
+        mem = kv_memory(target.model, target.gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype,
+                        m.block_size)  # fmt: skip
+        blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, m.block_size)
+    if blocks < 2:
+        raise SimError(
+            f"{source}: speculative: the draft's weights ({drafter.weight_bytes / 1e9:.2f} GB per GPU) and "
+            "KV leave no room for KV blocks"
+        )
+    run = SpecRun(config, drafter, Acceptance(config, run_seed(seed), rates))
+    run.budget = KvBudget(blocks, budget.block_size, budget.max_model_len)
+    return run
+
+
+# ----------------------------------------------------------------------------- `sim capacity --draft-model`
+
+
+def draft_capacity(
+    model: str,
+    gpu: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    draft_model: str,
+    draft_tp: int | None,
+    typical_len: int,
+) -> dict[str, Any]:
+    """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
+    from sim.hardware import get_gpu
+
+    g = get_gpu(gpu)
+    target = load_model(model)
+    mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
+    cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
+    cfg = SpeculativeConfig(
+        method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
+        num_speculative_tokens=1, acceptance_rate=0.5,
+    )  # fmt: skip
+    drafter = build_drafter(cfg, cost)
+    blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
+    per_seq = math.ceil(typical_len / mem.block_size)
+    return {
+        "model": target.name,
+        "draft_model": drafter.name,
+        "gpu": g.name,
+        "tp": tp,
+        "draft_tp": draft_tp or tp,
+        "kv_bytes_available": mem.kv_bytes_available,
+        "draft_weight_bytes": drafter.weight_bytes,
+        "kv_bytes_per_token": mem.kv_bytes_per_token,
+        "draft_kv_bytes_per_token": drafter.kv_bytes_per_token,
+        "block_size": mem.block_size,
+        "kv_blocks": mem.num_blocks,
+        "kv_blocks_with_draft": blocks,
+        "typical_len": typical_len,
+        "max_seqs_at_typical_len": mem.num_blocks // per_seq,
+        "max_seqs_at_typical_len_with_draft": blocks // per_seq,
+    }
+
+
+def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
+    """`sim capacity MODEL --draft-model DRAFT`: the KV blocks the draft's weights and KV take."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
+        print(json.dumps(figures))
+        return
+    f, gb = figures, 1e9
+    t = Table(title=f"{f['model']} on {f['gpu']} x{f['tp']} with draft {f['draft_model']} (x{f['draft_tp']})")
+    t.add_column("quantity")
+    t.add_column("without draft", justify="right")
+    t.add_column("with draft", justify="right")
+    t.add_column("arithmetic")
+    t.add_row("draft weights / GPU", "0", f"{f['draft_weight_bytes'] / gb:,.2f} GB", "on the draft's GPUs")
+    per, dper = f["kv_bytes_per_token"], f["draft_kv_bytes_per_token"]
+    t.add_row("KV bytes / token", f"{per:,} B", f"{per + dper:,} B", f"target {per:,} + draft {dper:,}")
+    t.add_row(
+        "KV blocks", f"{f['kv_blocks']:,}", f"{f['kv_blocks_with_draft']:,}",
+        f"({f['kv_bytes_available'] / gb:,.2f} GB - draft weights) / ({f['block_size']} x KV bytes / token)",
+    )  # fmt: skip
+    t.add_row(
+        f"max seqs @ {f['typical_len']:,} tokens", f"{f['max_seqs_at_typical_len']:,}",
+        f"{f['max_seqs_at_typical_len_with_draft']:,}", "blocks / blocks per sequence",
+    )  # fmt: skip
+    Console(width=140).print(t)
