@@ -253,12 +253,25 @@ def capacity(
     ),
     compare: bool = typer.Option(False, "--compare", help="Several models side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    max_loras: int = typer.Option(0, "--max-loras", min=0, max=4096, help="LoRA GPU slots taken from KV."),
+    max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1, max=512, help="Rank of the LoRA slots."),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
+    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/lora.py)
+        from sim.lora import lora_capacity_report
+
+        if len(models) > 1:
+            raise SimError("--max-loras: give one model")
+        args = (gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_loras, max_lora_rank)
+        if not as_json:
+            capacity_report(models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len,
+                            typical_len)  # fmt: skip
+        lora_capacity_report(models[0], *args, typical_len, as_json)
+        return
     capacity_report(
         models,
         gpu,

@@ -19,6 +19,7 @@ from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
 from sim.hardware import get_gpu
+from sim.lora import LoraRun, lora_recorder, lora_summary, setup_lora
 from sim.metrics import Recorder, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder
@@ -174,8 +175,14 @@ def run_policy(
     if scenario.cluster is not None:
         return _run_fleet(scenario, policy, base_dir, seed, source, progress)
     cost, budget, info = build_cost_and_memory(scenario, source)
+    lora = _lora_run(scenario, config, cost, source) if getattr(config, "lora", None) is not None else None
+    if lora is not None and scenario.model.num_kv_blocks is None:  # the LoRA slots take KV memory
+        budget = KvBudget(lora.blocks_with, budget.block_size, budget.max_model_len)
+        info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
     scheduler = load_all()[kind].build(config, budget)
-    recorder = Recorder(ParquetSink(records)) if records is not None else Recorder()
+    sink = ParquetSink(records) if records is not None else None
+    recorder = Recorder(sink) if lora is None else lora_recorder(lora, sink)
+    step_time = cost.step_time if lora is None else lora.step_time
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
@@ -183,12 +190,12 @@ def run_policy(
         cl = workload.closed_loop
         new_request = cl.new_request if progress is None else _counting(cl.new_request, progress)
         loop = ClosedLoopSource(cl.users, cl.think_time, new_request, cl.ramp_s)
-        out = simulate(scheduler, cost.step_time, horizon, closed_loop=loop, recorder=recorder)
+        out = simulate(scheduler, step_time, horizon, closed_loop=loop, recorder=recorder)
     else:
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-        out = simulate(scheduler, cost.step_time, horizon, open_loop=requests, recorder=recorder)
+        out = simulate(scheduler, step_time, horizon, open_loop=requests, recorder=recorder)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
     if records is None:
@@ -199,8 +206,21 @@ def run_policy(
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
+    if lora is not None:
+        summary["lora"] = lora_summary(lora, step_frame)
     manifest = run_manifest(scenario, policy, seed)
     return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
+
+
+def _lora_run(scenario: Scenario, config: Any, cost: CostModel, source: str) -> LoraRun:
+    """The LoRA parts of a run whose policy serves adapters (sim/lora.py)."""
+    m = scenario.model
+    try:
+        kv = kv_memory(cost.model, cost.gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype,
+                       m.block_size)  # fmt: skip
+        return setup_lora(cost.model, cost.gpu, m.tp, cost, kv, config.lora, scenario.workload.lora)[0]
+    except SimError as err:
+        raise SimError(f"{source}: model: {err}") from None
 
 
 def _run_fleet(

@@ -21,6 +21,7 @@ from sim.limits import (
     MAX_SECONDS,
     MAX_TOKENS,
 )
+from sim.lora import check_lora
 from sim.schedulers.registry import load_all
 from sim.workload import WorkloadConfig, format_validation_error
 
@@ -215,6 +216,7 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
     if scenario.cluster is not None:
         scenario._router_config = check_cluster(scenario.cluster, scenario.policies, source)
+    check_lora(scenario, configs, source)
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario
