@@ -262,7 +262,7 @@ def capacity(
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
     if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/lora.py)
-        from sim.lora import lora_capacity_report
+        from sim.lora_report import lora_capacity_report
 
         if len(models) > 1:
             raise SimError("--max-loras: give one model")

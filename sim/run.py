@@ -19,7 +19,8 @@ from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
 from sim.hardware import get_gpu
-from sim.lora import LoraRun, lora_recorder, lora_summary, setup_lora
+from sim.lora import LoraRun, setup_lora
+from sim.lora_report import lora_recorder, lora_summary
 from sim.metrics import Recorder, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder

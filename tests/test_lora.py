@@ -287,3 +287,24 @@ def test_trace_adapter_column(tmp_path: Path) -> None:
         Workload(parse_workload({"arrival": wl["arrival"]}), 0, tmp_path)
     with pytest.raises(SimError, match="not below workload.lora.adapters"):
         Workload(parse_workload({**wl, "lora": {"adapters": 2}}), 0, tmp_path)
+
+
+def test_report_section_over_adapter_counts() -> None:
+    import polars as pl
+
+    from sim.report.lora import by_adapters, lora_sections
+
+    key = '{"workload.lora.adapters": %d}'
+    points = pl.DataFrame({
+        "policy": ["a", "a", "a", "b"], "rate": [4.0, 4.0, 4.0, 4.0],
+        "params": [key % 1, key % 1, key % 100, key % 100],
+        "requests_per_s": [4.0, 3.0, 2.0, 1.0], "ttft_p99": [0.1, 0.3, 5.0, 9.0],
+    })  # fmt: skip
+    frame = by_adapters(points)
+    got = {(p, a, m): v for p, a, m, v in frame.iter_rows()}
+    assert got[("a", 1, "requests_per_s")] == 3.5  # mean of the two replications
+    assert got[("a", 1, "ttft_p99")] == pytest.approx(0.2)
+    assert got[("b", 100, "ttft_p99")] == 9.0
+    assert [s.key for s in lora_sections(points)] == ["lora_adapters"]
+    assert lora_sections(points.with_columns(params=pl.lit('{"x": 1}'))) == []
+    assert lora_sections(None) == []
