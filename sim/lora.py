@@ -28,9 +28,9 @@ The records' LoRA columns, the summary's `lora` block and `sim capacity --max-lo
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -71,18 +71,22 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+Rank = Annotated[int, Field(ge=1, le=512)]
+
+
 class LoraWorkload(_Config):
     """`[workload.lora]`: which adapter each request names.
 
     `adapters` adapters, numbered 0 .. adapters - 1, drawn per request with `popularity` "uniform" or
     "zipf" (adapter i with probability proportional to 1 / (i + 1)^zipf_s); a trace's `adapter` column
-    (-1: the base model) overrides the draw. Every adapter has rank `rank` on `target_modules`.
+    (-1: the base model) overrides the draw. Every adapter adapts `target_modules` at rank `rank`, or, with
+    a list of ranks, adapter i at rank `rank[i % len(rank)]` (e.g. [64, 32, 16, 8] for a mix).
     """
 
     adapters: int = Field(gt=0, le=1_000_000)
     popularity: Literal["uniform", "zipf"] = "uniform"
     zipf_s: float = Field(1.0, ge=0.0, le=10.0)
-    rank: int = Field(8, ge=1, le=512)
+    rank: Rank | list[Rank] = Field(8, description="one rank, or a list assigned round-robin")
     target_modules: list[Literal[MODULES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: list(ATTENTION_MODULES), min_length=1
     )
@@ -91,7 +95,17 @@ class LoraWorkload(_Config):
     def _distinct(self) -> LoraWorkload:
         if len(set(self.target_modules)) != len(self.target_modules):
             raise ValueError("target_modules: each module at most once")
+        if isinstance(self.rank, list) and not self.rank:
+            raise ValueError("rank: give one rank or a non-empty list")
         return self
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(self.rank) if isinstance(self.rank, list) else (self.rank,)
+
+    def rank_of(self, adapter: int) -> int:
+        ranks = self.ranks
+        return ranks[adapter % len(ranks)]
 
 
 class LoraConfig(_Config):
@@ -129,10 +143,10 @@ def check_lora(scenario: Any, configs: dict[str, BaseModel], source: str) -> Non
                 f"{source}: policies.{name}.lora: the workload names LoRA adapters (workload.lora) but this "
                 f"{kind} policy does not serve them; {hint}"
             )
-        if lora is not None and wl is not None and wl.rank > lora.max_lora_rank:
+        if lora is not None and wl is not None and max(wl.ranks) > lora.max_lora_rank:
             raise SimError(
                 f"{source}: policies.{name}.lora.max_lora_rank: {lora.max_lora_rank} is below the adapters' "
-                f"rank {wl.rank} (workload.lora.rank)"
+                f"rank {max(wl.ranks)} (workload.lora.rank)"
             )
         if lora is not None and scenario.cluster is not None:
             raise SimError(f"{source}: policies.{name}.lora: LoRA is not modelled with [cluster]")
@@ -240,14 +254,19 @@ class Residency:
     seconds: float = 0.0
 
 
-class LoraCache:
-    """GPU slots and host cache, each LRU; `activate` makes a batch's adapters resident."""
+Seconds = float | Callable[[int], float]  # the same for every adapter, or a function of the adapter id
 
-    def __init__(self, gpu_slots: int, cpu_slots: int, load_s: float, disk_s: float) -> None:
+
+class LoraCache:
+    """GPU slots and host cache, each LRU; `activate` makes a batch's adapters resident. `load_s` and
+    `disk_s`: seconds to copy an adapter host -> GPU and to read it disk -> host."""
+
+    def __init__(self, gpu_slots: int, cpu_slots: int, load_s: Seconds, disk_s: Seconds) -> None:
         self.gpu: OrderedDict[int, None] = OrderedDict()
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.gpu_slots, self.cpu_slots = gpu_slots, cpu_slots
-        self.load_s, self.disk_s = load_s, disk_s  # seconds per adapter: host -> GPU, disk -> host
+        self.load_s = load_s if callable(load_s) else lambda _a, s=float(load_s): s
+        self.disk_s = disk_s if callable(disk_s) else lambda _a, s=float(disk_s): s
 
     @staticmethod
     def _insert(cache: OrderedDict[int, None], key: int, size: int, keep: set[int]) -> None:
@@ -272,10 +291,10 @@ class LoraCache:
             else:
                 self._insert(self.cpu, a, self.cpu_slots, keep)
                 out.disk_loads += 1
-                out.seconds += self.disk_s
+                out.seconds += self.disk_s(a)
             self._insert(self.gpu, a, self.gpu_slots, keep)
             out.loads += 1
-            out.seconds += self.load_s
+            out.seconds += self.load_s(a)
         return out
 
 
@@ -371,7 +390,7 @@ class LoraRun:
     step_time: LoraStepTime
     config: LoraConfig
     workload: LoraWorkload | None
-    adapter_bytes: int
+    adapter_bytes: int  # the largest adapter's, with several ranks
     slot_bytes: int
     blocks_without: int
     blocks_with: int
@@ -398,10 +417,22 @@ def setup_lora(
 
     reduced = lora_memory(kv, model, config)
     link = get_link(config.host_link or HOST_LINK.get(gpu.name, "pcie-gen4-x16"))
-    size = adapter_bytes(model, workload.rank, workload.target_modules, tp) if workload is not None else 0
-    cache = LoraCache(config.max_loras, config.cpu_slots, link.latency_s + size / link.bandwidth,
-                      size / config.disk_bandwidth)  # fmt: skip
+    ranks = workload.ranks if workload is not None else ()
+    size = {r: adapter_bytes(model, r, workload.target_modules, tp) for r in ranks} if workload else {}
+
+    def nbytes(adapter: int) -> int:
+        assert workload is not None
+        return size[workload.rank_of(adapter)]
+
+    cache = LoraCache(
+        config.max_loras,
+        config.cpu_slots,
+        lambda a: link.latency_s + nbytes(a) / link.bandwidth,
+        lambda a: nbytes(a) / config.disk_bandwidth,
+    )
     timer = LoraStepTime(cost, LoraCost(model, gpu, tp, config.max_lora_rank, cost), cache)
     slot = slot_bytes(model, config.max_lora_rank, tp)
-    run = LoraRun(timer, config, workload, size, slot, kv.num_blocks, reduced.num_blocks)
+    run = LoraRun(
+        timer, config, workload, max(size.values(), default=0), slot, kv.num_blocks, reduced.num_blocks
+    )
     return run, reduced

@@ -308,3 +308,24 @@ def test_report_section_over_adapter_counts() -> None:
     assert [s.key for s in lora_sections(points)] == ["lora_adapters"]
     assert lora_sections(points.with_columns(params=pl.lit('{"x": 1}'))) == []
     assert lora_sections(None) == []
+
+
+def test_mixed_ranks_load_by_their_own_size(llama7b) -> None:  # type: ignore[no-untyped-def]
+    gpu = get_gpu("A100-80GB")
+    wl = parse_workload({"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": {"kind": "fixed", "value": 8},
+                         "output": {"kind": "fixed", "value": 4},
+                         "lora": {"adapters": 4, "rank": [8, 32]}}).lora  # fmt: skip
+    assert wl is not None and [wl.rank_of(a) for a in range(4)] == [8, 32, 8, 32]
+    run, _ = setup_lora(llama7b, gpu, 1, CostModel(llama7b, gpu), kv_memory(llama7b, gpu),
+                        LoraConfig(max_loras=2, max_lora_rank=32), wl)  # fmt: skip
+    cache = run.step_time.cache
+    rank8 = 16_777_216  # q, k, v, o at rank 8 (above); rank 32 is four times that
+    assert cache.activate([0]).seconds == pytest.approx(1e-5 + rank8 / 31.5e9 + rank8 / 2e9, rel=1e-12)
+    assert cache.activate([1]).seconds == pytest.approx(
+        1e-5 + 4 * rank8 / 31.5e9 + 4 * rank8 / 2e9, rel=1e-12
+    )
+    assert run.adapter_bytes == 4 * rank8
+    data = _scenario()
+    data["workload"]["lora"]["rank"] = [8, 32]  # type: ignore[index]
+    with pytest.raises(SimError, match="policies.p.lora.max_lora_rank: 16 is below the adapters' rank 32"):
+        validate_scenario(data, "t.toml")
