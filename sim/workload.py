@@ -355,7 +355,8 @@ class WorkloadConfig(_Config):
     ignore_eos: bool = False
     prefix: PrefixConfig | None = None
     shared_prefix: SharedPrefixProfile | None = None
-    lora: LoraWorkload | None = None  # LoRA adapter per request (sim/lora.py)
+    # LoRA adapter per request (sim/lora.py); left out of dumps when absent, so records stay as they were
+    lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:

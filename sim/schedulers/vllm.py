@@ -57,7 +57,9 @@ class VllmConfig(BaseModel):
     watermark: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
     )
-    lora: LoraConfig | None = Field(None, description="serve LoRA adapters (sim/lora.py)")
+    lora: LoraConfig | None = Field(
+        None, description="serve LoRA adapters (sim/lora.py)", exclude_if=lambda v: v is None
+    )
 
 
 class SarathiConfig(VllmConfig):
