@@ -474,7 +474,8 @@ class VllmScheduler:
     def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
         max_num_seqs, chunked = self.max_num_seqs, self.chunked
-        gate, skipped = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None, []
+        gate = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None
+        skipped: list[Seq] = []  # waiting sequences passed over for their adapter (LoRA)
         while waiting and budget > 0 and len(running) < max_num_seqs:
             seq = waiting[0]
             if gate is not None and gate.skip(seq):  # its adapter would pass max_loras: skip, do not block
