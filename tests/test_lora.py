@@ -329,3 +329,14 @@ def test_mixed_ranks_load_by_their_own_size(llama7b) -> None:  # type: ignore[no
     data["workload"]["lora"]["rank"] = [8, 32]  # type: ignore[index]
     with pytest.raises(SimError, match="policies.p.lora.max_lora_rank: 16 is below the adapters' rank 32"):
         validate_scenario(data, "t.toml")
+
+
+def test_closed_loop_users_name_adapters_too() -> None:
+    wl = parse_workload({"arrival": {"kind": "closed_loop", "users": 3}, "prompt": {"kind": "fixed", "value": 8},
+                         "output": {"kind": "fixed", "value": 4},
+                         "lora": {"adapters": 5, "popularity": "uniform"}})  # fmt: skip
+    loop = Workload(wl, 1, Path(".")).closed_loop
+    assert loop is not None
+    ids = [loop.new_request(0.0, u % 3).adapter for u in range(600)]
+    assert set(ids) == {0, 1, 2, 3, 4}
+    assert max(np.bincount(ids)) < 600 / 5 + 4 * np.sqrt(600 * 0.2 * 0.8)
