@@ -332,8 +332,8 @@ def test_mixed_ranks_load_by_their_own_size(llama7b) -> None:  # type: ignore[no
 
 
 def test_closed_loop_users_name_adapters_too() -> None:
-    wl = parse_workload({"arrival": {"kind": "closed_loop", "users": 3}, "prompt": {"kind": "fixed", "value": 8},
-                         "output": {"kind": "fixed", "value": 4},
+    fixed = {"kind": "fixed", "value": 8}
+    wl = parse_workload({"arrival": {"kind": "closed_loop", "users": 3}, "prompt": fixed, "output": fixed,
                          "lora": {"adapters": 5, "popularity": "uniform"}})  # fmt: skip
     loop = Workload(wl, 1, Path(".")).closed_loop
     assert loop is not None
