@@ -340,3 +340,24 @@ def test_closed_loop_users_name_adapters_too() -> None:
     ids = [loop.new_request(0.0, u % 3).adapter for u in range(600)]
     assert set(ids) == {0, 1, 2, 3, 4}
     assert max(np.bincount(ids)) < 600 / 5 + 4 * np.sqrt(600 * 0.2 * 0.8)
+
+
+def test_report_section_of_runs() -> None:
+    import polars as pl
+
+    from sim.report.inputs import PolicyRun
+    from sim.report.lora import lora_sections, run_figures
+
+    lora = {"distinct_per_step_mean": 3.5, "gpu_hit_rate": 0.9, "load_time_share": 0.02}
+    runs = [
+        PolicyRun("a", pl.DataFrame(), pl.DataFrame(), {"lora": lora}),
+        PolicyRun("plain", pl.DataFrame(), pl.DataFrame(), {}),
+    ]
+    figures = {(p, m): v for p, m, v in run_figures(runs).iter_rows()}
+    assert figures == {
+        ("a", "adapters per step (mean)"): 3.5,
+        ("a", "GPU slot hit rate"): 0.9,
+        ("a", "share of busy time loading adapters"): 0.02,
+    }
+    assert [s.key for s in lora_sections(None, runs)] == ["lora_runs"]
+    assert lora_sections(None, runs[1:]) == []

@@ -147,7 +147,7 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     sections = sweep + per_run if inputs.points is not None else per_run + sweep  # missing charts last
     fleet_sweep = inputs.points if inputs.scenario is not None and inputs.scenario.cluster else None
     sections += fleet_sections(inputs.runs, fleet_sweep, series)
-    sections += lora_sections(inputs.points)
+    sections += lora_sections(inputs.points, inputs.runs)
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))

@@ -10,6 +10,7 @@ import altair as alt
 import polars as pl
 
 from sim.report.charts import WIDTH, policy_color
+from sim.report.inputs import PolicyRun
 from sim.report.page import Section
 
 ADAPTERS_KEY = "workload.lora.adapters"
@@ -64,14 +65,62 @@ def adapters_chart(frame: pl.DataFrame) -> alt.FacetChart:
     )
 
 
-def lora_sections(points: pl.DataFrame | None) -> list[Section]:
-    """The section, for sweeps over `workload.lora.adapters` (none otherwise)."""
+RUN_MEASURES = {
+    "distinct_per_step_mean": "adapters per step (mean)",
+    "gpu_hit_rate": "GPU slot hit rate",
+    "load_time_share": "share of busy time loading adapters",
+}
+
+
+def run_figures(runs: list[PolicyRun]) -> pl.DataFrame:
+    """Long frame: policy, measure, value, from the `lora` block of each run's summary."""
+    rows = [
+        {"policy": run.policy, "measure": label, "value": float(run.summary["lora"].get(key) or 0.0)}
+        for run in runs
+        if "lora" in run.summary
+        for key, label in RUN_MEASURES.items()
+    ]
+    return pl.DataFrame(rows, schema={"policy": pl.String, "measure": pl.String, "value": pl.Float64})
+
+
+def run_chart(frame: pl.DataFrame) -> alt.FacetChart:
+    series = sorted(frame["policy"].unique().to_list())
+    return (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("policy:N", title=None),
+            y=alt.Y("value:Q", title=None),
+            color=alt.Color("policy:N", scale=policy_color(series), legend=None),
+            tooltip=["policy:N", "measure:N", alt.Tooltip("value:Q", format=".3g")],
+        )
+        .properties(width=WIDTH // 2, height=180)
+        .facet(column=alt.Column("measure:N", title=None))
+        .resolve_scale(y="independent")
+    )
+
+
+def lora_sections(points: pl.DataFrame | None, runs: list[PolicyRun] | None = None) -> list[Section]:
+    """A section for runs that served adapters, and one for sweeps over `workload.lora.adapters`."""
+    out = []
+    figures = run_figures(runs or [])
+    if figures.height:
+        out.append(
+            Section(
+                "lora_runs",
+                "LoRA adapters per step, slot hits and load time",
+                "From each run's summary: the distinct adapters a step's batch holds (at most max_loras), "
+                "the share of step activations that found their adapter already in a GPU slot, and the "
+                "share of busy time spent copying adapters in (from disk to host memory and over PCIe).",
+                run_chart(figures),
+            )
+        )
     if points is None:
-        return []
+        return out
     frame = by_adapters(points)
     if frame.is_empty():
-        return []
-    return [
+        return out
+    return out + [
         Section(
             "lora_adapters",
             "Throughput and p99 TTFT against the number of LoRA adapters",
