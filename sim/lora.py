@@ -315,7 +315,7 @@ class LoraCost:
         self.act_bytes_token = LORA_BYTES * layers * sum(a + r + 2 * b for a, b in widths)
         self.slot_bytes = slot_bytes(model, r, tp)
         self.kernels = 2 * layers * sum(1 for group in PACKED if any(m in shapes for m in group))
-        self.fixed_s = KernelCalibration().graph_kernel_fixed_s
+        self.fixed_s = KernelCalibration.load().graph_kernel_fixed_s  # sim/catalog/kernel_calibration.toml
         cal = cost.cal
         self.flop_rate = gpu.flops_16bit * min(cal.compute_eff_prefill, cal.compute_eff_decode)
         self.byte_rate = gpu.hbm_bandwidth * cal.bandwidth_eff
