@@ -255,12 +255,16 @@ def capacity(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     draft_model: str | None = typer.Option(None, "--draft-model", help="Speculative draft model beside it."),
     draft_tp: int | None = typer.Option(None, "--draft-tp", min=1, max=64, help="Draft's TP (default --tp)."),
+    max_loras: int = typer.Option(0, "--max-loras", min=0, max=4096, help="LoRA GPU slots taken from KV."),
+    max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1, max=512, help="Rank of the LoRA slots."),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
+    if draft_model is not None and max_loras:
+        raise SimError("give --draft-model or --max-loras, not both")
     if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/speculative.py)
         from sim.speculative import draft_capacity, print_draft_capacity
 
@@ -268,6 +272,17 @@ def capacity(
             raise SimError("--draft-model takes one model")
         args = (models[0], gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, draft_model, draft_tp)
         print_draft_capacity(draft_capacity(*args, typical_len), as_json)
+        return
+    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/lora.py)
+        from sim.lora_report import lora_capacity_report
+
+        if len(models) > 1:
+            raise SimError("--max-loras: give one model")
+        lora_args = (gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_loras, max_lora_rank)
+        if not as_json:
+            capacity_report(models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len,
+                            typical_len)  # fmt: skip
+        lora_capacity_report(models[0], *lora_args, typical_len, as_json)
         return
     capacity_report(
         models,

@@ -39,6 +39,7 @@ class Request:
     prefix_query_tokens: int = 0
     itl_max: float = 0.0
     reject_reason: str | None = None
+    adapter: int = -1  # LoRA adapter id; -1: the base model
 
     @property
     def length(self) -> int:

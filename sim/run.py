@@ -20,6 +20,8 @@ from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
 from sim.hardware import get_gpu
+from sim.lora import LoraRun, setup_lora
+from sim.lora_report import lora_recorder, lora_summary
 from sim.metrics import Recorder, Records, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder
@@ -81,9 +83,6 @@ def run_manifest(
         seed_record: Any = {"entropy": str(seed.entropy), "spawn_key": list(seed.spawn_key)}
     else:
         seed_record = scenario.seed if seed is None else seed
-    policy_config = config.model_dump(mode="json")
-    if getattr(config, "speculative", None) is not None:  # kept out of dumps without it (sim/speculative.py)
-        policy_config["speculative"] = config.speculative.model_dump(mode="json")  # type: ignore[attr-defined]
     return {
         "format": MANIFEST_FORMAT,
         "servesim": __version__,
@@ -91,7 +90,7 @@ def run_manifest(
         "scenario_hash": scenario_hash(scenario),
         "policy": policy,
         "scheduler": kind,
-        "policy_config": policy_config,
+        "policy_config": config.model_dump(mode="json"),
         "seed": seed_record,
         "compared": compared_scenario(scenario),
         "as_run": scenario.raw,
@@ -183,9 +182,18 @@ def run_policy(
     spec = speculative_setup(scenario, config, cost, budget, run_seed, base_dir, source)
     if spec is not None and spec.budget is not None:
         budget, info = spec.budget, {**info, **spec.replica_info()}
+    lora = _lora_run(scenario, config, cost, source) if getattr(config, "lora", None) is not None else None
+    if lora is not None and scenario.model.num_kv_blocks is None:  # the LoRA slots take KV memory
+        budget = KvBudget(lora.blocks_with, budget.block_size, budget.max_model_len)
+        info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
     scheduler = load_all()[kind].build(config, budget)
-    step_time = cost.step_time if spec is None else spec.step_time(cost, scheduler)
-    recorder = Recorder(ParquetSink(records)) if records is not None else Recorder()
+    sink = ParquetSink(records) if records is not None else None
+    recorder = Recorder(sink) if lora is None else lora_recorder(lora, sink)
+    step_time = cost.step_time
+    if spec is not None:
+        step_time = spec.step_time(cost, scheduler)
+    elif lora is not None:
+        step_time = lora.step_time
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
@@ -216,8 +224,21 @@ def run_policy(
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
     if spec is not None:
         summary["speculative"] = spec.summary()
+    if lora is not None:
+        summary["lora"] = lora_summary(lora, step_frame)
     manifest = run_manifest(scenario, policy, seed)
     return RunResult(scenario.name, policy, req_frame, step_frame, summary, manifest)
+
+
+def _lora_run(scenario: Scenario, config: Any, cost: CostModel, source: str) -> LoraRun:
+    """The LoRA parts of a run whose policy serves adapters (sim/lora.py)."""
+    m = scenario.model
+    try:
+        kv = kv_memory(cost.model, cost.gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype,
+                       m.block_size)  # fmt: skip
+        return setup_lora(cost.model, cost.gpu, m.tp, cost, kv, config.lora, scenario.workload.lora)[0]
+    except SimError as err:
+        raise SimError(f"{source}: model: {err}") from None
 
 
 def _run_fleet(

@@ -21,6 +21,7 @@ from sim.limits import (
     MAX_SECONDS,
     MAX_TOKENS,
 )
+from sim.lora import check_lora
 from sim.schedulers.registry import load_all
 from sim.workload import WorkloadConfig, format_validation_error
 
@@ -218,6 +219,10 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
         for name, config in configs.items():  # speculative decoding is modelled on one replica only
             if getattr(config, "speculative", None) is not None:
                 raise SimError(f"{source}: policies.{name}.speculative: not modelled with [cluster]")
+    check_lora(scenario, configs, source)
+    for name, config in configs.items():
+        if getattr(config, "speculative", None) is not None and getattr(config, "lora", None) is not None:
+            raise SimError(f"{source}: policies.{name}: speculative decoding with LoRA adapters is not modelled")
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario

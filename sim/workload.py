@@ -44,6 +44,7 @@ from sim.limits import (
     MAX_SECONDS,
     MAX_TOKENS,
 )
+from sim.lora import AdapterSampler, LoraWorkload
 from sim.request import Request
 from sim.tables import Table, read_table
 
@@ -207,6 +208,7 @@ TRACE_COLUMNS: dict[str, tuple[str, ...]] = {
     "output": ("output_tokens", "num_decode_tokens"),
     "prefix_group": ("prefix_group",),
     "prefix_len": ("prefix_len",),
+    "adapter": ("adapter",),
 }
 
 
@@ -220,6 +222,7 @@ TRACE_BOUNDS: tuple[tuple[str, int, int], ...] = (
     ("output", 1, MAX_TOKENS),
     ("prefix_group", -1, MAX_ID),
     ("prefix_len", 0, MAX_TOKENS),
+    ("adapter", -1, MAX_ID),
 )
 
 
@@ -352,6 +355,8 @@ class WorkloadConfig(_Config):
     ignore_eos: bool = False
     prefix: PrefixConfig | None = None
     shared_prefix: SharedPrefixProfile | None = None
+    # LoRA adapter per request (sim/lora.py); left out of dumps when absent, so records stay as they were
+    lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:
@@ -421,7 +426,7 @@ def parse_workload(data: Mapping[str, Any], source: str = "<scenario>") -> Workl
 
 # --- runtime ------------------------------------------------------------------------------------------
 
-_STREAMS = ("arrival", "prompt", "output", "prefix", "think")
+_STREAMS = ("arrival", "prompt", "output", "prefix", "think", "lora")
 
 
 class _Draws:
@@ -438,6 +443,7 @@ class _Draws:
         self.rng = {k: np.random.default_rng(s) for k, s in seeds.items()}
         self.prompt = prompt
         self.output = output
+        self.adapters = AdapterSampler(c.lora) if c.lora is not None else None
 
     def draw(self, n: int, cols: Mapping[str, np.ndarray], first_user: int | None = None) -> dict[str, Any]:
         """Arrays of length n: prompt, output, max_tokens, group, prefix_len (trace columns win)."""
@@ -473,7 +479,10 @@ class _Draws:
             output = np.minimum(self.output(self.rng["output"], n), max_tokens)
         else:
             raise SimError("workload.output: the trace has no output column, so a distribution is required")
-        return {"prompt": prompt, "output": output, "max_tokens": max_tokens, "group": group, "plen": plen}
+        out = {"prompt": prompt, "output": output, "max_tokens": max_tokens, "group": group, "plen": plen}
+        if "adapter" in cols or c.lora is not None:
+            out["adapter"] = cols["adapter"] if "adapter" in cols else self.adapters(self.rng["lora"], n)
+        return out
 
 
 class ClosedLoop:
@@ -486,7 +495,7 @@ class ClosedLoop:
         self._think = TimeSampler(c.think_time_s, base_dir)
         self._think_rng = np.random.default_rng(seed)
         self._think_buf: list[float] = []
-        self._buf: list[tuple[int, int, int, int, int]] = []
+        self._buf: list[tuple[int, int, int, int, int, int]] = []
         self._next_id = 0
 
     def start_times(self) -> np.ndarray:
@@ -503,16 +512,19 @@ class ClosedLoop:
         """The next request (ids 0, 1, 2, ...); `user` pins its prefix group to `user % groups`."""
         if not self._buf:
             d = self._draws.draw(256, {})
+            adapter = d["adapter"].tolist() if "adapter" in d else [-1] * 256
             rows = zip(d["prompt"].tolist(), d["output"].tolist(), d["max_tokens"].tolist(),
-                       d["group"].tolist(), d["plen"].tolist(), strict=True)  # fmt: skip
+                       d["group"].tolist(), d["plen"].tolist(), adapter, strict=True)  # fmt: skip
             self._buf = list(rows)[::-1]
-        prompt, output, max_tokens, group, plen = self._buf.pop()
+        prompt, output, max_tokens, group, plen, adapter = self._buf.pop()
         p = self._draws.c.prefix
         if user is not None and p is not None:
             group = user % p.groups
         rid = self._next_id
         self._next_id += 1
-        return Request(rid, arrival, prompt, max_tokens, output, self._draws.c.n, group, plen)
+        req = Request(rid, arrival, prompt, max_tokens, output, self._draws.c.n, group, plen)
+        req.adapter = adapter
+        return req
 
 
 def _child_seeds(seed: int | np.random.SeedSequence) -> dict[str, np.random.SeedSequence]:
@@ -548,6 +560,7 @@ class Workload:
     def _check_trace_columns(self) -> None:
         if not isinstance(self._process, _Trace):
             return
+        self._check_trace_adapters(self._process)
         for key, dist in (("prompt", self.config.prompt), ("output", self.config.output)):
             if key in self._process.columns or dist is not None:
                 continue
@@ -555,6 +568,20 @@ class Workload:
                 continue
             names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
             raise SimError(f"{self._process.path}: no {names} column and no workload.{key} distribution")
+
+    def _check_trace_adapters(self, trace: _Trace) -> None:
+        """A trace's `adapter` column names adapters of `[workload.lora]` (ids below `adapters`)."""
+        ids = trace._cols.get("adapter")
+        if ids is None:
+            return
+        lora = self.config.lora
+        if lora is None:
+            raise SimError(f"{trace.path}: an 'adapter' column needs a [workload.lora] table (rank, modules)")
+        if ids.size and int(ids.max()) >= lora.adapters:
+            raise SimError(
+                f"{trace.path}: column 'adapter': id {int(ids.max())} is not below workload.lora.adapters "
+                f"({lora.adapters})"
+            )
 
     @property
     def trace(self) -> _Trace | None:
@@ -603,8 +630,12 @@ class Workload:
             rows = zip(chunk.times[:k].tolist(), d["prompt"][:k].tolist(), d["max_tokens"][:k].tolist(),
                        d["output"][:k].tolist(), d["group"][:k].tolist(), d["plen"][:k].tolist(),
                        strict=True)  # fmt: skip
+            adapters = iter(d["adapter"][:k].tolist()) if "adapter" in d else None
             for t, prompt, max_tokens, output, group, plen in rows:
-                yield Request(rid, t, prompt, max_tokens, output, n_req, group, plen)
+                req = Request(rid, t, prompt, max_tokens, output, n_req, group, plen)
+                if adapters is not None:
+                    req.adapter = next(adapters)
+                yield req
                 rid += 1
             left -= k
             if left <= 0 or k < chunk.times.size:

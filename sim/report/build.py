@@ -10,6 +10,7 @@ from sim.report import charts, frames, grid
 from sim.report.fleet import fleet_sections
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
+from sim.report.lora import lora_sections
 from sim.report.page import Section, chart_png, chart_spec, render_page
 from sim.report.speculative import speculative_sections
 
@@ -148,6 +149,7 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     fleet_sweep = inputs.points if inputs.scenario is not None and inputs.scenario.cluster else None
     sections += fleet_sections(inputs.runs, fleet_sweep, series)
     sections += speculative_sections(inputs, series)
+    sections += lora_sections(inputs.points, inputs.runs)
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))

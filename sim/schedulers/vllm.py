@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sim.errors import SimError
 from sim.kv import Block, KvManager, cdiv
+from sim.lora import LoraConfig, LoraGate
 from sim.request import Request
 from sim.schedulers.base import KvUsage, StepPlan, StepTotals
 from sim.schedulers.registry import KvBudget, register
@@ -57,8 +58,12 @@ class VllmConfig(BaseModel):
     watermark: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
     )
-    # --- speculative decoding (sim/speculative.py); left out of dumps so records without it are unchanged ---
-    speculative: SpeculativeConfig | None = Field(None, exclude=True)
+    # --- speculative decoding (sim/speculative.py) and LoRA (sim/lora.py), left out of dumps when absent so
+    # records and manifests without them are unchanged ---
+    speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
+    lora: LoraConfig | None = Field(
+        None, description="serve LoRA adapters (sim/lora.py)", exclude_if=lambda v: v is None
+    )
 
 
 class SarathiConfig(VllmConfig):
@@ -178,6 +183,8 @@ class VllmScheduler:
     `schedule` and `update` reads a scheduled sequence's progress, and a preemption never picks a sequence
     already scheduled in the same step.
     """
+
+    lora_gate: LoraGate | None = None  # the max_loras rule for waiting requests (sim/lora.py)
 
     def __init__(
         self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None, fast: bool = False
@@ -471,8 +478,13 @@ class VllmScheduler:
     def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
         max_num_seqs, chunked = self.max_num_seqs, self.chunked
+        gate = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None
+        skipped: list[Seq] = []  # waiting sequences passed over for their adapter (LoRA)
         while waiting and budget > 0 and len(running) < max_num_seqs:
             seq = waiting[0]
+            if gate is not None and gate.skip(seq):  # its adapter would pass max_loras: skip, do not block
+                skipped.append(waiting.popleft())
+                continue
             hits, num_hit = kv.lookup(seq)
             length = seq.num_tokens
             n = length - num_hit
@@ -487,6 +499,8 @@ class VllmScheduler:
             if not kv.allocate(seq, n, hits, num_hit):
                 break
             waiting.popleft()
+            if gate is not None:
+                gate.admit(seq)
             running.append(seq)
             seq.order = self._order
             self._order += 1
@@ -514,6 +528,8 @@ class VllmScheduler:
                 if n == 1 and seq.num_generated > 0:
                     info.decode += 1
             budget -= n
+        if skipped:  # back at the head of the queue, in their order
+            waiting.extendleft(reversed(skipped))
 
     def _plan(self, info: StepInfo) -> VllmPlan:
         counts, contexts = info.counts, info.contexts
@@ -659,6 +675,10 @@ def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
         from sim.schedulers.vllm_spec import build_speculative
 
         return build_speculative(config, budget)
+    if config.lora is not None:  # LoRA costs each step by its rows' adapters: no bulk decoding
+        scheduler = VllmScheduler(config, budget, fast=False)
+        scheduler.lora_gate = LoraGate(config.lora.max_loras)
+        return scheduler
     return VllmScheduler(config, budget, fast=True)
 
 
