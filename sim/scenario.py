@@ -222,7 +222,7 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
     check_lora(scenario, configs, source)
     for name, config in configs.items():
         if getattr(config, "speculative", None) is not None and getattr(config, "lora", None) is not None:
-            raise SimError(f"{source}: policies.{name}: speculative decoding with LoRA adapters is not modelled")
+            raise SimError(f"{source}: policies.{name}: speculative decoding with LoRA is not modelled")
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario

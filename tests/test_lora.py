@@ -266,6 +266,12 @@ def test_run_end_to_end_loses_no_request() -> None:
         (lambda d: d["workload"]["lora"].update(target_modules=["x_proj"]), "workload.lora.target_modules"),
         (lambda d: d["workload"]["lora"].update(adapters=0), "workload.lora.adapters"),
         (lambda d: d["policies"].update(c={"scheduler": "continuous"}), "policies.c.lora"),
+        (
+            lambda d: d["policies"]["p"].update(
+                speculative={"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.5}
+            ),
+            "policies.p: speculative decoding with LoRA",
+        ),
     ],
 )
 def test_bad_lora_input_names_the_key(change, key) -> None:  # type: ignore[no-untyped-def]
