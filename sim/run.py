@@ -188,12 +188,12 @@ def run_policy(
         info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
     scheduler = load_all()[kind].build(config, budget)
     sink = ParquetSink(records) if records is not None else None
-    recorder = Recorder(sink) if lora is None else lora_recorder(lora, sink)
-    step_time = cost.step_time
+    step_time, recorder = cost.step_time, Recorder(sink)
     if spec is not None:
         step_time = spec.step_time(cost, scheduler)
+        recorder = spec.recorder(sink)
     elif lora is not None:
-        step_time = lora.step_time
+        step_time, recorder = lora.step_time, lora_recorder(lora, sink)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
@@ -214,11 +214,6 @@ def run_policy(
         step_frame: pl.DataFrame | pl.LazyFrame = out.recorder.steps_frame()
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
-    if spec is not None:  # per-request speculation columns, written into the streamed file too
-        req_frame = spec.requests(req_frame if isinstance(req_frame, pl.DataFrame) else req_frame.collect())
-        if records is not None:
-            _write_records(req_frame, records / "requests.parquet")
-            req_frame = pl.scan_parquet(records / "requests.parquet")
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory
 from sim.cost import CostModel
 from sim.errors import SimError
+from sim.metrics import Recorder
 from sim.model import ModelSpec, load_model
+from sim.record_sink import RecordSink
+from sim.request import Request
 from sim.schedulers.registry import KvBudget
 
 MAX_SPEC_TOKENS = 16
@@ -324,43 +328,69 @@ class SpeculativeTiming:
 
 @dataclass(slots=True)
 class SpecCounts:
-    """Per request: verification steps, drafts verified, drafts accepted (summed over its sequences)."""
+    """Verification steps, drafts verified and drafts accepted: in all, and per request until its record is
+    written (`pop`), so that the counts held do not grow with the run."""
 
-    steps: dict[int, int] = field(default_factory=dict)
-    drafted: dict[int, int] = field(default_factory=dict)
-    accepted: dict[int, int] = field(default_factory=dict)
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
     rejections: int = 0  # steps that stopped at a rejected draft (all requests)
+    open: dict[int, list[int]] = field(default_factory=dict)  # request id -> [steps, drafted, accepted]
 
     def add(self, request_id: int, drafted: int, accepted: int) -> None:
         if accepted < drafted:
             self.rejections += 1
-        self.steps[request_id] = self.steps.get(request_id, 0) + 1
-        self.drafted[request_id] = self.drafted.get(request_id, 0) + drafted
-        self.accepted[request_id] = self.accepted.get(request_id, 0) + accepted
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        mine = self.open.get(request_id)
+        if mine is None:
+            self.open[request_id] = [1, drafted, accepted]
+        else:
+            mine[0] += 1
+            mine[1] += drafted
+            mine[2] += accepted
+
+    def pop(self, request_id: int) -> tuple[int, int, int]:
+        """A request's counts (zeros if it never verified), forgotten here."""
+        mine = self.open.pop(request_id, None)
+        return (0, 0, 0) if mine is None else (mine[0], mine[1], mine[2])
 
 
 SPEC_COLUMNS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens")
 
 
-def with_spec_columns(frame: pl.DataFrame, counts: SpecCounts) -> pl.DataFrame:
-    """The requests frame with each request's verification steps, drafts and accepted drafts."""
-    ids = frame["id"].to_list()
-    cols = {
-        "spec_steps": [counts.steps.get(i, 0) for i in ids],
-        "spec_drafted_tokens": [counts.drafted.get(i, 0) for i in ids],
-        "spec_accepted_tokens": [counts.accepted.get(i, 0) for i in ids],
-    }
-    return frame.with_columns(pl.Series(k, v, dtype=pl.Int64) for k, v in cols.items())
+class SpecRecorder(Recorder):
+    """`Recorder` with each request's verification steps, drafts and accepted drafts (`SPEC_COLUMNS`)."""
+
+    def __init__(self, counts: SpecCounts, sink: RecordSink | None = None) -> None:
+        self._counts = counts
+        self._held_counts: dict[int, tuple[int, int, int]] = {}
+        super().__init__(sink)
+
+    def _new_request_chunk(self) -> None:
+        super()._new_request_chunk()
+        self._spec = array("q")
+
+    def request(self, req: Request, state: str) -> None:
+        self._held_counts[req.id] = self._counts.pop(req.id)
+        super().request(req, state)
+
+    def _append_request(self, rid: int, row: Any) -> None:
+        self._spec.extend(self._held_counts.pop(rid))
+        super()._append_request(rid, row)
+
+    def _requests_chunk(self) -> pl.DataFrame:
+        frame = super()._requests_chunk()
+        cols = np.frombuffer(self._spec, np.int64, count=3 * frame.height).reshape(frame.height, 3).T
+        return frame.with_columns(pl.Series(name, cols[i].copy()) for i, name in enumerate(SPEC_COLUMNS))
 
 
 def spec_summary(
     config: SpeculativeConfig, drafter: Drafter, timing: SpeculativeTiming, counts: SpecCounts
 ) -> dict[str, Any]:
     """The summary's `speculative` block."""
-    steps = sum(counts.steps.values())
-    drafted = sum(counts.drafted.values())
-    accepted = sum(counts.accepted.values())
-    stops = counts.rejections
+    steps, drafted, accepted, stops = counts.steps, counts.drafted, counts.accepted, counts.rejections
     busy = timing.target_s + timing.draft_s
     return {
         "method": config.method,
@@ -418,8 +448,9 @@ class SpecRun:
         self.timing = SpeculativeTiming(target, self.drafter, scheduler.draft_work)
         return self.timing.step_time
 
-    def requests(self, frame: pl.DataFrame) -> pl.DataFrame:
-        return with_spec_columns(frame, self.counts)
+    def recorder(self, sink: RecordSink | None = None) -> SpecRecorder:
+        """The run's recorder, with the per-request speculation columns (after `step_time`)."""
+        return SpecRecorder(self.counts, sink)
 
     def summary(self) -> dict[str, Any]:
         assert self.timing is not None
