@@ -253,6 +253,16 @@ def capacity(
     ),
     compare: bool = typer.Option(False, "--compare", help="Several models side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    weight_group_size: int | None = typer.Option(
+        None,
+        "--weight-group-size",
+        min=0,
+        max=1024,
+        help="int4/int8 weights per 16-bit scale (0: per channel).",
+    ),
+    quantisation: bool = typer.Option(
+        False, "--quantisation", help="One model under each weight and KV-cache format, side by side."
+    ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
@@ -269,6 +279,8 @@ def capacity(
         max_model_len=max_model_len,
         typical_len=typical_len,
         as_json=as_json,
+        weight_group_size=weight_group_size,
+        quantisation=quantisation,
     )
 
 

@@ -85,6 +85,10 @@ def _cum_keys(n: np.ndarray, window: int | None) -> np.ndarray:
 
 # Matmul weights, grouped by how the cost model uses them.
 LINEAR_GROUPS = ("attention", "dense", "experts", "lm_head")
+# Weight dtypes a 16-bit checkpoint can be served in by online quantization (see `ModelSpec.serving_quant`).
+ONLINE_QUANT_DTYPES = ("fp8", "int8", "int4")
+# KV-cache dtypes: the 16-bit activation dtypes and the 8-bit caches (vLLM's kv_cache_dtype fp8 / int8).
+KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -184,28 +188,41 @@ class ModelSpec:
             "norm": self.norm_params,
         }[group]
 
-    def param_bytes(self, group: str, dtype: str | None = None) -> float:
+    def serving_quant(self, dtype: str | None = None, group_size: int | None = None) -> Quantization:
+        """How the matmul weights are stored when served with weight dtype `dtype` (default: the model's).
+
+        The checkpoint's own dtype keeps its quantization_config (group size, modules kept in 16-bit).
+        Another dtype is online quantization of the layers' matmul weights, the LM head kept 16-bit as vLLM
+        keeps it: fp8 is W8A8 (vLLM's `--quantization fp8`), int8 and int4 are weight-only (GPTQ/AWQ-style,
+        W8A16/W4A16) with one 16-bit scale per `group_size` weights (None or 0: per-channel scales, whose
+        bytes are negligible). 16-bit and fp32 weights are not quantized.
+        """
+        d = normalize_dtype(dtype or self.default_weight_dtype)
+        if self.quant.dtype and d == self.default_weight_dtype:
+            return self.quant
+        if d not in ONLINE_QUANT_DTYPES or dtype_bytes(d) >= dtype_bytes(self.torch_dtype):
+            return Quantization()
+        return Quantization("online", d, d == "fp8", max(group_size or 0, 0), (("lm_head", 1.0),))
+
+    def param_bytes(self, group: str, dtype: str | None = None, group_size: int | None = None) -> float:
         """Mean stored bytes per parameter of a group served with weight dtype `dtype` (default: the model's).
 
-        The checkpoint's own dtype follows its quantization_config (modules it keeps in 16-bit included).
-        Another `dtype` (online quantization) applies to the layers' matmul weights; embeddings, norms and
-        the LM head stay 16-bit, as vLLM keeps them.
+        Quantized groups follow `serving_quant` (group scales included); embeddings and norms stay 16-bit.
         """
         sixteen = dtype_bytes(self.torch_dtype)
         d = normalize_dtype(dtype or self.default_weight_dtype)
         if group in ("embedding", "norm"):
             return sixteen if d != "fp32" else 4.0
-        if self.quant.dtype and d == self.default_weight_dtype:
-            kept = self.quant.kept_fraction(group)
-            return kept * sixteen + (1.0 - kept) * self.quant.bytes_per_param
-        if group == "lm_head" and dtype_bytes(d) < sixteen:
-            return sixteen
+        q = self.serving_quant(d, group_size)
+        if q.dtype:
+            kept = q.kept_fraction(group)
+            return kept * sixteen + (1.0 - kept) * q.bytes_per_param
         return dtype_bytes(d)
 
-    def weight_bytes(self, dtype: str | None = None) -> float:
+    def weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
         """Bytes of all weights served with weight dtype `dtype` (default: the model's own, as quantized)."""
         groups = (*LINEAR_GROUPS, "embedding", "norm")
-        return float(sum(self.group_params(g) * self.param_bytes(g, dtype) for g in groups))
+        return float(sum(self.group_params(g) * self.param_bytes(g, dtype, group_size) for g in groups))
 
     @property
     def kv_values_per_token_layer(self) -> int:
