@@ -95,7 +95,7 @@ def check_dtype(key: str, value: str | None) -> str | None:
     except SimError:
         d = ""
     if d not in allowed:
-        raise ValueError(f"expected one of {', '.join(allowed)} (got {value!r})")
+        raise ValueError(f"expected one of {', '.join(allowed)}")
     return value
 
 

@@ -11,6 +11,7 @@ from sim.report.fleet import fleet_sections
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
 from sim.report.inputs import ReportInputs, load_inputs
 from sim.report.page import Section, chart_png, chart_spec, render_page
+from sim.report.quantisation import quantisation_sections
 
 SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")] + [
     "requests_per_s",
@@ -146,6 +147,7 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     sections = sweep + per_run if inputs.points is not None else per_run + sweep  # missing charts last
     fleet_sweep = inputs.points if inputs.scenario is not None and inputs.scenario.cluster else None
     sections += fleet_sections(inputs.runs, fleet_sweep, series)
+    sections = quantisation_sections(inputs, caps) + sections
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))
