@@ -60,9 +60,7 @@ class KernelCalibration:
     gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
     gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
     kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
-    dequant_compute_eff: float = (
-        0.6  # weight-only INT4/INT8: share of 16-bit GEMM rate left (prior; the engine's too)
-    )
+    dequant_compute_eff: float = 0.9  # weight-only INT4/INT8: share of 16-bit rate left (prior; Marlin)
     attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
     attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
     kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)

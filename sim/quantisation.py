@@ -21,9 +21,11 @@ from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import DTYPE_BYTES, KV_DTYPES, ModelSpec, normalize_dtype
 
-# Share of the 16-bit GEMM rate a weight-only kernel keeps in the compute-bound regime (a prior; the same
-# value as kernel_calibration.toml's dequant_compute_eff, which tests/test_quantisation.py checks).
-DEQUANT_COMPUTE_EFF = 0.6
+# Share of the 16-bit GEMM rate a weight-only kernel keeps in the compute-bound regime: a prior, from Marlin
+# (its W4A16 GEMMs stay near the ideal speed-up up to batch 16-32, still well ahead at 64-128, and large-batch
+# prefill runs about 10% below FP16; docs/quantisation.md). The same value as kernel_calibration.toml's
+# dequant_compute_eff, which tests/test_quantisation.py checks.
+DEQUANT_COMPUTE_EFF = 0.9
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from sim.model import load_model
 from sim.report.grid import CapacityMark, params_label, with_series
 from sim.report.inputs import ReportInputs
 from sim.report.page import Section
+from sim.sweep import parse_sweep
 
 QUANT_KEYS = ("model.weight_dtype", "model.kv_dtype", "model.weight_group_size")
 LATENCIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
@@ -64,6 +65,16 @@ def _memory(inputs: ReportInputs, params: dict[str, Any]) -> tuple[int, int] | N
     return kv.token_capacity, kv.max_seqs(max(mean_len, 1))
 
 
+def _grid_index(inputs: ReportInputs, params: dict[str, Any]) -> int:
+    """Where a point's params come in the sweep's grid (the order of `sweep.variants`), else last."""
+    sweep = inputs.scenario.sweep if inputs.scenario is not None else None
+    try:
+        grid = parse_sweep(sweep, "sweep").param_grid() if sweep else []
+    except SimError:
+        grid = []
+    return grid.index(params) if params in grid else len(grid)
+
+
 def quantisation_rows(inputs: ReportInputs, caps: list[CapacityMark]) -> list[dict[str, Any]]:
     """One row per format the sweep varied (empty when it varied none)."""
     points = inputs.points
@@ -73,6 +84,7 @@ def quantisation_rows(inputs: ReportInputs, caps: list[CapacityMark]) -> list[di
     formats = [p for p in dict.fromkeys(named["params"].to_list()) if set(_params(p)) & set(QUANT_KEYS)]
     if not formats:
         return []
+    formats.sort(key=lambda p: _grid_index(inputs, _params(p)))
     arrival = inputs.scenario.workload.arrival if inputs.scenario is not None else None
     rates = sorted({float(r) for r in named["rate"].drop_nulls().to_list()})
     wanted = getattr(arrival, "rate", None)
