@@ -480,8 +480,12 @@ def step(
     prefill: int | None = typer.Option(None, "--prefill", help="Prefill: one prompt of L tokens."),
     calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    weight_group_size: int | None = typer.Option(
+        None, "--weight-group-size", min=0, max=1024, help="int4/int8 weights per 16-bit scale (0: per row)."
+    ),
 ) -> None:
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.step_report import print_step
 
-    print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json)
+    print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
+               weight_group_size)  # fmt: skip
