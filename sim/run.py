@@ -60,6 +60,8 @@ def compared_scenario(scenario: Scenario) -> dict[str, Any]:
     for key in ("cluster", "prices"):  # absent unless given: single-replica records stay as they were
         if not out.get(key):
             out.pop(key, None)
+    if out["model"].get("weight_group_size") is None:  # likewise: 16-bit records stay as they were
+        out["model"].pop("weight_group_size", None)
     return out
 
 

@@ -406,3 +406,35 @@ def test_shipped_scenario_compares_the_four_formats() -> None:
         for w, k, gs in formats
     ]
     assert tokens[0] < tokens[3] and tokens[0] < tokens[1] < tokens[2]  # every format holds more than 16-bit
+
+
+def test_run_manifest_names_the_group_size_only_when_given(tmp_path: Path) -> None:
+    """Records of scenarios without the new key keep their manifests and scenario hashes."""
+    from sim.run import compared_scenario
+
+    plain = compared_scenario(load_scenario(_scenario(tmp_path)))
+    assert "weight_group_size" not in plain["model"]
+    assert set(plain["model"]) == {"name", "gpu", "tp", "weight_dtype", "kv_dtype", "gpu_memory_utilization",
+                                   "max_model_len", "block_size", "num_kv_blocks"}  # fmt: skip
+    grouped = compared_scenario(load_scenario(_scenario(tmp_path, weight_dtype="int4", weight_group_size=64)))
+    assert grouped["model"]["weight_group_size"] == 64
+
+
+def test_sim_step_takes_the_group_size() -> None:
+    args = [
+        "--weight-dtype",
+        "int4",
+        "--weight-group-size",
+        "128",
+        "--batch",
+        "1",
+        "--context",
+        "0",
+        "--json",
+    ]
+    out = runner.invoke(app, ["step", "llama-3.1-8b", "--gpu", "H100", *args])
+    assert out.exit_code == 0, out.output
+    step = json.loads(out.output)
+    m = load_model("llama-3.1-8b")
+    layers = m.attention_params + m.dense_params
+    assert step["weight_bytes"] == pytest.approx(layers * (0.5 + 2 / 128) + 2 * m.lm_head_params, rel=1e-9)
