@@ -438,3 +438,30 @@ def test_sim_step_takes_the_group_size() -> None:
     m = load_model("llama-3.1-8b")
     layers = m.attention_params + m.dense_params
     assert step["weight_bytes"] == pytest.approx(layers * (0.5 + 2 / 128) + 2 * m.lm_head_params, rel=1e-9)
+
+
+def test_bulk_decoding_stays_exact_under_quantised_costs() -> None:
+    """The vllm policy's bulk decode path costs steps through `step_time_totals`: with a quantised cost model
+    it must still give the step-by-step records (KV pressure included: 400 blocks)."""
+    from polars.testing import assert_frame_equal
+
+    from sim.engine import Horizon, simulate
+    from sim.request import Request
+    from sim.schedulers.registry import KvBudget
+    from sim.schedulers.vllm import VllmConfig, VllmScheduler
+
+    m, g = load_model("llama-3.1-8b"), get_gpu("L4")
+    cost = CostModel(m, g, weight_dtype="int4", kv_dtype="fp8", weight_group_size=128)
+    arrivals = np.cumsum(np.random.default_rng(3).exponential(0.3, 60))
+
+    def records(fast: bool) -> list[object]:
+        sched = VllmScheduler(VllmConfig(max_num_seqs=16), KvBudget(400, 16, 4096), fast=fast)
+        reqs = [
+            Request(i, float(t), 100 + (i * 53) % 900, 40 + (i * 37) % 300, 40 + (i * 37) % 300)
+            for i, t in enumerate(arrivals)
+        ]
+        out = simulate(sched, cost.step_time, Horizon(max_requests=60, drain=True), open_loop=iter(reqs))
+        return [out.recorder.requests_frame(), out.recorder.steps_frame()]
+
+    for slow, fast in zip(records(False), records(True), strict=True):
+        assert_frame_equal(slow, fast)  # type: ignore[arg-type]

@@ -143,10 +143,15 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{body}</table>"
 
 
+def _metric(key: str) -> str:
+    name, stat = key.split("_")
+    return f"{name.upper()} {stat}"
+
+
 def latency_chart(rows: list[dict[str, Any]]) -> alt.FacetChart:
     """p50 and p99 TTFT and ITL per format at the fixed rate, one panel per metric."""
     data = [
-        {"format": r["format"], "metric": k.replace("_", " "), "ms": r[k] * 1e3}
+        {"format": r["format"], "metric": _metric(k), "ms": r[k] * 1e3}
         for r in rows
         for k in LATENCIES
         if r[k] is not None
@@ -161,9 +166,7 @@ def latency_chart(rows: list[dict[str, Any]]) -> alt.FacetChart:
             tooltip=["format:N", "metric:N", alt.Tooltip("ms:Q", format=".1f")],
         )
         .properties(width=240, height=24 * max(len(rows), 1))
-        .facet(
-            facet=alt.Facet("metric:N", title=None, sort=[k.replace("_", " ") for k in LATENCIES]), columns=2
-        )
+        .facet(facet=alt.Facet("metric:N", title=None, sort=[_metric(k) for k in LATENCIES]), columns=2)
         .resolve_scale(x="independent")
     )
 
