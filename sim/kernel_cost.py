@@ -250,13 +250,15 @@ class KernelCostModel:
 
     def _peak(self, group: str) -> float:
         """Achievable large-M GEMM FLOP/s for a weight group (its format's rate: sim/quantisation.py)."""
-        cal = self.cal
-        if not self.quant.dtype or self.quant.kept_fraction(group) >= 1.0:
+        cal, q = self.cal, self.quant
+        if not q.dtype or q.kept_fraction(group) >= 1.0:
             return self.peak16 * cal.gemm_compute_eff
-        if self.rate.w8a8:
-            return self.peak_flops * cal.gemm_compute_eff_fp8
-        if self.rate.dequant:
+        dtype, activations, _ = q.format_of(group)
+        if not activations:
             return self.peak16 * cal.gemm_compute_eff * cal.dequant_compute_eff
+        peak8 = self.gpu.peak_flops(dtype)[0]
+        if peak8 > self.peak16:
+            return peak8 * cal.gemm_compute_eff_fp8
         return self.peak16 * cal.gemm_compute_eff
 
     # ----------------------------------------------------------------------------------------- kernels

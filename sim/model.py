@@ -99,7 +99,8 @@ class Quantization:
     (matmuls run at the low-precision tensor peak) rather than weight-only (weights dequantized to 16-bit in
     the kernel); `group_size` > 0 adds one 16-bit scale per group; `sixteen_bit` lists the LINEAR_GROUPS kept
     in 16-bit (`ignore` / `modules_to_not_convert`, and the LM head unless the scheme quantizes it), with the
-    fraction of each group's parameters kept.
+    fraction of each group's parameters kept. `per_group` gives (group, dtype, activations, group_size) for
+    the LINEAR_GROUPS a mixed-precision checkpoint stores in another format than the first one.
     """
 
     method: str = "none"
@@ -107,6 +108,19 @@ class Quantization:
     activations: bool = False
     group_size: int = 0
     sixteen_bit: tuple[tuple[str, float], ...] = ()
+    per_group: tuple[tuple[str, str, bool, int], ...] = ()
+
+    def format_of(self, group: str) -> tuple[str, bool, int]:
+        """(dtype, activations, group_size) of a group's quantized parameters."""
+        for name, dtype, activations, group_size in self.per_group:
+            if name == group:
+                return dtype, activations, group_size
+        return self.dtype, self.activations, self.group_size
+
+    def group_bytes(self, group: str) -> float:
+        """Stored bytes per quantized weight of a group, group scales included."""
+        dtype, _, group_size = self.format_of(group)
+        return dtype_bytes(dtype) + (2.0 / group_size if group_size > 0 else 0.0)
 
     def kept_fraction(self, group: str) -> float:
         """Fraction of a group's parameters kept in 16-bit (1 for every group when unquantized)."""
@@ -216,7 +230,7 @@ class ModelSpec:
         q = self.serving_quant(d, group_size)
         if q.dtype:
             kept = q.kept_fraction(group)
-            return kept * sixteen + (1.0 - kept) * q.bytes_per_param
+            return kept * sixteen + (1.0 - kept) * q.group_bytes(group)
         return dtype_bytes(d)
 
     def weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
@@ -451,25 +465,60 @@ def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantizat
             _kept_groups(ignore, num_layers, bool(q.get("lm_head"))),
         )
     if method == "compressed-tensors" or q.get("format") or q.get("config_groups"):
-        groups = list((q.get("config_groups") or {}).values())
-        weights = [g.get("weights") or {} for g in groups]
-        if not weights:
+        groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+        formats = [
+            (_ct_format(g, source), _target_groups(g.get("targets"))) for g in groups if g.get("weights")
+        ]
+        if not formats:
             raise SimError(f"{source}: quantization_config.config_groups: expected a group with weights")
-        w = weights[0]
-        bits, kind = int(w.get("num_bits") or 16), str(w.get("type") or "int")
-        acts = any((g.get("input_activations") or {}).get("num_bits") == 8 for g in groups)
-        lm_quantized = "lm_head" in str(groups[0].get("targets")) and "lm_head" not in str(ignore)
+        # Mixed precision: the group covering most module kinds sets the format; the others override theirs.
+        formats.sort(key=lambda f: -len(f[1]))
+        (dtype, acts, group), _ = formats[0]
+        per_group: dict[str, tuple[str, bool, int]] = {}
+        for fmt, targets in formats[1:]:
+            for target in targets:
+                if fmt != formats[0][0]:
+                    per_group.setdefault(target, fmt)
+        lm_quantized = any("lm_head" in str(g.get("targets")) for g in groups) and "lm_head" not in str(
+            ignore
+        )
         kept = _kept_groups(ignore, num_layers, lm_quantized)
-        if kind == "float" and bits == 8:
-            return Quantization("compressed-tensors", "fp8", acts, 0, kept)
-        if kind == "int" and bits in (4, 8):
-            group = int(w.get("group_size") or 0)
-            return Quantization("compressed-tensors", f"int{bits}", acts and bits == 8, group, kept)
-        raise SimError(f"{source}: quantization_config: unsupported {kind} {bits}-bit weights")
+        mixed = tuple(sorted((name, *fmt) for name, fmt in per_group.items()))
+        return Quantization("compressed-tensors", dtype, acts, group, kept, mixed)
     raise SimError(
         f"{source}: quantization_config.quant_method: expected fp8, gptq, awq or compressed-tensors, "
         f"got {method or '?'}"
     )
+
+
+def _ct_format(group: dict[str, Any], source: str) -> tuple[str, bool, int]:
+    """(dtype, activations, group_size) of one compressed-tensors config group."""
+    w = group.get("weights") or {}
+    bits, kind = int(w.get("num_bits") or 16), str(w.get("type") or "int")
+    acts = (group.get("input_activations") or {}).get("num_bits") == 8
+    if kind == "float" and bits == 8:
+        return "fp8", acts, 0
+    if kind == "int" and bits in (4, 8):
+        return f"int{bits}", acts and bits == 8, max(int(w.get("group_size") or 0), 0)
+    raise SimError(f"{source}: quantization_config: unsupported {kind} {bits}-bit weights")
+
+
+def _target_groups(targets: Any) -> tuple[str, ...]:
+    """The LINEAR_GROUPS a compressed-tensors group's `targets` (module classes or name patterns) cover."""
+    out: set[str] = set()
+    for target in targets if isinstance(targets, list) else [targets]:
+        text = str(target).lower()
+        if text.endswith("linear") and not text.startswith("re:"):
+            out |= {"attention", "dense", "experts"}
+        elif "lm_head" in text:
+            out.add("lm_head")
+        elif "expert" in text:
+            out.add("experts")
+        elif any(k in text for k in ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj")):
+            out.add("attention")
+        elif any(k in text for k in ("mlp", "feed_forward", "gate_proj", "up_proj", "down_proj")):
+            out |= {"dense", "experts"}
+    return tuple(sorted(out))
 
 
 def _weight_dtype(quant: Quantization, torch_dtype: str) -> str:

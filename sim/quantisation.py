@@ -62,6 +62,14 @@ def matmul_rate(model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size
     return MatmulRate(gpu.flops_16bit, True, False, note)
 
 
+def group_flops(gpu: Gpu, dtype: str, activations: bool) -> float:
+    """Peak FLOP/s a quantized format's matmuls reach: the 8-bit peak under W8A8 (16-bit where the GPU has
+    none), the 16-bit peak times DEQUANT_COMPUTE_EFF when weight-only."""
+    if activations:
+        return max(gpu.peak_flops(dtype)[0], gpu.flops_16bit)
+    return gpu.flops_16bit * DEQUANT_COMPUTE_EFF
+
+
 def flop_costs(
     model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size: int | None, rate: MatmulRate
 ) -> tuple[float, float, float]:
@@ -74,13 +82,14 @@ def flop_costs(
     if not q.dtype:
         return 1.0, 1.0, 1.0
     sixteen = rate.peak_flops / gpu.flops_16bit
-    quant = 1.0 / DEQUANT_COMPUTE_EFF if rate.dequant else 1.0
     chosen = model.num_moe_layers * model.experts_per_token * model.expert_params
     params = {"attention": model.attention_params, "dense": model.dense_params, "experts": chosen}
     total = sum(params.values())
 
     def cost(group: str) -> float:
         kept = q.kept_fraction(group)
+        dtype, activations, _ = q.format_of(group)
+        quant = rate.peak_flops / group_flops(gpu, dtype, activations)
         return kept * sixteen + (1.0 - kept) * quant
 
     layers = sum(p * cost(g) for g, p in params.items()) / total if total else 1.0
@@ -135,7 +144,11 @@ def weight_format(q: Any) -> str:
     """A weight format's short name: 16-bit, W8A8 fp8, W4A16 int4 g128, ..."""
     if not q.dtype:
         return "16-bit"
-    bits = 8 if q.dtype in ("fp8", "int8") else 4
-    kind = f"W{bits}A8" if q.activations else f"W{bits}A16"
-    group = f" g{q.group_size}" if q.group_size else ""
-    return f"{kind} {q.dtype}{group}"
+
+    def name(dtype: str, activations: bool, group_size: int) -> str:
+        bits = 8 if dtype in ("fp8", "int8") else 4
+        kind = f"W{bits}A8" if activations else f"W{bits}A16"
+        return f"{kind} {dtype}{f' g{group_size}' if group_size else ''}"
+
+    mixed = "".join(f" + {name(*fmt)} {group}" for group, *fmt in q.per_group)
+    return name(q.dtype, q.activations, q.group_size) + mixed

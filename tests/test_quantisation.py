@@ -465,3 +465,45 @@ def test_bulk_decoding_stays_exact_under_quantised_costs() -> None:
 
     for slow, fast in zip(records(False), records(True), strict=True):
         assert_frame_equal(slow, fast)  # type: ignore[arg-type]
+
+
+MIXED = {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {
+    "group_0": {"targets": ["re:.*self_attn.(k|q|o|v)_proj$"], "weights": {"num_bits": 8, "type": "int"},
+                "input_activations": {"num_bits": 8, "type": "int"}},
+    "group_1": {"targets": ["re:.*mlp.(down|gate|up)_proj$"],
+                "weights": {"num_bits": 4, "type": "int", "group_size": 128}},
+}}  # fmt: skip
+
+
+def test_mixed_precision_config_groups_cost_each_module_kind_in_its_format() -> None:
+    """A compressed-tensors checkpoint with W8A8 INT8 attention and W4A16 (g128) MLPs: bytes and FLOP rate
+    per module kind, in the engine and in the kernel model."""
+    m, g = _llama(MIXED), get_gpu("H100")
+    q = m.quant  # type: ignore[attr-defined]
+    assert (q.dtype, q.activations, q.group_size) == ("int4", False, 128)  # the MLPs: most module kinds
+    assert q.format_of("attention") == ("int8", True, 0)
+    cost = CostModel(m, g)  # type: ignore[arg-type]
+    attn, dense = m.attention_params, m.dense_params  # type: ignore[attr-defined]
+    sixteen = 2.0 * (m.lm_head_params + m.norm_params)  # type: ignore[attr-defined]
+    assert cost.static_weight_bytes == pytest.approx(
+        attn * 1.0 + dense * (0.5 + 2 / 128) + sixteen, rel=1e-12
+    )
+    s = cost.step(np.array([8192]), np.array([0]))
+    e = Calibration().compute_eff_prefill
+    expected = (
+        2 * 8192 * dense / (g.flops_16bit * DEQUANT_COMPUTE_EFF * e)
+        + 2 * 8192 * attn / (g.flops_int8 * e)
+        + (m.lm_head_flops + s.flops_attention) / (g.flops_16bit * e)  # type: ignore[attr-defined]
+    )
+    assert s.compute_s == pytest.approx(expected, rel=1e-9)
+    kernel = {k.name: k for k in KernelCostModel(m, g).step(np.array([8192]), np.array([0])).kernels}  # type: ignore[arg-type]
+    cal = KernelCalibration()
+    qkv, up = kernel["qkv"], kernel["mlp_up"]
+    assert qkv.seconds == pytest.approx(
+        qkv.flops / (g.flops_int8 * cal.gemm_compute_eff_fp8) + qkv.count * cal.graph_kernel_fixed_s, rel=1e-9
+    )
+    rate16 = g.flops_16bit * cal.gemm_compute_eff * cal.dequant_compute_eff
+    assert up.seconds == pytest.approx(up.flops / rate16 + up.count * cal.graph_kernel_fixed_s, rel=1e-9)
+    from sim.quantisation import weight_format
+
+    assert weight_format(q) == "W4A16 int4 g128 + W8A8 int8 attention"
