@@ -358,7 +358,14 @@ def _quantisation_report(
 
     from rich.console import Console
 
-    from sim.quant_capacity import quantisation_table, variant_figures, variants
+    from sim.quant_capacity import (
+        DECODE_BATCH,
+        PREFILL_TOKENS,
+        baseline,
+        quantisation_table,
+        variant_figures,
+        variants,
+    )
 
     if len(specs) != 1:
         raise SimError("--quantisation compares the formats of one model: give one model")
@@ -370,15 +377,15 @@ def _quantisation_report(
         return
     console = Console(width=160)
     title = (
-        f"{m.name} on {gpu.name} x{tp}: weight and KV-cache formats (decode step: "
-        f"{rows[0].get('decode_batch')} sequences at {typical_len:,} tokens; prefill chunk: "
-        f"{rows[0].get('prefill_tokens')} tokens)"
+        f"{m.name} on {gpu.name} x{tp}: weight and KV-cache formats (decode step: {DECODE_BATCH} sequences "
+        f"at {typical_len:,} tokens; prefill chunk: {PREFILL_TOKENS:,} tokens)"
     )
     console.print(quantisation_table(rows, title))
+    base = baseline(rows)
     console.print(
-        "matmul TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only "
-        "formats dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with "
-        "the speed-up over 16-bit in brackets.",
+        "TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only formats "
+        "dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with the "
+        f"speed-up over {base['variant'] if base else '16-bit'} in brackets.",
         soft_wrap=True,
     )
 

@@ -100,7 +100,7 @@ class Quantization:
     the kernel); `group_size` > 0 adds one 16-bit scale per group; `sixteen_bit` lists the LINEAR_GROUPS kept
     in 16-bit (`ignore` / `modules_to_not_convert`, and the LM head unless the scheme quantizes it), with the
     fraction of each group's parameters kept. `per_group` gives (group, dtype, activations, group_size) for
-    the LINEAR_GROUPS a mixed-precision checkpoint stores in another format than the first one.
+    the LINEAR_GROUPS a mixed-precision checkpoint stores in another format than `dtype`'s.
     """
 
     method: str = "none"
@@ -127,11 +127,6 @@ class Quantization:
         if not self.dtype:
             return 1.0
         return dict(self.sixteen_bit).get(group, 0.0)
-
-    @property
-    def bytes_per_param(self) -> float:
-        """Stored bytes per quantized weight, group scales included."""
-        return dtype_bytes(self.dtype) + (2.0 / self.group_size if self.group_size > 0 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from sim.model import ModelSpec
 from sim.quantisation import weight_format
 
 DEFAULT_GROUP_SIZE = 128  # GPTQ/AWQ's usual group
+DECODE_BATCH = 32  # sequences in the decode step costed
+PREFILL_TOKENS = 2048  # tokens in the prefill chunk costed (vLLM's default token budget)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,8 @@ def variant_figures(
     gpu_memory_utilization: float = 0.9,
     max_model_len: int | None = None,
     typical_len: int = 1024,
-    batch: int = 32,
-    prefill: int = 2048,
+    batch: int = DECODE_BATCH,
+    prefill: int = PREFILL_TOKENS,
 ) -> dict[str, Any]:
     """One variant's figures as plain data (`fits` False and no other figures when weights do not fit)."""
     base: dict[str, Any] = {"variant": v.label, "weight_dtype": v.weight_dtype, "kv_dtype": v.kv_dtype}
@@ -96,8 +98,14 @@ def variant_figures(
     }
 
 
+def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row speed-ups are relative to: 16-bit where it fits, else the first format that fits."""
+    fits = [r for r in rows if r["fits"]]
+    return next((r for r in fits if r["variant"] == "16-bit"), fits[0] if fits else None)
+
+
 def quantisation_table(rows: list[dict[str, Any]], title: str) -> object:
-    """A rich table of `variant_figures` rows, one variant per row (speed-ups over the first that fits)."""
+    """A rich table of `variant_figures` rows, one variant per row (speed-ups over `baseline`)."""
     from rich.table import Table
 
     t = Table(title=title)
@@ -105,7 +113,7 @@ def quantisation_table(rows: list[dict[str, Any]], title: str) -> object:
              "decode GB", "decode ms", "prefill ms")  # fmt: skip
     for name in names:
         t.add_column(name, justify="left" if name == "format" else "right", no_wrap=name == "format")
-    base = next((r for r in rows if r["fits"]), None)
+    base = baseline(rows)
     for r in rows:
         if not r["fits"]:
             t.add_row(str(r["variant"]), "does not fit", *[""] * (len(names) - 2))
