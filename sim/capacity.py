@@ -385,7 +385,8 @@ def _quantisation_report(
     console.print(
         "TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only formats "
         "dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with the "
-        f"speed-up over {base['variant'] if base else '16-bit'} in brackets.",
+        f"speed-up over {base['variant'] if base else '16-bit'} in brackets. *: more sequences than the KV "
+        "cache holds at that length (the step's cost, not one the engine would run).",
         soft_wrap=True,
     )
 

@@ -130,7 +130,8 @@ def quantisation_table(rows: list[dict[str, Any]], title: str) -> object:
             f"{r['max_seqs_at_max_model_len']:,}",
             f"{r['max_seqs_at_typical_len']:,}",
             f"{r['matmul_effective_flops'] / 1e12:,.0f}",
-            f"{r['decode_step_bytes'] / GB:.2f}",
+            f"{r['decode_step_bytes'] / GB:.2f}"
+            + ("*" if r["max_seqs_at_typical_len"] < r["decode_batch"] else ""),
             f"{r['decode_step_s'] * 1e3:.2f}{dec}",
             f"{r['prefill_step_s'] * 1e3:.1f}{pre}",
         )

@@ -507,3 +507,19 @@ def test_mixed_precision_config_groups_cost_each_module_kind_in_its_format() -> 
     from sim.quantisation import weight_format
 
     assert weight_format(q) == "W4A16 int4 g128 + W8A8 int8 attention"
+
+
+def test_capacity_quantisation_compares_against_the_first_format_that_fits() -> None:
+    """Llama-3.1-70B (141 GB at 16-bit) on one H100: 16-bit does not fit, FP8 (72.7 GB) does, with fewer KV
+    tokens than 32 sequences of 1,024 need; INT4 leaves room for over a hundred."""
+    out = runner.invoke(app, ["capacity", "llama-3.1-70b", "--gpu", "H100", "--quantisation", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["variant"]: r for r in json.loads(out.output)["variants"]}
+    assert rows["16-bit"]["fits"] is False and "does not fit" in rows["16-bit"]["reason"]
+    assert (
+        rows["FP8 weights (W8A8)"]["max_seqs_at_typical_len"]
+        < 32
+        <= rows["INT4 weights (W4A16 g128)"]["max_seqs_at_typical_len"]
+    )
+    text = runner.invoke(app, ["capacity", "llama-3.1-70b", "--gpu", "H100", "--quantisation"]).output
+    assert "speed-up over FP8 weights (W8A8)" in text and "*" in text
