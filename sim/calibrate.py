@@ -138,7 +138,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         s = cost.step(new_tokens, context)
         prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
         share = prefill / s.tokens if s.tokens else 0.0
-        flops = s.flops_linear + s.flops_attention
+        flops = s.flops_charged
         terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
         return s.seconds, s.compute_s > s.memory_s
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sim.errors import SimError
 from sim.hardware import Gpu
@@ -45,6 +46,7 @@ class KvMemory:
     block_size: int
     block_bytes: int
     num_blocks: int
+    weight_group_size: int | None = None  # online int4/int8 weights: weights per 16-bit scale
 
     @property
     def token_capacity(self) -> int:
@@ -60,8 +62,11 @@ class KvMemory:
         return self.num_blocks // max(1, self.blocks_per_seq(length))
 
     def to_dict(self) -> dict[str, object]:
-        """Plain dict with integer byte counts."""
-        return {**asdict(self), "token_capacity": self.token_capacity}
+        """Plain dict with integer byte counts (weight_group_size only when set)."""
+        out = {**asdict(self), "token_capacity": self.token_capacity}
+        if self.weight_group_size is None:
+            del out["weight_group_size"]
+        return out
 
 
 def reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
@@ -117,6 +122,7 @@ def kv_memory(
     weight_dtype: str | None = None,
     kv_dtype: str | None = None,
     block_size: int = 16,
+    weight_group_size: int | None = None,
 ) -> KvMemory:
     """Split one GPU's memory into weights, reserve and KV blocks; SimError if weights do not fit."""
     if not 0 < gpu_memory_utilization <= 1:
@@ -127,7 +133,7 @@ def kv_memory(
     wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
     kvdt = normalize_dtype(kv_dtype or model.torch_dtype)
     budget = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = int(model.weight_bytes(wdt) / tp)
+    weights = int(model.weight_bytes(wdt, weight_group_size) / tp)
     reserve = reserve_bytes(model, tp)
     available = budget - weights - reserve
     per_token = kv_bytes_per_token_per_gpu(model, tp, kvdt)
@@ -156,6 +162,7 @@ def kv_memory(
         block_size=block_size,
         block_bytes=block_bytes,
         num_blocks=available // block_bytes,
+        weight_group_size=weight_group_size,
     )
 
 
@@ -281,8 +288,12 @@ def capacity_report(
     max_model_len: int | None = None,
     typical_len: int = 1024,
     as_json: bool = False,
+    weight_group_size: int | None = None,
+    quantisation: bool = False,
 ) -> None:
-    """Print the capacity of one model, or of several side by side, as rich tables or one JSON object."""
+    """Print the capacity of one model, or of several side by side, as rich tables or one JSON object.
+
+    `quantisation`: one model under each weight and KV-cache format instead (sim/quant_capacity.py)."""
     import json
 
     from rich.console import Console
@@ -294,16 +305,29 @@ def capacity_report(
         raise SimError("give at least one model")
     g = get_gpu(gpu)
     specs = [load_model(m) for m in models]
-    kvs = [kv_memory(m, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype) for m in specs]
+    if quantisation:
+        _quantisation_report(specs, g, tp, gpu_memory_utilization, max_model_len, typical_len, as_json,
+                             weight_group_size)  # fmt: skip
+        return
+    kvs = [
+        kv_memory(m, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype, 16, weight_group_size)
+        for m in specs
+    ]
     if max_model_len is None and len(specs) > 1:  # compare at one length: the shortest model limit
         max_model_len = min(m.max_position_embeddings or 2**31 for m in specs)
     sums = [capacity_summary(m, k, max_model_len, typical_len) for m, k in zip(specs, kvs, strict=True)]
     console = Console(width=140)
     if len(specs) == 1:
+        quantised = bool(weight_dtype or kv_dtype or specs[0].quant.dtype)
+        if quantised:  # the format's FLOP rate and decode-step bytes (16-bit output unchanged)
+            sums[0].update(_format_figures(specs[0], g, tp, kvs[0], max_model_len, typical_len))
         if as_json:
             print(json.dumps(sums[0]))
         else:
-            console.print(_single_table(specs[0], kvs[0], sums[0]))
+            table = _single_table(specs[0], kvs[0], sums[0])
+            if quantised:
+                _add_format_rows(table, sums[0])
+            console.print(table)
         return
     note = _attention_line(specs, kvs)
     if as_json:
@@ -318,3 +342,78 @@ def _mixed_note(model: ModelSpec, weight_dtype: str) -> str:
     if model.weight_bytes(weight_dtype) == model.params_total * dtype_bytes(weight_dtype):
         return ""
     return f" ({weight_dtype} matmuls; embeddings, norms, modules quantization_config keeps: 16-bit)"
+
+
+def _quantisation_report(
+    specs: list[ModelSpec],
+    gpu: Gpu,
+    tp: int,
+    util: float,
+    max_model_len: int | None,
+    typical_len: int,
+    as_json: bool,
+    group_size: int | None,
+) -> None:
+    import json
+
+    from rich.console import Console
+
+    from sim.quant_capacity import (
+        DECODE_BATCH,
+        PREFILL_TOKENS,
+        baseline,
+        quantisation_table,
+        variant_figures,
+        variants,
+    )
+
+    if len(specs) != 1:
+        raise SimError("--quantisation compares the formats of one model: give one model")
+    m = specs[0]
+    _check_tp(m, tp)
+    rows = [variant_figures(m, gpu, v, tp, util, max_model_len, typical_len) for v in variants(m, group_size)]
+    if as_json:
+        print(json.dumps({"model": m.name, "gpu": gpu.name, "tp": tp, "variants": rows}))
+        return
+    console = Console(width=160)
+    title = (
+        f"{m.name} on {gpu.name} x{tp}: weight and KV-cache formats (decode step: {DECODE_BATCH} sequences "
+        f"at {typical_len:,} tokens; prefill chunk: {PREFILL_TOKENS:,} tokens)"
+    )
+    console.print(quantisation_table(rows, title))
+    base = baseline(rows)
+    console.print(
+        "TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only formats "
+        "dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with the "
+        f"speed-up over {base['variant'] if base else '16-bit'} in brackets. *: more sequences than the KV "
+        "cache holds at that length (the step's cost, not one the engine would run).",
+        soft_wrap=True,
+    )
+
+
+def _format_figures(
+    model: ModelSpec, gpu: Gpu, tp: int, kv: KvMemory, max_model_len: int | None, typical_len: int
+) -> dict[str, object]:
+    from sim.quant_capacity import Variant, variant_figures
+
+    v = Variant("", kv.weight_dtype, kv.kv_dtype, kv.weight_group_size)
+    fig = variant_figures(model, gpu, v, tp, kv.gpu_memory_utilization, max_model_len, typical_len)
+    keys = ("weight_format", "matmul_peak_flops", "matmul_effective_flops", "decode_batch", "decode_context",
+            "decode_step_bytes", "decode_step_s", "prefill_tokens", "prefill_step_s", "note")  # fmt: skip
+    return {k: fig[k] for k in keys}
+
+
+def _add_format_rows(table: Any, s: dict[str, Any]) -> None:
+    table.add_row("weight format", str(s["weight_format"]), str(s["note"]))
+    table.add_row(
+        "matmul FLOP rate",
+        f"{s['matmul_effective_flops'] / 1e12:,.1f} TFLOP/s",
+        f"peak {s['matmul_peak_flops'] / 1e12:,.1f} TFLOP/s"
+        + ("" if s["matmul_effective_flops"] == s["matmul_peak_flops"] else " x dequantization share"),
+    )
+    table.add_row(
+        "bytes / decode step",
+        f"{s['decode_step_bytes'] / GB:,.2f} GB",
+        f"weights + KV of {s['decode_batch']} sequences at {s['decode_context']:,} tokens "
+        f"({s['decode_step_s'] * 1e3:.2f} ms)",
+    )

@@ -257,6 +257,16 @@ def capacity(
     draft_tp: int | None = typer.Option(None, "--draft-tp", min=1, max=64, help="Draft's TP (default --tp)."),
     max_loras: int = typer.Option(0, "--max-loras", min=0, max=4096, help="LoRA GPU slots taken from KV."),
     max_lora_rank: int = typer.Option(16, "--max-lora-rank", min=1, max=512, help="Rank of the LoRA slots."),
+    weight_group_size: int | None = typer.Option(
+        None,
+        "--weight-group-size",
+        min=0,
+        max=1024,
+        help="int4/int8 weights per 16-bit scale (0: per channel).",
+    ),
+    quantisation: bool = typer.Option(
+        False, "--quantisation", help="One model under each weight and KV-cache format, side by side."
+    ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
@@ -265,6 +275,8 @@ def capacity(
         raise SimError("several models given: add --compare to show them side by side")
     if draft_model is not None and max_loras:
         raise SimError("give --draft-model or --max-loras, not both")
+    if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):
+        raise SimError("--quantisation and --weight-group-size go without --draft-model and --max-loras")
     if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/speculative.py)
         from sim.speculative import draft_capacity, print_draft_capacity
 
@@ -294,6 +306,8 @@ def capacity(
         max_model_len=max_model_len,
         typical_len=typical_len,
         as_json=as_json,
+        weight_group_size=weight_group_size,
+        quantisation=quantisation,
     )
 
 
@@ -493,8 +507,12 @@ def step(
     prefill: int | None = typer.Option(None, "--prefill", help="Prefill: one prompt of L tokens."),
     calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    weight_group_size: int | None = typer.Option(
+        None, "--weight-group-size", min=0, max=1024, help="int4/int8 weights per 16-bit scale (0: per row)."
+    ),
 ) -> None:
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.step_report import print_step
 
-    print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json)
+    print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
+               weight_group_size)  # fmt: skip

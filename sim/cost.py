@@ -18,6 +18,7 @@ from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+from sim.quantisation import flop_costs, matmul_rate
 
 ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
 
@@ -60,6 +61,7 @@ class StepCost:
     tokens: int
     rows: int
     experts_touched: float  # expected distinct routed experts per MoE layer
+    flops_charged: float = 0.0  # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8)
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
@@ -96,6 +98,7 @@ class CostModel:
         weight_dtype: str | None = None,
         kv_dtype: str | None = None,
         calibration: Calibration | None = None,
+        weight_group_size: int | None = None,
     ) -> None:
         if tp < 1:
             raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
@@ -103,17 +106,18 @@ class CostModel:
         self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
         self.cal = calibration or Calibration()
-        self.peak_flops, self.note = gpu.peak_flops(self.weight_dtype)
+        # Matmul rate of the weight format (sim/quantisation.py): 8-bit peak for W8A8, 16-bit peak with
+        # dequantization for weight-only INT4/INT8.
+        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
+        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
         m = model
-        if m.quant.dtype and not m.quant.activations and self.weight_dtype == m.default_weight_dtype:
-            self.peak_flops = gpu.flops_16bit
-            self.note = f"{m.quant.method} {m.quant.dtype} weight-only: dequantized, 16-bit compute"
-        # Weights read every step, in the bytes the checkpoint stores them (quantization_config, modules kept
-        # in 16-bit included): all but the routed experts and a gathered (untied) input embedding.
-        wd = self.weight_dtype
+        # Weights read every step, in the bytes they are stored in (quantization_config or online
+        # quantization, group scales and modules kept in 16-bit included): all but the routed experts and a
+        # gathered (untied) input embedding.
+        wd, gs = self.weight_dtype, weight_group_size
         groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
-        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd) for g in groups) / tp
-        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd) / tp
+        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups) / tp
+        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd, gs) / tp
         # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head
         # per GPU); the MLA latent is replicated on every GPU.
         kvb = dtype_bytes(self.kv_dtype)
@@ -127,6 +131,15 @@ class CostModel:
         self.lin_flops_tok = m.linear_flops_per_token / tp
         self.head_flops_row = m.lm_head_flops / tp
         self.attn_flops_pair = m.attn_flops_per_pair / tp
+        # The same FLOPs as charged at peak_flops (equal to the above for unquantized weights).
+        self.lin_cost_tok = self.lin_flops_tok
+        self.head_cost_row = self.head_flops_row
+        self.attn_cost_pair = self.attn_flops_pair
+        lin_k, head_k, attn_k = flop_costs(m, gpu, wd, gs, self.rate)
+        if (lin_k, head_k, attn_k) != (1.0, 1.0, 1.0):
+            self.lin_cost_tok *= lin_k
+            self.head_cost_row *= head_k
+            self.attn_cost_pair *= attn_k
         self.hbm = gpu.hbm_bandwidth
         self.allreduces = 2 * m.num_layers if tp > 1 else 0
         ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
@@ -166,7 +179,7 @@ class CostModel:
         if tokens <= 0:
             return 0.0, False
         m = self.model
-        flops = self.lin_flops_tok * tokens + self.head_flops_row * rows + self.attn_flops_pair * pairs
+        flops = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
         weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
         seconds, compute_bound = roofline_seconds(
@@ -190,7 +203,8 @@ class CostModel:
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        compute_s = (flops_lin + flops_attn) / (self.peak_flops * eff)
+        flops_cost = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        compute_s = flops_cost / (self.peak_flops * eff)
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
         )
@@ -216,6 +230,7 @@ class CostModel:
             tokens=int(tokens),
             rows=rows,
             experts_touched=touched,
+            flops_charged=flops_cost,
         )
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:

@@ -8,8 +8,9 @@ Each linear layer is a GEMM of (M tokens x K x N per GPU):
 
     time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + fixed cost
 
-with bytes = weights (in their stored dtype) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak,
-weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation). Attention per layer is one kernel over
+with bytes = weights (in their stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8
+runs at the FP8 peak, weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as
+sim/quantisation.py defines for both cost models. Attention per layer is one kernel over
 every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per (prefill query x head),
 KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost.
 MoE layers run a fused expert GEMM pair over the experts the step touches. Norms, rotary embedding and
@@ -43,6 +44,7 @@ from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+from sim.quantisation import matmul_rate
 
 ACT_BYTES = 2  # activations are 16-bit
 # Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
@@ -58,7 +60,7 @@ class KernelCalibration:
     gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
     gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
     kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
-    dequant_compute_eff: float = 0.6  # weight-only INT4/INT8: share of 16-bit GEMM rate left (prior)
+    dequant_compute_eff: float = 0.9  # weight-only INT4/INT8: share of 16-bit rate left (prior; Marlin)
     attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
     attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
     kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
@@ -165,6 +167,7 @@ class KernelCostModel:
         weight_dtype: str | None = None,
         kv_dtype: str | None = None,
         calibration: KernelCalibration | None = None,
+        weight_group_size: int | None = None,
     ) -> None:
         if tp < 1:
             raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
@@ -172,7 +175,10 @@ class KernelCostModel:
         self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
         self.cal = cal = calibration or KernelCalibration()
-        self.peak_flops, self.note = gpu.peak_flops(self.weight_dtype)
+        self.group_size = weight_group_size
+        self.quant = model.serving_quant(self.weight_dtype, weight_group_size)
+        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
+        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
         m = model
         L = m.num_layers
         self.hbm = gpu.hbm_bandwidth
@@ -180,10 +186,11 @@ class KernelCostModel:
         self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
         self.peak16 = gpu.flops_16bit
         self.gemms = self._gemm_shapes()
-        self.head = _Gemm(
-            "lm_head", 1, m.hidden_size, m.vocab_size / tp, m.param_bytes("lm_head", weight_dtype), "lm_head"
+        head_bytes = m.param_bytes("lm_head", weight_dtype, weight_group_size)
+        self.head = _Gemm("lm_head", 1, m.hidden_size, m.vocab_size / tp, head_bytes, "lm_head")
+        self.expert_bytes_per_layer = (
+            m.expert_params * m.param_bytes("experts", weight_dtype, weight_group_size) / tp
         )
-        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", weight_dtype) / tp
         self.weight_bytes_static = sum(g.count * g.k * g.n * g.weight_bytes_per_param for g in self.gemms)
         self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
         # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head per GPU);
@@ -223,35 +230,36 @@ class KernelCostModel:
 
     def _gemm_shapes(self) -> list[_Gemm]:
         """The layers' GEMMs per GPU: q/k/v, output projection, MLP up (gated: gate and up) and down."""
-        m, tp, wd = self.model, self.tp, self.weight_dtype
+        m, tp, wd, gs = self.model, self.tp, self.weight_dtype, self.group_size
         L, H = m.num_layers, m.hidden_size
         attn = m.attention_params / L
         o = m.num_heads * m.v_head_dim * H
         qkv = max(attn - o, 0.0)
         out = [
-            _Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd), "attention"),
-            _Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd), "attention"),
+            _Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
+            _Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
         ]
         if m.dense_params:
             dense = m.dense_params / L
             gated = m.model_type != "opt"
             up = dense * (2 / 3 if gated else 1 / 2)
-            wb = m.param_bytes("dense", wd)
+            wb = m.param_bytes("dense", wd, gs)
             out.append(_Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
             out.append(_Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
         return out
 
     def _peak(self, group: str) -> float:
-        """Achievable large-M GEMM FLOP/s for a weight group."""
-        cal, q = self.cal, self.model.quant
-        low = self.model.param_bytes(group, self.weight_dtype) < dtype_bytes(self.model.torch_dtype)
-        if not low:
+        """Achievable large-M GEMM FLOP/s for a weight group (its format's rate: sim/quantisation.py)."""
+        cal, q = self.cal, self.quant
+        if not q.dtype or q.kept_fraction(group) >= 1.0:
             return self.peak16 * cal.gemm_compute_eff
-        own = q.dtype and self.weight_dtype == self.model.default_weight_dtype
-        w8a8 = q.activations if own else self.weight_dtype in ("fp8", "int8")
-        if w8a8 and self.peak_flops > self.peak16:
-            return self.peak_flops * cal.gemm_compute_eff_fp8
-        return self.peak16 * cal.gemm_compute_eff * cal.dequant_compute_eff
+        dtype, activations, _ = q.format_of(group)
+        if not activations:
+            return self.peak16 * cal.gemm_compute_eff * cal.dequant_compute_eff
+        peak8 = self.gpu.peak_flops(dtype)[0]
+        if peak8 > self.peak16:
+            return peak8 * cal.gemm_compute_eff_fp8
+        return self.peak16 * cal.gemm_compute_eff
 
     # ----------------------------------------------------------------------------------------- kernels
 

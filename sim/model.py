@@ -85,6 +85,10 @@ def _cum_keys(n: np.ndarray, window: int | None) -> np.ndarray:
 
 # Matmul weights, grouped by how the cost model uses them.
 LINEAR_GROUPS = ("attention", "dense", "experts", "lm_head")
+# Weight dtypes a 16-bit checkpoint can be served in by online quantization (see `ModelSpec.serving_quant`).
+ONLINE_QUANT_DTYPES = ("fp8", "int8", "int4")
+# KV-cache dtypes: the 16-bit activation dtypes and the 8-bit caches (vLLM's kv_cache_dtype fp8 / int8).
+KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,8 @@ class Quantization:
     (matmuls run at the low-precision tensor peak) rather than weight-only (weights dequantized to 16-bit in
     the kernel); `group_size` > 0 adds one 16-bit scale per group; `sixteen_bit` lists the LINEAR_GROUPS kept
     in 16-bit (`ignore` / `modules_to_not_convert`, and the LM head unless the scheme quantizes it), with the
-    fraction of each group's parameters kept.
+    fraction of each group's parameters kept. `per_group` gives (group, dtype, activations, group_size) for
+    the LINEAR_GROUPS a mixed-precision checkpoint stores in another format than `dtype`'s.
     """
 
     method: str = "none"
@@ -103,17 +108,25 @@ class Quantization:
     activations: bool = False
     group_size: int = 0
     sixteen_bit: tuple[tuple[str, float], ...] = ()
+    per_group: tuple[tuple[str, str, bool, int], ...] = ()
+
+    def format_of(self, group: str) -> tuple[str, bool, int]:
+        """(dtype, activations, group_size) of a group's quantized parameters."""
+        for name, dtype, activations, group_size in self.per_group:
+            if name == group:
+                return dtype, activations, group_size
+        return self.dtype, self.activations, self.group_size
+
+    def group_bytes(self, group: str) -> float:
+        """Stored bytes per quantized weight of a group, group scales included."""
+        dtype, _, group_size = self.format_of(group)
+        return dtype_bytes(dtype) + (2.0 / group_size if group_size > 0 else 0.0)
 
     def kept_fraction(self, group: str) -> float:
         """Fraction of a group's parameters kept in 16-bit (1 for every group when unquantized)."""
         if not self.dtype:
             return 1.0
         return dict(self.sixteen_bit).get(group, 0.0)
-
-    @property
-    def bytes_per_param(self) -> float:
-        """Stored bytes per quantized weight, group scales included."""
-        return dtype_bytes(self.dtype) + (2.0 / self.group_size if self.group_size > 0 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -184,28 +197,41 @@ class ModelSpec:
             "norm": self.norm_params,
         }[group]
 
-    def param_bytes(self, group: str, dtype: str | None = None) -> float:
+    def serving_quant(self, dtype: str | None = None, group_size: int | None = None) -> Quantization:
+        """How the matmul weights are stored when served with weight dtype `dtype` (default: the model's).
+
+        The checkpoint's own dtype keeps its quantization_config (group size, modules kept in 16-bit).
+        Another dtype is online quantization of the layers' matmul weights, the LM head kept 16-bit as vLLM
+        keeps it: fp8 is W8A8 (vLLM's `--quantization fp8`), int8 and int4 are weight-only (GPTQ/AWQ-style,
+        W8A16/W4A16) with one 16-bit scale per `group_size` weights (None or 0: per-channel scales, whose
+        bytes are negligible). 16-bit and fp32 weights are not quantized.
+        """
+        d = normalize_dtype(dtype or self.default_weight_dtype)
+        if self.quant.dtype and d == self.default_weight_dtype:
+            return self.quant
+        if d not in ONLINE_QUANT_DTYPES or dtype_bytes(d) >= dtype_bytes(self.torch_dtype):
+            return Quantization()
+        return Quantization("online", d, d == "fp8", max(group_size or 0, 0), (("lm_head", 1.0),))
+
+    def param_bytes(self, group: str, dtype: str | None = None, group_size: int | None = None) -> float:
         """Mean stored bytes per parameter of a group served with weight dtype `dtype` (default: the model's).
 
-        The checkpoint's own dtype follows its quantization_config (modules it keeps in 16-bit included).
-        Another `dtype` (online quantization) applies to the layers' matmul weights; embeddings, norms and
-        the LM head stay 16-bit, as vLLM keeps them.
+        Quantized groups follow `serving_quant` (group scales included); embeddings and norms stay 16-bit.
         """
         sixteen = dtype_bytes(self.torch_dtype)
         d = normalize_dtype(dtype or self.default_weight_dtype)
         if group in ("embedding", "norm"):
             return sixteen if d != "fp32" else 4.0
-        if self.quant.dtype and d == self.default_weight_dtype:
-            kept = self.quant.kept_fraction(group)
-            return kept * sixteen + (1.0 - kept) * self.quant.bytes_per_param
-        if group == "lm_head" and dtype_bytes(d) < sixteen:
-            return sixteen
+        q = self.serving_quant(d, group_size)
+        if q.dtype:
+            kept = q.kept_fraction(group)
+            return kept * sixteen + (1.0 - kept) * q.group_bytes(group)
         return dtype_bytes(d)
 
-    def weight_bytes(self, dtype: str | None = None) -> float:
+    def weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
         """Bytes of all weights served with weight dtype `dtype` (default: the model's own, as quantized)."""
         groups = (*LINEAR_GROUPS, "embedding", "norm")
-        return float(sum(self.group_params(g) * self.param_bytes(g, dtype) for g in groups))
+        return float(sum(self.group_params(g) * self.param_bytes(g, dtype, group_size) for g in groups))
 
     @property
     def kv_values_per_token_layer(self) -> int:
@@ -434,25 +460,60 @@ def quantization(cfg: dict[str, Any], num_layers: int, source: str) -> Quantizat
             _kept_groups(ignore, num_layers, bool(q.get("lm_head"))),
         )
     if method == "compressed-tensors" or q.get("format") or q.get("config_groups"):
-        groups = list((q.get("config_groups") or {}).values())
-        weights = [g.get("weights") or {} for g in groups]
-        if not weights:
+        groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+        formats = [
+            (_ct_format(g, source), _target_groups(g.get("targets"))) for g in groups if g.get("weights")
+        ]
+        if not formats:
             raise SimError(f"{source}: quantization_config.config_groups: expected a group with weights")
-        w = weights[0]
-        bits, kind = int(w.get("num_bits") or 16), str(w.get("type") or "int")
-        acts = any((g.get("input_activations") or {}).get("num_bits") == 8 for g in groups)
-        lm_quantized = "lm_head" in str(groups[0].get("targets")) and "lm_head" not in str(ignore)
+        # Mixed precision: the group covering most module kinds sets the format; the others override theirs.
+        formats.sort(key=lambda f: -len(f[1]))
+        (dtype, acts, group), _ = formats[0]
+        per_group: dict[str, tuple[str, bool, int]] = {}
+        for fmt, targets in formats[1:]:
+            for target in targets:
+                if fmt != formats[0][0]:
+                    per_group.setdefault(target, fmt)
+        lm_quantized = any("lm_head" in str(g.get("targets")) for g in groups) and "lm_head" not in str(
+            ignore
+        )
         kept = _kept_groups(ignore, num_layers, lm_quantized)
-        if kind == "float" and bits == 8:
-            return Quantization("compressed-tensors", "fp8", acts, 0, kept)
-        if kind == "int" and bits in (4, 8):
-            group = int(w.get("group_size") or 0)
-            return Quantization("compressed-tensors", f"int{bits}", acts and bits == 8, group, kept)
-        raise SimError(f"{source}: quantization_config: unsupported {kind} {bits}-bit weights")
+        mixed = tuple(sorted((name, *fmt) for name, fmt in per_group.items()))
+        return Quantization("compressed-tensors", dtype, acts, group, kept, mixed)
     raise SimError(
         f"{source}: quantization_config.quant_method: expected fp8, gptq, awq or compressed-tensors, "
         f"got {method or '?'}"
     )
+
+
+def _ct_format(group: dict[str, Any], source: str) -> tuple[str, bool, int]:
+    """(dtype, activations, group_size) of one compressed-tensors config group."""
+    w = group.get("weights") or {}
+    bits, kind = int(w.get("num_bits") or 16), str(w.get("type") or "int")
+    acts = (group.get("input_activations") or {}).get("num_bits") == 8
+    if kind == "float" and bits == 8:
+        return "fp8", acts, 0
+    if kind == "int" and bits in (4, 8):
+        return f"int{bits}", acts and bits == 8, max(int(w.get("group_size") or 0), 0)
+    raise SimError(f"{source}: quantization_config: unsupported {kind} {bits}-bit weights")
+
+
+def _target_groups(targets: Any) -> tuple[str, ...]:
+    """The LINEAR_GROUPS a compressed-tensors group's `targets` (module classes or name patterns) cover."""
+    out: set[str] = set()
+    for target in targets if isinstance(targets, list) else [targets]:
+        text = str(target).lower()
+        if text.endswith("linear") and not text.startswith("re:"):
+            out |= {"attention", "dense", "experts"}
+        elif "lm_head" in text:
+            out.add("lm_head")
+        elif "expert" in text:
+            out.add("experts")
+        elif any(k in text for k in ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj")):
+            out.add("attention")
+        elif any(k in text for k in ("mlp", "feed_forward", "gate_proj", "up_proj", "down_proj")):
+            out |= {"dense", "experts"}
+    return tuple(sorted(out))
 
 
 def _weight_dtype(quant: Quantization, torch_dtype: str) -> str:

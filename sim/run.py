@@ -25,6 +25,7 @@ from sim.lora_report import lora_recorder, lora_summary
 from sim.metrics import Recorder, Records, Slo, summarize
 from sim.model import load_model
 from sim.outputs import differences, path_component, replace_folder
+from sim.quantisation import quantisation_info
 from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
@@ -63,6 +64,8 @@ def compared_scenario(scenario: Scenario) -> dict[str, Any]:
     for key in ("cluster", "prices"):  # absent unless given: single-replica records stay as they were
         if not out.get(key):
             out.pop(key, None)
+    if out["model"].get("weight_group_size") is None:  # likewise: 16-bit records stay as they were
+        out["model"].pop("weight_group_size", None)
     return out
 
 
@@ -141,9 +144,12 @@ def build_cost_and_memory(
         gpu = get_gpu(m.gpu)
     except SimError as err:
         raise SimError(f"{source}: model.gpu: {err}") from None
-    cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario))
+    gs = m.weight_group_size
+    cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
     try:
-        mem = kv_memory(model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size)
+        mem = kv_memory(
+            model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size, gs
+        )
     except SimError as err:
         raise SimError(f"{source}: model: {err}") from None
     blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
@@ -156,6 +162,8 @@ def build_cost_and_memory(
         "kv_tokens": blocks * m.block_size,
         "kv_bytes_per_token": mem.kv_bytes_per_token,
     }
+    if m.weight_dtype or m.kv_dtype or model.quant.dtype:  # quantized: the formats (16-bit runs unchanged)
+        info.update(quantisation_info(cost, mem))
     return cost, KvBudget(blocks, m.block_size, m.max_model_len), info
 
 

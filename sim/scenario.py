@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.errors import SimError
 from sim.fleet.config import ClusterSection, check_cluster
@@ -22,6 +22,7 @@ from sim.limits import (
     MAX_TOKENS,
 )
 from sim.lora import check_lora
+from sim.quantisation import check_dtype, check_group_size
 from sim.schedulers.registry import load_all
 from sim.workload import WorkloadConfig, format_validation_error
 
@@ -49,6 +50,19 @@ class ModelSection(_Section):
     num_kv_blocks: int | None = Field(
         None, ge=2, le=MAX_KV_BLOCKS, description="Override the KV blocks derived from memory."
     )
+    weight_group_size: int | None = Field(
+        None, description="int4/int8 weights per 16-bit scale: 32-1024, a power of two; 0: per channel."
+    )
+
+    @field_validator("weight_dtype", "kv_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None, info: Any) -> str | None:
+        return check_dtype(info.field_name, value)
+
+    @model_validator(mode="after")
+    def _group_size(self) -> ModelSection:
+        check_group_size(self.weight_dtype, self.weight_group_size)
+        return self
 
     @model_validator(mode="before")
     @classmethod

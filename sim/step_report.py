@@ -38,6 +38,7 @@ def print_step(
     prefill: int | None,
     calibration: Path | None,
     as_json: bool,
+    weight_group_size: int | None = None,
 ) -> dict[str, object]:
     from rich.console import Console
     from rich.table import Table
@@ -48,8 +49,9 @@ def print_step(
 
     c, q = step_rows(batch, context, prefill)
     cost = KernelCostModel(
-        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration)
-    )
+        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
+        weight_group_size,
+    )  # fmt: skip
     summary = step_summary(cost, c, q)
     if as_json:
         print(json.dumps(summary, indent=2))

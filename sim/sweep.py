@@ -6,6 +6,7 @@
     replications = 3                            # seeds: SeedSequence(scenario.seed).spawn(3)
     params = { "horizon.duration_s" = [300] }   # any other dotted key; the grid is the cartesian product
     capacity_steps = 3                          # bisection runs per policy with --find-capacity
+    variants = [{ "model.weight_dtype" = "fp8" }, { "model.kv_dtype" = "fp8" }]  # keys set together
 
 The rate axis is `workload.arrival.rate` (poisson, gamma, deterministic). A `staged` arrival keeps its shape:
 every stage rate is scaled so that the time-weighted mean rate is the swept value. A `closed_loop` arrival
@@ -100,6 +101,9 @@ class SweepConfig(BaseModel):
     replications: int = Field(1, ge=1, le=1000)
     params: dict[str, list[Any]] = Field(default_factory=dict)
     capacity_steps: int = Field(3, ge=0, le=30, description="Bisection runs per policy (--find-capacity).")
+    variants: list[dict[str, Any]] = Field(
+        default_factory=list, description="Sets of dotted keys set together; one more grid axis."
+    )
 
     def rate_values(self) -> list[float | None]:
         if self.rates is None:
@@ -109,10 +113,13 @@ class SweepConfig(BaseModel):
 
     def param_grid(self) -> list[dict[str, Any]]:
         keys = sorted(self.params)
-        return [
+        grid = [
             dict(zip(keys, combo, strict=True))
             for combo in itertools.product(*(self.params[k] for k in keys))
         ]
+        if self.variants:  # each variant's keys over each params point
+            grid = [{**point, **variant} for point in grid for variant in self.variants]
+        return grid
 
 
 def parse_sweep(raw: dict[str, Any] | None, source: str) -> SweepConfig:
@@ -127,6 +134,13 @@ def parse_sweep(raw: dict[str, Any] | None, source: str) -> SweepConfig:
             raise SimError(f"{source}: sweep.params.{key}: give at least one value")
         if key == "sweep" or key.startswith("sweep."):
             raise SimError(f"{source}: sweep.params.{key}: the sweep cannot sweep itself")
+    for i, variant in enumerate(cfg.variants):
+        clash = sorted(k for k in variant if k in cfg.params or k == "sweep" or k.startswith("sweep."))
+        if not variant or clash:
+            what = (
+                f"{clash[0]} is a sweep.params key or the sweep itself" if clash else "give at least one key"
+            )
+            raise SimError(f"{source}: sweep.variants[{i}]: {what}")
     return cfg
 
 

@@ -12,6 +12,7 @@ from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence
 from sim.report.inputs import ReportInputs, load_inputs
 from sim.report.lora import lora_sections
 from sim.report.page import Section, chart_png, chart_spec, render_page
+from sim.report.quantisation import quantisation_sections
 from sim.report.speculative import speculative_sections
 
 SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")] + [
@@ -150,6 +151,7 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     sections += fleet_sections(inputs.runs, fleet_sweep, series)
     sections += speculative_sections(inputs, series)
     sections += lora_sections(inputs.points, inputs.runs)
+    sections = quantisation_sections(inputs, caps) + sections
     headline = [
         line
         for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))
