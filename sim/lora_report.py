@@ -34,28 +34,16 @@ class LoraRecorder(Recorder):
     """`Recorder` with an `adapter` column per request and, per step, the adapters in the batch, the
     copies to the GPU and reads from disk, and their seconds (`lora_load_s`)."""
 
+    EXTRA_COLUMNS = ("adapter",)
+
     def __init__(self, timer: LoraStepTime, sink: RecordSink | None = None) -> None:
         self._timer = timer
-        self._adapter_of: dict[int, int] = {}
         self._lora_ints = array("q")
         self._lora_load = array("d")
         super().__init__(sink)
 
-    def _new_request_chunk(self) -> None:
-        super()._new_request_chunk()
-        self._req_adapter = array("q")
-
-    def request(self, req: Any, state: str) -> None:
-        self._adapter_of[req.id] = req.adapter
-        super().request(req, state)
-
-    def _append_request(self, rid: int, row: Any) -> None:
-        self._req_adapter.append(self._adapter_of.pop(rid))
-        super()._append_request(rid, row)
-
-    def _requests_chunk(self) -> pl.DataFrame:
-        frame = super()._requests_chunk()
-        return frame.with_columns(adapter=pl.Series(np.frombuffer(self._req_adapter, np.int64).copy()))
+    def _request_extras(self, req: Any) -> tuple[int, ...]:
+        return (req.adapter,)
 
     def step(self, start: float, duration: float, plan: Any, compute_bound: bool, waiting: int) -> None:
         last = self._timer.last

@@ -60,7 +60,7 @@ _STATES = (FINISHED, REJECTED, IN_FLIGHT)
 _STATE_CODE = {name: i for i, name in enumerate(_STATES)}
 CHUNK_ROWS = 1 << 16  # rows per chunk of records handed to the sink
 # A recorded request row: stored floats, stored ints, state code, reject reason.
-_RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None"]
+_RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None", tuple[int, ...]]
 
 
 class _Rows:
@@ -108,6 +108,12 @@ class Recorder:
     sorted by id at `finish` instead. Step durations are kept only as far back as a request still in flight
     needs them (its ITL quantiles are read over the steps since its first token).
     """
+
+    EXTRA_COLUMNS: tuple[str, ...] = ()  # integer request columns a subclass adds after the standard ones
+
+    def _request_extras(self, req: Request) -> tuple[int, ...]:
+        """The `EXTRA_COLUMNS` of `req`'s row, read when it is recorded."""
+        return ()
 
     def __init__(self, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS) -> None:
         if chunk_rows < 1:
@@ -271,6 +277,7 @@ class Recorder:
              req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens),
             _STATE_CODE[state],
             req.reject_reason,
+            self._request_extras(req),
         )  # fmt: skip
         if self._active.pop(id(req), None) is None:
             self._trim = False  # recorded without `arrive`: its steps cannot be told apart; keep them all
@@ -296,8 +303,10 @@ class Recorder:
         if self._last_id is not None and rid < self._last_id:
             self._unsorted = True
         self._last_id = rid
-        floats, ints, state, reason = row
+        floats, ints, state, reason, extras = row
         self._req_floats.extend(floats)
+        if extras:
+            self._req_extra.extend(extras)
         self._req_ids.append(rid)
         self._req_ints.extend(ints)
         if reason is not None:
@@ -312,6 +321,7 @@ class Recorder:
         self._req_floats = array("d")
         self._req_state = bytearray()
         self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
+        self._req_extra = array("q")  # the rows' EXTRA_COLUMNS, row after row
 
     def _flush_requests(self) -> None:
         if not self._req_state and self._request_chunks:
@@ -361,8 +371,13 @@ class Recorder:
         cols["reject_reason"] = pl.Series(
             [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
         )
-        frame = pl.DataFrame(cols)
-        return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
+        frame = pl.DataFrame(cols).with_columns(pl.col(pl.Float64).fill_nan(None))
+        if self.EXTRA_COLUMNS:
+            names, rows = self.EXTRA_COLUMNS, frame.height
+            shape = (rows, len(names))
+            extra = np.frombuffer(self._req_extra, np.int64, count=rows * len(names)).reshape(shape).T
+            frame = frame.with_columns(pl.Series(name, extra[j].copy()) for j, name in enumerate(names))
+        return frame
 
     # --- the end -----------------------------------------------------------------------------------------
     def finish(self) -> None:

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import math
 import random
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory
@@ -363,27 +361,14 @@ SPEC_COLUMNS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens")
 class SpecRecorder(Recorder):
     """`Recorder` with each request's verification steps, drafts and accepted drafts (`SPEC_COLUMNS`)."""
 
+    EXTRA_COLUMNS = SPEC_COLUMNS
+
     def __init__(self, counts: SpecCounts, sink: RecordSink | None = None) -> None:
         self._counts = counts
-        self._held_counts: dict[int, tuple[int, int, int]] = {}
         super().__init__(sink)
 
-    def _new_request_chunk(self) -> None:
-        super()._new_request_chunk()
-        self._spec = array("q")
-
-    def request(self, req: Request, state: str) -> None:
-        self._held_counts[req.id] = self._counts.pop(req.id)
-        super().request(req, state)
-
-    def _append_request(self, rid: int, row: Any) -> None:
-        self._spec.extend(self._held_counts.pop(rid))
-        super()._append_request(rid, row)
-
-    def _requests_chunk(self) -> pl.DataFrame:
-        frame = super()._requests_chunk()
-        cols = np.frombuffer(self._spec, np.int64, count=3 * frame.height).reshape(frame.height, 3).T
-        return frame.with_columns(pl.Series(name, cols[i].copy()) for i, name in enumerate(SPEC_COLUMNS))
+    def _request_extras(self, req: Request) -> tuple[int, ...]:
+        return self._counts.pop(req.id)
 
 
 def spec_summary(

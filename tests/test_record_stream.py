@@ -76,6 +76,28 @@ def test_ids_out_of_arrival_order_are_sorted() -> None:
     assert frame["arrival"].to_list() == [by_id[i] for i in range(60)]
 
 
+class _ExtraRecorder(Recorder):
+    """Two integer columns per request, read from the request when it is recorded."""
+
+    EXTRA_COLUMNS = ("twice_prompt", "output_plus_id")
+
+    def _request_extras(self, req: Request) -> tuple[int, ...]:
+        return (2 * req.prompt_len, req.output_len + req.id)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_extra_columns_follow_their_rows_in_id_order(chunk: int) -> None:
+    """A subclass's extra columns stay with their own rows though rows are held for lower ids and cut into
+    chunks; a run with no request still has the columns."""
+    reqs = _requests(60, 6.0, seed=4)
+    rec = _streamed("vllm", Horizon(max_requests=60), reqs, _ExtraRecorder(chunk_rows=chunk))
+    frame = rec.requests_frame()
+    assert frame["twice_prompt"].to_list() == [2 * p for p in frame["prompt_len"].to_list()]
+    assert frame["output_plus_id"].to_list() == (frame["output_len"] + frame["id"]).to_list()
+    empty = _ExtraRecorder().requests_frame()
+    assert empty.height == 0 and empty.columns[-2:] == ["twice_prompt", "output_plus_id"]
+
+
 def test_a_long_request_keeps_the_steps_it_needs_across_chunks() -> None:
     """One request running through many chunks, beside short ones: its ITL quantiles are those of every
     step it emitted in (a hand count: all decode steps of a lone constant-time run are equal)."""

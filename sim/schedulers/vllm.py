@@ -568,16 +568,20 @@ class VllmScheduler:
         """One token for each sequence of the step's rows that emits; the sequences that are now done."""
         done: list[Seq] = []
         for seq in rows:
-            seq.num_generated += 1
-            seq.num_tokens += 1
-            req = seq.req
-            if req.n == 1:
-                req.emit(now)
-            else:
-                self._emit_group(req, now)
+            self._emit_token(seq, now)
             if seq.num_generated >= seq.out_len:
                 done.append(seq)
         return done
+
+    def _emit_token(self, seq: Seq, now: float) -> None:
+        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has)."""
+        seq.num_generated += 1
+        seq.num_tokens += 1
+        req = seq.req
+        if req.n == 1:
+            req.emit(now)
+        else:
+            self._emit_group(req, now)
 
     def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
         """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they

@@ -112,12 +112,7 @@ class SpeculativeScheduler(VllmScheduler):
             if k is not None:
                 emitted_by_decodes += count
             for _ in range(count):
-                seq.num_generated += 1
-                seq.num_tokens += 1
-                if req.n == 1:
-                    req.emit(now)
-                else:
-                    self._emit_group(req, now)
+                self._emit_token(seq, now)
             if seq.num_generated >= seq.out_len:
                 done.append(seq)
                 self._streams.pop(seq.sid, None)
