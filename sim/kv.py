@@ -298,19 +298,13 @@ class KvManager:
         seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         return True
 
-    def add_blocks(self, holders: Sequence[Tokens]) -> None:
-        """One more block at the end of each holder's table, without prefix caching, for holders that report
-        their slots through `filled`: what `allocate` does for each one's next token, which opens that block,
-        less the one slot `filled` then accounts."""
+    def lend(self, n: int) -> list[Block]:
+        """`n` blocks for holders that report their slots through `filled` and will put the blocks in their
+        tables later, without prefix caching: what `allocate` does when each of `n` holders opens a new block
+        with its next token, less the one slot each that `filled` then accounts."""
         assert not self.caching
-        bs, cap = self.block_size, self.max_model_len
-        for seq, block in zip(holders, self.pool.take(len(holders)), strict=True):
-            blocks = seq.kv_blocks
-            assert blocks is not None
-            blocks.append(block)
-            room = len(blocks) * bs
-            seq.kv_room = room if room <= cap else cap
-        self.waste += bs * len(holders)
+        self.waste += self.block_size * n
+        return self.pool.take(n)
 
     def filled(self, tokens: int) -> None:
         """Account `tokens` slots that holders took within their `kv_room` by raising `kv_slots` themselves.

@@ -99,6 +99,9 @@ class Seq:
     order: int = 0  # position key in the running list (admissions count up)
     bulk_since: int = -1  # the step after whose update its fields were last exact; -1: handled row by row
     bulk_ctx: int = 0  # its context at step j is bulk_ctx + j
+    bulk_phase: int = (
+        -1
+    )  # without prefix caching: it opens a new block at the steps j = bulk_phase (mod size)
 
     def block_hash(self, j: int) -> Hashable:
         """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies."""
@@ -230,6 +233,13 @@ class VllmScheduler:
             tuple[int, int, int, Seq]
         ] = []  # heap of (-bulk_ctx, since, order, seq), pruned lazily
         self._events: list[tuple[int, int, int, Seq]] = []  # (step it needs its own row, order, since, seq)
+        # Without prefix caching a sequence in bulk opens its new blocks lazily: the blocks the sequences of
+        # phase p open at the steps j = p (mod block size) are taken from the pool at those steps into
+        # `_lent`, and handed to each sequence's block table when it is brought up to date (`_wake`).
+        self._lazy = fast and not caching
+        self._phases: list[dict[Seq, None]] = [{} for _ in range(budget.block_size)] if self._lazy else []
+        self._lent: list[Block] = []
+        self._crossed = 0  # the latest step whose new blocks were lent
         self._finishes: list[tuple[int, int, int, Seq]] = []  # (step of its last token, order, since, seq)
 
     # ---- arrival -------------------------------------------------------------------------------------
@@ -289,8 +299,9 @@ class VllmScheduler:
         """The running rows, those in bulk counted only: the rows handled one by one are scheduled as
         `_schedule_running` would, in running order, the bulk rows each taking one token of the budget."""
         step = self._step + 1
+        self._crossed = step - 1
         busy, events = self._busy, self._events
-        due = []  # sequences in bulk that need a new block or reach the length limit at this step
+        due = []  # in bulk, reaching the length limit (with prefix caching, or their next block)
         while events and events[0][0] <= step:
             _, _, since, seq = heapq.heappop(events)
             if seq.bulk_since == since:
@@ -305,8 +316,12 @@ class VllmScheduler:
                     busy[seq] = None
             rows = self.running
         else:
-            if due:
-                self._bulk_blocks(due, step)
+            for seq in due:  # one by one from this step on (rows of their own after the lending)
+                self._wake(seq)
+            if self._lazy:
+                self._lend_blocks(step)
+            for seq in due:
+                busy[seq] = None
             rows = sorted(busy, key=_order) if len(busy) > 1 else list(busy)
         budget = self._schedule_running(info, rows, self.token_budget, threshold)
         n = self._bulk_n
@@ -321,35 +336,33 @@ class VllmScheduler:
         info.step, info.sched = step, self
         return budget
 
-    def _bulk_blocks(self, due: list[Seq], step: int) -> None:
-        """The new blocks the `due` sequences need at `step`, given in bulk when no allocation of this step
-        can fail (so none preempts, and without prefix caching which block goes where changes no count);
-        else they, and those at the length limit, get rows of their own."""
-        kv, limit = self.kv, self.max_model_len - 1
-        stay = [s for s in due if s.bulk_ctx + step < limit] if not kv.caching else []
-        if stay:
-            bound = len(stay)  # most blocks the step can take: one each, and every row's whole length
+    def _lend_blocks(self, step: int) -> None:
+        """The new blocks the sequences in bulk open at `step`, taken from the pool when no allocation of this
+        step can fail (so none preempts, and without prefix caching which block goes where changes no count);
+        else those sequences get rows of their own."""
+        members = self._phases[step % self.block_size]
+        if members:
+            kv = self.kv
+            bound = len(members)  # most blocks the step can take: one each, and every row's whole length
             bs, cap = self.block_size, self.max_model_len
             for seq in self._busy:
                 bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
             if bound > kv.num_free:
-                stay = []
-        if stay:
-            kv.add_blocks(stay)
-            for seq in stay:
-                self._bulk_until(seq)
-        if len(stay) < len(due):
-            for seq in due:
-                if seq.bulk_since >= 0 and (not stay or seq.bulk_ctx + step >= limit):
+                for seq in list(members):
                     self._wake(seq)
                     self._busy[seq] = None
+            else:
+                self._lent += kv.lend(len(members))
+        self._crossed = step
 
     def _bulk_until(self, seq: Seq) -> int:
         """Queue the step a sequence in bulk next needs a row of its own or, if that comes first, the step of
-        its last token; return the last step it decodes in bulk."""
+        its last token; return the last step it decodes in bulk. Without prefix caching the new blocks it
+        opens on the way do not need a row (`_lend_blocks`); with it, the first does."""
         since = seq.bulk_since
         # at step j it decodes on bulk_ctx + j tokens, within its room and under the length limit
-        last = min(seq.kv_room, self.max_model_len - 1) - 1 - seq.bulk_ctx
+        room = self.max_model_len - 1 if self._lazy else min(seq.kv_room, self.max_model_len - 1)
+        last = room - 1 - seq.bulk_ctx
         finish = since + seq.out_len - seq.num_generated
         if finish <= last:
             heapq.heappush(self._finishes, (finish, seq.order, since, seq))
@@ -358,7 +371,8 @@ class VllmScheduler:
         return last
 
     def _wake(self, seq: Seq) -> None:
-        """Bring a sequence in bulk up to date (as after the latest applied step) and take it out of bulk."""
+        """Bring a sequence in bulk up to date (as after the latest applied step, with the blocks lent to it
+        up to `_crossed`) and take it out of bulk."""
         since = seq.bulk_since
         count = self._updated - since
         if count:
@@ -370,6 +384,18 @@ class VllmScheduler:
             req.num_computed = seq.num_computed
             lo = since + 1 - self._gaps_from
             req.emit_run(count, self._last_end, max(self._gaps[lo : lo + count]))
+        if seq.bulk_phase >= 0:
+            self._phases[seq.bulk_phase].pop(seq, None)
+            seq.bulk_phase = -1
+            blocks = seq.kv_blocks
+            assert blocks is not None
+            more = cdiv(seq.bulk_ctx + self._crossed + 1, self.block_size) - len(blocks)
+            if more > 0:
+                lent = self._lent
+                blocks += lent[-more:]
+                del lent[-more:]
+                room = len(blocks) * self.block_size
+                seq.kv_room = room if room <= self.max_model_len else self.max_model_len
         seq.bulk_since = -1
         self._bulk_n -= 1
         self._bulk_ctx -= seq.bulk_ctx
@@ -388,6 +414,9 @@ class VllmScheduler:
         self._bulk_n += 1
         self._bulk_ctx += ctx
         heapq.heappush(self._bulk_max, (-ctx, step, seq.order, seq))
+        if self._lazy:
+            seq.bulk_phase = -ctx % self.block_size
+            self._phases[seq.bulk_phase][seq] = None
         self._bulk_until(seq)
         return True
 
