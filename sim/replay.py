@@ -123,8 +123,8 @@ def _field(
     return value
 
 
-def build(config: ReplayConfig) -> VllmScheduler:
-    """A `vllm` scheduler with the replay's settings."""
+def build(config: ReplayConfig, fast: bool = False) -> VllmScheduler:
+    """A `vllm` scheduler with the replay's settings (stepping every row, unless `fast`)."""
     c = config
     if c.block_size < 1 or c.num_blocks < 2 or c.max_model_len < 2 or c.watermark_blocks < 0:
         raise SimError(f"bad replay settings: {config.as_dict()}")
@@ -139,7 +139,7 @@ def build(config: ReplayConfig) -> VllmScheduler:
     except ValueError as exc:
         raise SimError(f"bad replay settings: {exc}") from exc
     budget = KvBudget(config.num_blocks, config.block_size, config.max_model_len)
-    return VllmScheduler(knobs, budget, watermark_blocks=config.watermark_blocks)
+    return VllmScheduler(knobs, budget, watermark_blocks=config.watermark_blocks, fast=fast)
 
 
 def seq_name(seq: Seq, names: dict[int, str]) -> str:

@@ -392,6 +392,7 @@ class VllmScheduler:
             more = cdiv(seq.bulk_ctx + self._crossed + 1, self.block_size) - len(blocks)
             if more > 0:
                 lent = self._lent
+                assert len(lent) >= more, "blocks lent to sequences in bulk went missing"
                 blocks += lent[-more:]
                 del lent[-more:]
                 room = len(blocks) * self.block_size
