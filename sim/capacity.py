@@ -80,10 +80,7 @@ def reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str) -> int:
     """KV bytes per token on one GPU: KV heads sharded over tp (one head at least); MLA replicated."""
-    if model.attention == "MLA":
-        return int(model.kv_bytes_per_token(kv_dtype))
-    heads = max(1, model.num_kv_heads // tp)
-    return int(model.num_layers * 2 * heads * model.head_dim * dtype_bytes(kv_dtype))
+    return int(model.num_layers * model.kv_layer_bytes_per_gpu(tp, kv_dtype))
 
 
 def _check_tp(model: ModelSpec, tp: int) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
-from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+from sim.model import ModelSpec, normalize_dtype
 from sim.quantisation import flop_costs, matmul_rate
 
 ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
@@ -118,13 +118,7 @@ class CostModel:
         groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
         self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups) / tp
         self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd, gs) / tp
-        # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head
-        # per GPU); the MLA latent is replicated on every GPU.
-        kvb = dtype_bytes(self.kv_dtype)
-        if m.attention == "MLA":
-            self.kv_layer_bytes = m.kv_values_per_token_layer * kvb
-        else:
-            self.kv_layer_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * kvb
+        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
         self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
         self.full_layers = m.num_layers - m.num_sliding_layers
         self.window = float(m.sliding_window or 0)

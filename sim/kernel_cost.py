@@ -43,7 +43,7 @@ import numpy as np
 from sim.calibration_table import calibration_table
 from sim.errors import SimError
 from sim.hardware import Gpu
-from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+from sim.model import ModelSpec, normalize_dtype
 from sim.quantisation import matmul_rate
 
 ACT_BYTES = 2  # activations are 16-bit
@@ -193,13 +193,7 @@ class KernelCostModel:
         )
         self.weight_bytes_static = sum(g.count * g.k * g.n * g.weight_bytes_per_param for g in self.gemms)
         self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
-        # KV bytes per token per layer on one GPU: heads sharded over tp (replicated below one head per GPU);
-        # the MLA latent is replicated on every GPU.
-        kvb = dtype_bytes(self.kv_dtype)
-        if m.attention == "MLA":
-            self.kv_layer_bytes = m.kv_values_per_token_layer * kvb
-        else:
-            self.kv_layer_bytes = 2 * max(1, m.num_kv_heads // tp) * m.head_dim * kvb
+        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
         self.kv_token_bytes = self.kv_layer_bytes * L
         self.full_layers = L - m.num_sliding_layers
         self.window = float(m.sliding_window or 0)

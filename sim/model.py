@@ -244,6 +244,14 @@ class ModelSpec:
         """KV-cache bytes per token over all layers (sliding layers counted at full size)."""
         return self.num_layers * self.kv_values_per_token_layer * dtype_bytes(kv_dtype or self.torch_dtype)
 
+    def kv_layer_bytes_per_gpu(self, tp: int, kv_dtype: str | None = None) -> float:
+        """KV bytes per token per layer on one GPU of `tp`: the KV heads sharded (one head at least), the MLA
+        latent replicated on every GPU."""
+        kvb = dtype_bytes(kv_dtype or self.torch_dtype)
+        if self.attention == "MLA":
+            return self.kv_values_per_token_layer * kvb
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * kvb
+
     @property
     def linear_flops_per_token(self) -> float:
         """Matmul FLOPs per token in the layers (no embedding gather, no logits)."""
