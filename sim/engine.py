@@ -267,7 +267,9 @@ def simulate(
         engine = env.process(replica.run_open(open_loop, stop))
     else:
         assert closed_loop is not None
-        _start_closed_loop(env, replica, closed_loop, horizon)
+        users = ClosedLoopUsers(env, closed_loop, horizon, replica.submit, replica.close_arrivals)
+        replica.on_finish = users.ended
+        users.start()
         engine = env.process(replica.run())
     if horizon.duration_s is not None and not horizon.drain:
         env.run(until=horizon.duration_s)
@@ -280,38 +282,52 @@ def simulate(
     return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
 
 
-def _start_closed_loop(
-    env: simpy.Environment, replica: Replica, source: ClosedLoopSource, horizon: Horizon
-) -> None:
-    sent = 0
-    user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
+class ClosedLoopUsers:
+    """Closed-loop users on `env`: each sends a request (`submit`), and a think time after it ends (`ended`)
+    its next one, until the horizon's duration or request count, when `close` is called."""
 
-    def close_at_horizon() -> Iterator[simpy.Event]:
-        assert horizon.duration_s is not None
-        yield env.timeout(horizon.duration_s)
-        replica.close_arrivals()
+    def __init__(
+        self,
+        env: simpy.Environment,
+        source: ClosedLoopSource,
+        horizon: Horizon,
+        submit: Callable[[Request], None],
+        close: Callable[[], None],
+    ) -> None:
+        self.env, self.source, self.horizon = env, source, horizon
+        self.submit, self.close = submit, close
+        self.sent = 0
+        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
 
-    def send_at(user: int, delay: float) -> Iterator[simpy.Event]:
-        nonlocal sent
+    def start(self) -> None:
+        """The users' first requests (spread over `ramp_s`) and the close at the horizon's duration."""
+        env, source = self.env, self.source
+        if self.horizon.duration_s is not None:
+            env.process(self._close_at_horizon())
+        for user in range(source.users):
+            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
+            env.process(self._send_at(user, delay))
+
+    def ended(self, req: Request) -> None:
+        """`req` ended (finished or rejected): its user sends its next request after a think time."""
+        self.env.process(self._send_at(self.user_of.pop(req.id), self.source.think_time()))
+
+    def _close_at_horizon(self) -> Iterator[simpy.Event]:
+        assert self.horizon.duration_s is not None
+        yield self.env.timeout(self.horizon.duration_s)
+        self.close()
+
+    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
+        h, env = self.horizon, self.env
         if delay > 0:
             yield env.timeout(delay)
-        if horizon.max_requests is not None and sent >= horizon.max_requests:
+        if h.max_requests is not None and self.sent >= h.max_requests:
             return
-        if horizon.duration_s is not None and env.now >= horizon.duration_s:
+        if h.duration_s is not None and env.now >= h.duration_s:
             return
-        sent += 1
-        req = source.new_request(env.now, user)
-        user_of[req.id] = user
-        replica.submit(req)
-        if horizon.max_requests is not None and sent >= horizon.max_requests:
-            replica.close_arrivals()
-
-    def on_finish(req: Request) -> None:
-        env.process(send_at(user_of.pop(req.id), source.think_time()))
-
-    replica.on_finish = on_finish
-    if horizon.duration_s is not None:
-        env.process(close_at_horizon())
-    for user in range(source.users):
-        delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
-        env.process(send_at(user, delay))
+        self.sent += 1
+        req = self.source.new_request(env.now, user)
+        self.user_of[req.id] = user
+        self.submit(req)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            self.close()

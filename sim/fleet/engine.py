@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import simpy
 
-from sim.engine import ClosedLoopSource, Environment, Horizon, Replica, StepTime
+from sim.engine import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
 from sim.fleet.links import Link
 from sim.fleet.registry import ReplicaReport, Router, Snapshot
 from sim.metrics import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
@@ -166,9 +166,7 @@ class Fleet:
         self.pending = 0
         self.arrivals_done = False
         self.done = env.event()
-        self.closed: ClosedLoopSource | None = None
-        self.sent = 0
-        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
+        self.users: ClosedLoopUsers | None = None
         for m in self.members:
             m.replica.on_finish = self._on_prefill if m.spec.role == "prefill" else self._on_end
 
@@ -179,40 +177,18 @@ class Fleet:
 
     def _on_end(self, req: Request) -> None:
         self.pending -= 1
-        if self.closed is not None:  # the user sends its next request after its think time
-            self.env.process(self._send_at(self.user_of.pop(req.id), self.closed.think_time()))
+        if self.users is not None:  # the user sends its next request after its think time
+            self.users.ended(req)
         self._check_done()
 
-    # --- closed-loop users (as `sim.engine`'s, with the router between them and the replicas) ------------
-    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
-        h, source = self.horizon, self.closed
-        assert source is not None
-        if delay > 0:
-            yield self.env.timeout(delay)
-        if h.max_requests is not None and self.sent >= h.max_requests:
-            return
-        if h.duration_s is not None and self.env.now >= h.duration_s:
-            return
-        self.sent += 1
-        req = source.new_request(self.env.now, user)
-        self.user_of[req.id] = user
-        self._dispatch(req)
-        if h.max_requests is not None and self.sent >= h.max_requests:
-            self.arrivals_done = True
-
-    def _close_at_horizon(self) -> Iterator[simpy.Event]:
-        assert self.horizon.duration_s is not None
-        yield self.env.timeout(self.horizon.duration_s)
+    # --- closed-loop users (`sim.engine`'s, with the router between them and the replicas) ---------------
+    def _close_arrivals(self) -> None:
         self.arrivals_done = True
         self._check_done()
 
     def _start_users(self, source: ClosedLoopSource) -> None:
-        self.closed = source
-        if self.horizon.duration_s is not None:
-            self.env.process(self._close_at_horizon())
-        for user in range(source.users):
-            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
-            self.env.process(self._send_at(user, delay))
+        self.users = ClosedLoopUsers(self.env, source, self.horizon, self._dispatch, self._close_arrivals)
+        self.users.start()
 
     def _refresh_reports(self) -> Iterator[simpy.Event]:
         """Replicas report every `report_delay_s`: the router sees the latest reports, not live state."""
