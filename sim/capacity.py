@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, dtype_bytes, normalize_dtype
+
+if TYPE_CHECKING:
+    from sim.scenario import ModelSection
 
 GB = 1e9
 FIXED_RESERVE = int(0.15 * 2**30)
@@ -76,6 +79,16 @@ def reserve_bytes(model: ModelSpec, tp: int = 1) -> int:
     activation = PROFILE_TOKENS * 2 * (model.hidden_size + 2 * mlp_width / tp)
     sampler = SAMPLER_SEQS * model.vocab_size * SAMPLER_BYTES_PER_VOCAB
     return int(FIXED_RESERVE + activation + sampler)
+
+
+def replica_kv_memory(section: ModelSection, model: ModelSpec, gpu: Gpu, source: str) -> KvMemory:
+    """The KV memory of one replica of a scenario's [model] table (`source` names it in errors)."""
+    m = section
+    try:
+        return kv_memory(model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size,
+                         m.weight_group_size)  # fmt: skip
+    except SimError as err:
+        raise SimError(f"{source}: model: {err}") from None
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str) -> int:

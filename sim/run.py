@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from sim import __version__
-from sim.capacity import kv_memory
+from sim.capacity import replica_kv_memory
 from sim.cost import Calibration, CostModel
 from sim.engine import ClosedLoopSource, Horizon, simulate
 from sim.errors import SimError
@@ -146,12 +146,7 @@ def build_cost_and_memory(
         raise SimError(f"{source}: model.gpu: {err}") from None
     gs = m.weight_group_size
     cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
-    try:
-        mem = kv_memory(
-            model, gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size, gs
-        )
-    except SimError as err:
-        raise SimError(f"{source}: model: {err}") from None
+    mem = replica_kv_memory(m, model, gpu, source)
     blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
     info = {
         "model": m.name,
@@ -236,9 +231,8 @@ def run_policy(
 def _lora_run(scenario: Scenario, config: Any, cost: CostModel, source: str) -> LoraRun:
     """The LoRA parts of a run whose policy serves adapters (sim/lora.py)."""
     m = scenario.model
+    kv = replica_kv_memory(m, cost.model, cost.gpu, source)
     try:
-        kv = kv_memory(cost.model, cost.gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype,
-                       m.block_size)  # fmt: skip
         return setup_lora(cost.model, cost.gpu, m.tp, cost, kv, config.lora, scenario.workload.lora)[0]
     except SimError as err:
         raise SimError(f"{source}: model: {err}") from None

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory
+from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory, replica_kv_memory
 from sim.cost import CostModel
 from sim.errors import SimError
 from sim.metrics import Recorder
@@ -465,8 +465,7 @@ def speculative_setup(
     if m.num_kv_blocks is not None:
         blocks = budget.num_blocks
     else:
-        mem = kv_memory(target.model, target.gpu, m.tp, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype,
-                        m.block_size)  # fmt: skip
+        mem = replica_kv_memory(m, target.model, target.gpu, source)
         blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, m.block_size)
     if blocks < 2:
         raise SimError(

@@ -367,3 +367,20 @@ def test_report_section_of_runs() -> None:
     }
     assert [s.key for s in lora_sections(None, runs)] == ["lora_runs"]
     assert lora_sections(None, runs[1:]) == []
+
+
+def test_slots_come_out_of_the_replicas_own_kv_memory_with_group_scales() -> None:
+    """INT4 weights with 32-weight groups: the KV memory the slots are taken from is the one `kv_memory` gives
+    for those weights, scales included (not the memory of another weight format)."""
+    from sim.capacity import kv_memory
+    from sim.hardware import get_gpu
+    from sim.model import load_model
+
+    data = _scenario(max_cpu_loras=8)
+    data["model"] = {**data["model"], "weight_dtype": "int4", "weight_group_size": 32}  # type: ignore[dict-item]
+    data["horizon"] = {"max_requests": 5, "drain": True}
+    result = run_policy(validate_scenario(data, "t.toml"), "p", Path("."))
+    model, gpu = load_model("llama-2-7b"), get_gpu("A100-80GB")
+    grouped = kv_memory(model, gpu, 1, 0.9, "int4", None, 16, 32).num_blocks
+    assert grouped != kv_memory(model, gpu, 1, 0.9, "int4", None, 16).num_blocks  # the scales matter here
+    assert result.summary["lora"]["kv_blocks_without_slots"] == grouped
