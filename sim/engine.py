@@ -133,7 +133,7 @@ class Replica:
         """(seconds, compute_bound) of a plan: from its integer sums when the plan has them and the step-time
         function is a cost model's (`step_time_totals`), else from its row arrays."""
         step_time = self.step_time
-        plan_time = getattr(step_time, "plan_time", None)  # a step time that reads the whole plan (LoRA)
+        plan_time = getattr(step_time, "plan_time", None)  # reads the whole plan (LoRA, speculative decoding)
         if plan_time is not None:
             return plan_time  # type: ignore[no-any-return]
         totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)

@@ -39,6 +39,7 @@ from sim.metrics import Recorder
 from sim.model import ModelSpec, load_model
 from sim.record_sink import RecordSink
 from sim.request import Request
+from sim.schedulers.base import StepPlan
 from sim.schedulers.registry import KvBudget
 
 MAX_SPEC_TOKENS = 16
@@ -288,11 +289,17 @@ class DraftWork:
     samplers: list[int]  # context after the step's tokens, one entry per sampling row
 
 
-class SpeculativeTiming:
-    """The engine's step time: the target's verification step plus the proposer's work, read from the
-    scheduler's latest plan (`work()`: the engine times a plan right after `schedule` returned it)."""
+def draft_work(info: Any) -> DraftWork:
+    """What the proposer computes after a scheduled step (its `StepInfo`): every row's tokens, then a draft
+    from every row that samples a token."""
+    return DraftWork(info.counts, info.contexts, [seq.num_computed for seq in info.emit])
 
-    def __init__(self, target: CostModel, drafter: Drafter, work: Callable[[], DraftWork]) -> None:
+
+class SpeculativeTiming:
+    """The engine's step time (`plan_time`): the target's verification step plus the proposer's work, read
+    from the plan's rows (`work(plan.payload)`), timed right after `schedule` returned the plan."""
+
+    def __init__(self, target: CostModel, drafter: Drafter, work: Callable[[Any], DraftWork]) -> None:
         self.target = target
         self.drafter = drafter
         self.work = work
@@ -313,9 +320,13 @@ class SpeculativeTiming:
                 seconds += d.cost.step_time(ones, ctx + i)[0]
         return seconds
 
-    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        seconds, bound = self.target.step_time(new_tokens, context)
-        draft = self.draft_seconds(self.work())
+    def __call__(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        """The target's step alone (rows without a plan have no proposer work)."""
+        return self.target.step_time(new_tokens, context)
+
+    def plan_time(self, plan: StepPlan) -> tuple[float, bool]:
+        seconds, bound = self.target.step_time(plan.new_tokens, plan.context)
+        draft = self.draft_seconds(self.work(plan.payload))
         self.target_s += seconds
         self.draft_s += draft
         return seconds + draft, bound
@@ -424,14 +435,12 @@ class SpecRun:
         assert self.budget is not None
         return {"kv_blocks": self.budget.num_blocks, "kv_tokens": self.budget.num_tokens}
 
-    def step_time(
-        self, target: CostModel, scheduler: Any
-    ) -> Callable[[np.ndarray, np.ndarray], tuple[float, bool]]:
-        """Hand the scheduler its acceptance draws; the engine's step-time function."""
+    def step_time(self, target: CostModel, scheduler: Any) -> SpeculativeTiming:
+        """Hand the scheduler its acceptance draws; the engine's step-time function (`plan_time`)."""
         scheduler.attach(self.acceptance)
         self.counts = scheduler.counts
-        self.timing = SpeculativeTiming(target, self.drafter, scheduler.draft_work)
-        return self.timing.step_time
+        self.timing = SpeculativeTiming(target, self.drafter, draft_work)
+        return self.timing
 
     def recorder(self, sink: RecordSink | None = None) -> SpecRecorder:
         """The run's recorder, with the per-request speculation columns (after `step_time`)."""

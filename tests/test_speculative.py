@@ -20,6 +20,7 @@ from sim.model import load_model
 from sim.request import Request
 from sim.run import run_manifest, run_policy
 from sim.scenario import validate_scenario
+from sim.schedulers.base import KvUsage, StepPlan
 from sim.schedulers.registry import KvBudget, load_all
 from sim.schedulers.vllm import VllmConfig
 from sim.schedulers.vllm_spec import SpeculativeScheduler
@@ -234,8 +235,8 @@ def test_step_time_is_the_verification_plus_k_draft_passes() -> None:
     draft = CostModel(load_model("qwama-0.5b-instruct"), get_gpu("H100-SXM"), 1)
     # one sequence verifying 4 drafts at context 1000, one prefill chunk of 300 finishing its prompt
     work = DraftWork([5, 300], [1000, 0], [1005, 300])
-    timing = SpeculativeTiming(target, drafter, lambda: work)
-    seconds, _ = timing.step_time(np.array([5, 300]), np.array([1000, 0]))
+    timing = SpeculativeTiming(target, drafter, lambda info: work)
+    seconds, _ = timing.plan_time(_plan([5, 300], [1000, 0]))
     by_hand = target.step(np.array([5, 300]), np.array([1000, 0])).seconds
     by_hand += draft.step(np.array([5, 300]), np.array([1000, 0])).seconds  # the draft catches up
     for i in range(3):  # then 3 more single-token passes for the 2 sampling rows
@@ -246,15 +247,19 @@ def test_step_time_is_the_verification_plus_k_draft_passes() -> None:
     )
 
 
+def _plan(counts: list[int], contexts: list[int]) -> StepPlan:
+    return StepPlan(np.array(counts), np.array(contexts), 0, 0, KvUsage(0, 0, 1))
+
+
 def test_ngram_costs_only_host_time() -> None:
     target = CostModel(load_model("llama-3.1-8b"), get_gpu("H100-SXM"))
     cfg = SpeculativeConfig(
         method="ngram", num_speculative_tokens=3, acceptance_rate=0.5, ngram_s_per_row=2e-5
     )
     timing = SpeculativeTiming(
-        target, build_drafter(cfg, target), lambda: DraftWork([4, 4, 4], [9, 9, 9], [1, 2, 3])
+        target, build_drafter(cfg, target), lambda info: DraftWork([4, 4, 4], [9, 9, 9], [1, 2, 3])
     )
-    seconds, _ = timing.step_time(np.array([4, 4, 4]), np.array([9, 9, 9]))
+    seconds, _ = timing.plan_time(_plan([4, 4, 4], [9, 9, 9]))
     assert seconds - target.step_time(np.array([4, 4, 4]), np.array([9, 9, 9]))[0] == pytest.approx(3 * 2e-5)
 
 

@@ -22,7 +22,7 @@ from sim.request import Request
 from sim.schedulers.base import StepPlan
 from sim.schedulers.registry import KvBudget
 from sim.schedulers.vllm import Seq, StepInfo, VllmConfig, VllmPlan, VllmScheduler
-from sim.speculative import Acceptance, DraftWork, SpecCounts, SpeculativeConfig, accepted_drafts
+from sim.speculative import Acceptance, SpecCounts, SpeculativeConfig, accepted_drafts
 
 
 class SpeculativeScheduler(VllmScheduler):
@@ -78,13 +78,6 @@ class SpeculativeScheduler(VllmScheduler):
         plan.num_decode_tokens = info.decode  # tokens of the verifying rows (1 + drafts each), until `update`
         plan.num_prefill_tokens = plan.totals.tokens - info.decode
         return plan
-
-    def draft_work(self) -> DraftWork:
-        """What the proposer computes after the latest scheduled step: every row's tokens, then a draft from
-        every row that samples a token."""
-        info = self.last
-        ends = [seq.num_computed for seq in info.emit]
-        return DraftWork(info.counts, info.contexts, ends)
 
     # ---- applying a step -------------------------------------------------------------------------------
     def update(self, plan: StepPlan, now: float) -> list[Request]:
