@@ -133,10 +133,28 @@ class Row:
     cpu_s: float
     peak_rss_mib: float
     rate: float | None = None  # offered requests per simulated second (floor: None, it derives its own)
+    steps: int = 0  # engine steps the run took (policies only)
+    steps_per_stretch: float = math.nan  # see decode_stretches
 
     @property
     def requests_per_s(self) -> float:
         return self.requests / self.wall_s
+
+
+def decode_stretches(steps_file: Path) -> tuple[int, float]:
+    """Steps, and the mean length of the runs of steps that one computation could advance at most.
+
+    A step joins the previous one's stretch when neither has prefill tokens and the batch size is
+    unchanged (no request admitted or resumed, none finished). This can only over-count what could be
+    merged (a step that finishes one request and preempts another passes as unchanged), so it bounds from
+    above what advancing decode-only stretches in one computation can save: all but one step of each.
+    """
+    cols = pl.read_parquet(steps_file, columns=["prefill_tokens", "batch_size"])
+    decode = (cols["prefill_tokens"] == 0).to_numpy()
+    batch = cols["batch_size"].to_numpy()
+    joins = int((decode[1:] & decode[:-1] & (batch[1:] == batch[:-1])).sum())
+    n = len(batch)
+    return n, n / max(n - joins, 1)
 
 
 def median_usage(runs: list[Usage]) -> tuple[float, float, float]:
@@ -150,14 +168,16 @@ def median_usage(runs: list[Usage]) -> tuple[float, float, float]:
 def time_policy(policy: str, requests: int, rate: float, seed: int, repeat: int, work: Path) -> Row:
     scenario = work / f"{policy}-{requests}.toml"
     scenario.write_text(scenario_toml(policy, requests, f'{{ kind = "poisson", rate = {rate!r} }}', seed))
-    runs, finished = [], 0
+    runs, finished, steps, stretch = [], 0, 0, math.nan
     for _ in range(repeat):
         out = work / f"run-{policy}-{requests}"
         runs.append(sim_run(scenario, out, work / "run.log"))
         summary = json.loads((out / policy / "summary.json").read_text())
         finished = int(summary["requests"]["finished"])
+        steps, stretch = decode_stretches(out / policy / "steps.parquet")
         shutil.rmtree(out / policy)  # a 1e6 run writes hundreds of MB; keep one run's files at a time
-    return Row(policy, requests, finished, *median_usage(runs), rate=rate)
+    return Row(policy, requests, finished, *median_usage(runs), rate=rate, steps=steps,
+               steps_per_stretch=stretch)  # fmt: skip
 
 
 def time_floor(requests: int, load: float, seed: int, repeat: int, work: Path) -> tuple[Row, Row]:
@@ -213,6 +233,19 @@ def checks(rows: list[Row], floors: dict[int, Row], policies: list[str]) -> list
         bound = floors[SPEED_SIZE].wall_s / by["no steps", SPEED_SIZE].wall_s
         out.append(f"bound: starting, generating and recording {SPEED_SIZE:,} requests with no step at all "
                    f"runs {bound:.2f} x the floor: no policy's process can run faster")  # fmt: skip
+        for policy in policies:
+            if (policy, SPEED_SIZE) not in by or not by[policy, SPEED_SIZE].steps:
+                continue
+            run, fixed = by[policy, SPEED_SIZE], by["no steps", SPEED_SIZE]
+            budget = (floors[SPEED_SIZE].wall_s - fixed.wall_s) / run.steps * 1e6
+            spent = (run.wall_s - fixed.wall_s) / run.steps * 1e6
+            per_request = run.steps / SPEED_SIZE
+            allows = f"{budget:.1f} us" if budget > 0 else "no time at all"
+            out.append(f"steps: {policy} runs {run.steps:,} steps ({per_request:.1f} per request), "
+                       f"{spent:.1f} us each over the no-step process; the floor's time allows "
+                       f"{allows}; decode-only stretches average {run.steps_per_stretch:.2f} steps, "
+                       f"so advancing each in one computation saves at most "
+                       f"{1 - 1 / run.steps_per_stretch:.0%} of the steps' iterations")  # fmt: skip
     sizes = sorted({r.requests for r in rows})
     if len(sizes) < 2:
         return out

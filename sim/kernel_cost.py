@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.calibration_table import calibration_table
+from sim.cost import expected_distinct_experts
 from sim.errors import SimError
 from sim.hardware import Gpu
 from sim.model import ModelSpec, normalize_dtype
@@ -137,13 +138,6 @@ class StepCost:
     rows: int
     experts_touched: float  # expected distinct routed experts per MoE layer
     kernels: tuple[Kernel, ...]
-
-
-def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
-    """Expected distinct experts hit by `tokens` tokens each routing to `top_k` of `n_experts` uniformly."""
-    if n_experts <= 0 or tokens <= 0:
-        return 0.0
-    return n_experts * (1.0 - ((n_experts - top_k) / n_experts) ** tokens)
 
 
 @dataclass(frozen=True)
