@@ -27,15 +27,15 @@ ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
 class Calibration:
     """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
 
-    compute_eff_prefill: float = 0.9
-    compute_eff_decode: float = 0.9
-    bandwidth_eff: float = 0.6652  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8662  # KV-cache reads and writes (paged attention)
+    compute_eff_prefill: float = 0.8667
+    compute_eff_decode: float = 0.8998
+    bandwidth_eff: float = 0.6779  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8764  # KV-cache reads and writes (paged attention)
     step_overhead_s: float = 0.0003
     layer_overhead_s: float = 1e-07
-    per_row_overhead_s: float = 1e-08
-    allreduce_eff: float = 1.0
-    allreduce_latency_s: float = 1e-07
+    per_row_overhead_s: float = 1.509e-07
+    allreduce_eff: float = 0.3228
+    allreduce_latency_s: float = 5.287e-06
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:

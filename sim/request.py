@@ -40,6 +40,7 @@ class Request:
     itl_max: float = 0.0
     reject_reason: str | None = None
     adapter: int = -1  # LoRA adapter id; -1: the base model
+    prompt_id: int = -1  # position in a fixed prompt pool: requests with one id send the same prompt
 
     @property
     def length(self) -> int:

@@ -37,6 +37,11 @@ GPU_NAMES = {"H100": "H100-SXM"}
 # back on a later prefix-cache hit. Those host blocks never hold a running sequence, so they add no GPU KV
 # capacity; the simulator has no host-memory prefix tier, so the feature is left out (`cpu_kv_blocks` unused).
 CPU_OFFLOAD_NOTE = "cpu_offload: host-memory KV offloading (a second prefix-cache tier) not modelled"
+# The load tool (inference-perf's shared_prefix dataset) sends a fixed pool of groups x prompts-per-group
+# whole prompts, cycling. The version these runs used read neither `num_unique_system_prompts` /
+# `num_users_per_system_prompt` nor `enable_multi_turn_chat`: the config.yaml it resolved, published with the
+# runs' results, gives its defaults, 10 groups x 10 prompts, single-turn. Every row is simulated so.
+POOL_AS_RUN = (10, 10)
 # Fixed latency per request outside the engine's steps (API server: HTTP, tokenization, detokenization and
 # streaming), seen by the client in TTFT and E2E. Read from the `[frontend]` table of calibration.toml.
 FRONTEND_KEY = "request_overhead_s"
@@ -192,13 +197,23 @@ def row_scenario(
         "enable_chunked_prefill": True,
     }
     st = stages(row, scale)
+    stated = (
+        int(row.num("num_unique_system_prompts") or 0),
+        int(row.num("num_users_per_system_prompt") or 1),
+    )
+    multi_turn = row.get("enable_multi_turn_chat").lower() == "true"
+    if stated != POOL_AS_RUN or multi_turn:
+        notes.append(
+            f"prompt pool {POOL_AS_RUN[0]} x {POOL_AS_RUN[1]}, single-turn, as the load tool ran it (the row "
+            f"states {stated[0]} x {stated[1]}{', multi-turn' if multi_turn else ''})"
+        )
     workload = {
         "shared_prefix": {
             "system_prompt_len": int(row.need("system_prompt_len")),
             "question_len": int(row.need("question_len")) + CHAT_TEMPLATE_TOKENS,
             "output_len": row.output_len,
-            "num_unique_system_prompts": int(row.need("num_unique_system_prompts")),
-            "num_users_per_system_prompt": int(row.num("num_users_per_system_prompt") or 1),
+            "num_unique_system_prompts": POOL_AS_RUN[0],
+            "num_users_per_system_prompt": POOL_AS_RUN[1],
         },
         "ignore_eos": True,
         "arrival": {"kind": "staged", "stages": st, "exact_count": True},

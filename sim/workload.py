@@ -16,10 +16,16 @@ Example::
     output = { kind = "exponential", mean = 200 }                       # stop length, capped at max_tokens
     prefix = { groups = 9, prefix_len = 100, users_per_group = 5 }
 
+`prefix = {groups, prefix_len, prompts_per_group}` makes the prompts a fixed pool instead, as load
+generators' shared-prefix datasets are: `groups` system prompts, each followed by `prompts_per_group`
+questions drawn once; requests take the pool's prompts in one shuffled order, cycling, so each whole
+prompt recurs every `groups * prompts_per_group` requests (and the prefix cache may hold all of it).
+
 Other arrivals: `gamma {rate, cv}`, `deterministic {rate}`, `staged {stages = [[rate, s], ...],
 exact_count}`, `closed_loop {users, think_time_s, ramp_s}`, `trace {path, format, time_scale}`.
 `shared_prefix = {system_prompt_len, question_len, output_len, num_unique_system_prompts,
-num_users_per_system_prompt}` replaces prompt, output and prefix with the calibration runs' profile.
+num_users_per_system_prompt}` replaces prompt, output and prefix with the load generator's profile of the
+calibration runs: a pool of `num_unique_system_prompts` x `num_users_per_system_prompt` fixed prompts.
 """
 
 from __future__ import annotations
@@ -326,12 +332,22 @@ class PrefixConfig(_Config):
     """`groups` system prompts of `prefix_len` tokens; each request picks a group uniformly at random.
 
     `users_per_group` records how many users share a prompt; a closed-loop user `u` belongs to group
-    `u % groups`.
+    `u % groups`. With `prompts_per_group` the prompts are a fixed pool of `groups * prompts_per_group`
+    whole prompts (a group's system prompt, then one of its questions, each drawn once) taken in one
+    shuffled order, cycling: request k sends the pool's prompt at position k mod the pool's size.
     """
 
     groups: int = Field(gt=0, le=MAX_COUNT)
     prefix_len: int = Field(gt=0, le=MAX_TOKENS)
     users_per_group: int | None = Field(None, gt=0, le=MAX_COUNT)
+    # left out of dumps when absent, so scenarios without a pool keep their manifests and hashes
+    prompts_per_group: int | None = Field(None, gt=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _pool_size(self) -> PrefixConfig:
+        if self.prompts_per_group is not None and self.groups * self.prompts_per_group > MAX_COUNT:
+            raise ValueError(f"prompts_per_group: groups x prompts_per_group must be at most {MAX_COUNT:,}")
+        return self
 
 
 class SharedPrefixProfile(_Config):
@@ -369,12 +385,18 @@ class WorkloadConfig(_Config):
                 groups=sp.num_unique_system_prompts,
                 prefix_len=sp.system_prompt_len,
                 users_per_group=sp.num_users_per_system_prompt,
+                prompts_per_group=sp.num_users_per_system_prompt,
             )
             self.prompt = FixedDist(value=sp.question_len)
             self.output = FixedDist(value=sp.output_len)
             if self.max_tokens is None:
                 self.max_tokens = sp.output_len
         trace = self.arrival.kind == "trace"
+        if trace and self.prefix is not None and self.prefix.prompts_per_group is not None:
+            raise ValueError(
+                "prefix.prompts_per_group: a trace gives each request its own prompt; a fixed prompt pool "
+                "needs generated prompts"
+            )
         if self.prompt is None and not trace:
             raise ValueError("prompt: a length distribution is required (e.g. {kind = 'fixed', value = 512})")
         if self.output is None and not (trace or self.ignore_eos):
@@ -444,12 +466,30 @@ class _Draws:
         self.prompt = prompt
         self.output = output
         self.adapters = AdapterSampler(c.lora) if c.lora is not None else None
+        self._pool: tuple[np.ndarray, np.ndarray] | None = None  # (order, question lengths), drawn once
+        self._pool_next = 0  # requests drawn from the pool so far
+
+    def _pool_prompts(self, n: int) -> np.ndarray:
+        """Positions in the prompt pool of the next n requests: one shuffled order of the pool, cycling."""
+        p = self.c.prefix
+        assert p is not None and p.prompts_per_group is not None and self.prompt is not None
+        if self._pool is None:
+            size = p.groups * p.prompts_per_group
+            self._pool = (self.rng["prefix"].permutation(size), self.prompt(self.rng["prompt"], size))
+        order = self._pool[0]
+        k = (self._pool_next + np.arange(n, dtype=np.int64)) % order.size
+        self._pool_next += n
+        return order[k]
 
     def draw(self, n: int, cols: Mapping[str, np.ndarray], first_user: int | None = None) -> dict[str, Any]:
         """Arrays of length n: prompt, output, max_tokens, group, prefix_len (trace columns win)."""
         c = self.c
         p = c.prefix
-        if "prefix_group" in cols:
+        pool = None
+        if p is not None and p.prompts_per_group is not None:  # a generated workload (traces refused)
+            pool = self._pool_prompts(n)
+            group = pool // p.prompts_per_group
+        elif "prefix_group" in cols:
             group = cols["prefix_group"]
         elif p is not None:
             group = self.rng["prefix"].integers(0, p.groups, n)
@@ -459,7 +499,10 @@ class _Draws:
             plen = cols["prefix_len"]
         else:
             plen = np.where(group >= 0, p.prefix_len if p is not None else 0, 0)
-        if "prompt" in cols:
+        if pool is not None:
+            assert self._pool is not None
+            prompt = plen + self._pool[1][pool]
+        elif "prompt" in cols:
             prompt = cols["prompt"]
         elif self.prompt is not None:
             prompt = plen + self.prompt(self.rng["prompt"], n)
@@ -480,6 +523,8 @@ class _Draws:
         else:
             raise SimError("workload.output: the trace has no output column, so a distribution is required")
         out = {"prompt": prompt, "output": output, "max_tokens": max_tokens, "group": group, "plen": plen}
+        if pool is not None:
+            out["prompt_id"] = pool
         if "adapter" in cols or c.lora is not None:
             out["adapter"] = cols["adapter"] if "adapter" in cols else self.adapters(self.rng["lora"], n)
         return out
@@ -495,7 +540,7 @@ class ClosedLoop:
         self._think = TimeSampler(c.think_time_s, base_dir)
         self._think_rng = np.random.default_rng(seed)
         self._think_buf: list[float] = []
-        self._buf: list[tuple[int, int, int, int, int, int]] = []
+        self._buf: list[tuple[int, int, int, int, int, int, int]] = []
         self._next_id = 0
 
     def start_times(self) -> np.ndarray:
@@ -513,17 +558,19 @@ class ClosedLoop:
         if not self._buf:
             d = self._draws.draw(256, {})
             adapter = d["adapter"].tolist() if "adapter" in d else [-1] * 256
+            pids = d["prompt_id"].tolist() if "prompt_id" in d else [-1] * 256
             rows = zip(d["prompt"].tolist(), d["output"].tolist(), d["max_tokens"].tolist(),
-                       d["group"].tolist(), d["plen"].tolist(), adapter, strict=True)  # fmt: skip
+                       d["group"].tolist(), d["plen"].tolist(), adapter, pids, strict=True)  # fmt: skip
             self._buf = list(rows)[::-1]
-        prompt, output, max_tokens, group, plen, adapter = self._buf.pop()
+        prompt, output, max_tokens, group, plen, adapter, pid = self._buf.pop()
         p = self._draws.c.prefix
-        if user is not None and p is not None:
+        if user is not None and p is not None and pid < 0:  # a pool's prompt keeps its own group
             group = user % p.groups
         rid = self._next_id
         self._next_id += 1
         req = Request(rid, arrival, prompt, max_tokens, output, self._draws.c.n, group, plen)
         req.adapter = adapter
+        req.prompt_id = pid
         return req
 
 
@@ -631,10 +678,13 @@ class Workload:
                        d["output"][:k].tolist(), d["group"][:k].tolist(), d["plen"][:k].tolist(),
                        strict=True)  # fmt: skip
             adapters = iter(d["adapter"][:k].tolist()) if "adapter" in d else None
+            pids = iter(d["prompt_id"][:k].tolist()) if "prompt_id" in d else None
             for t, prompt, max_tokens, output, group, plen in rows:
                 req = Request(rid, t, prompt, max_tokens, output, n_req, group, plen)
                 if adapters is not None:
                     req.adapter = next(adapters)
+                if pids is not None:
+                    req.prompt_id = next(pids)
                 yield req
                 rid += 1
             left -= k

@@ -60,10 +60,15 @@ def test_fp8_moe_row_translates_knobs() -> None:
         "enable_chunked_prefill": True,
     }
     assert w["shared_prefix"]["question_len"] == 447 + CHAT_TEMPLATE_TOKENS
-    assert w["shared_prefix"]["num_unique_system_prompts"] == 9
+    # the row states 9 x 5, multi-turn; the load tool ran its default pool of 10 x 10 prompts, single-turn
+    assert w["shared_prefix"]["num_unique_system_prompts"] == 10
+    assert w["shared_prefix"]["num_users_per_system_prompt"] == 10
     assert w["ignore_eos"] is True
     assert w["arrival"] == {"kind": "staged", "stages": [[2.5, 600.0], [6.0, 600.0]], "exact_count": True}
-    assert notes == ["max_model_len 4096 (vLLM default as run)"]
+    assert notes == [
+        "max_model_len 4096 (vLLM default as run)",
+        "prompt pool 10 x 10, single-turn, as the load tool ran it (the row states 9 x 5, multi-turn)",
+    ]
     validate_scenario(data, "test")
 
 

@@ -278,14 +278,59 @@ def test_shared_prefix_profile() -> None:
     arrival = {"kind": "staged", "stages": [[8, 60], [20, 60]], "exact_count": True}
     cfg = parse_workload({"arrival": arrival, "shared_prefix": profile, "ignore_eos": True})
     assert cfg.max_tokens == 248 and cfg.prefix is not None and cfg.prefix.groups == 9
+    assert cfg.prefix.prompts_per_group == 5  # the load generator's pool of 9 x 5 fixed prompts
     reqs = list(Workload(cfg, 7, Path(".")).open_loop())
     assert len(reqs) == 1680
     assert all(r.prompt_len == 547 and r.prefix_len == 100 and r.output_len == 248 for r in reqs)
     assert {r.prefix_group for r in reqs} == set(range(9))
+    assert {r.prompt_id for r in reqs} == set(range(45))
     with pytest.raises(SimError, match="remove prompt"):
         parse_workload(
             {"arrival": arrival, "shared_prefix": profile, "prompt": {"kind": "fixed", "value": 1}}
         )
+
+
+def test_prompt_pool_cycles_one_shuffled_order() -> None:
+    """Request k sends the pool's prompt at position k mod size of one fixed order: every prompt once per
+    cycle, the same order each cycle, its group the prompt's, its question length drawn once."""
+    w = make(
+        {"kind": "poisson", "rate": 1.0},
+        prefix={"groups": 4, "prefix_len": 32, "prompts_per_group": 3},
+        prompt={"kind": "uniform", "low": 10, "high": 500},
+    )
+    reqs = list(w.open_loop(max_requests=12 * 50 + 5))
+    ids = [r.prompt_id for r in reqs]
+    first = ids[:12]
+    assert sorted(first) == list(range(12)) and first != list(range(12))  # a shuffled order
+    assert all(ids[k] == first[k % 12] for k in range(len(ids)))
+    assert all(r.prefix_group == r.prompt_id // 3 and r.prefix_len == 32 for r in reqs)
+    by_id: dict[int, set[int]] = {}
+    for r in reqs:
+        by_id.setdefault(r.prompt_id, set()).add(r.prompt_len)
+    assert all(len(v) == 1 for v in by_id.values())  # one question per pool prompt
+    assert len({next(iter(v)) for v in by_id.values()}) > 6  # drawn per prompt, not once for all
+    closed = make(
+        {"kind": "closed_loop", "users": 5}, prefix={"groups": 2, "prefix_len": 8, "prompts_per_group": 2}
+    )
+    assert closed.closed_loop is not None
+    got = [closed.closed_loop.new_request(0.0, user=u) for u in range(8)]
+    assert sorted(r.prompt_id for r in got[:4]) == [0, 1, 2, 3]
+    assert all(r.prefix_group == r.prompt_id // 2 for r in got)  # a pool's prompt keeps its own group
+
+
+def test_prompt_pool_bad_input_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(SimError, match=r"workload\.prefix\.prompts_per_group: .*greater than 0"):
+        make({"kind": "poisson", "rate": 1.0}, prefix={"groups": 2, "prefix_len": 8, "prompts_per_group": 0})
+    with pytest.raises(SimError, match=r"prompts_per_group: groups x prompts_per_group must be at most"):
+        make({"kind": "poisson", "rate": 1.0},
+             prefix={"groups": 100_000, "prefix_len": 8, "prompts_per_group": 100_000})  # fmt: skip
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,5,2\n")
+    table = {"arrival": {"kind": "trace", "path": "t.csv"},
+             "prefix": {"groups": 2, "prefix_len": 4, "prompts_per_group": 2}}  # fmt: skip
+    with pytest.raises(
+        SimError, match=r"prefix\.prompts_per_group: a trace gives each request its own prompt"
+    ):
+        parse_workload(table, "t.toml")
 
 
 def test_closed_loop_user_pins_group() -> None:

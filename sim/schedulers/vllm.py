@@ -104,13 +104,14 @@ class Seq:
     )  # without prefix caching: it opens a new block at the steps j = bulk_phase (mod size)
 
     def block_hash(self, j: int) -> Hashable:
-        """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies."""
+        """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies
+        (every request of a prompt pool's prompt)."""
         req = self.req
         end = (j + 1) * self.block_size
         if req.prefix_group >= 0 and end <= req.prefix_len and end <= req.prompt_len:
             return ("g", req.prefix_group, j)
         if end <= req.prompt_len:
-            return ("p", req.id, j)
+            return ("p", req.id, j) if req.prompt_id < 0 else ("q", req.prompt_id, j)
         return ("s", req.id, self.child, j)
 
 
