@@ -253,9 +253,11 @@ def simulate(
     open_loop: Iterator[Request] | None = None,
     closed_loop: ClosedLoopSource | None = None,
     recorder: Recorder | None = None,
+    rate_steps: tuple[float, ...] = (),
 ) -> RunOutput:
     """Run one replica to the horizon and return its records (`recorder`: where they go; by default a
-    `Recorder` keeping them in memory). The recording is finished when this returns."""
+    `Recorder` keeping them in memory). The recording is finished when this returns. `rate_steps`: when
+    the offered rate changes (`Workload.rate_steps`), for the overload test."""
     if (open_loop is None) == (closed_loop is None):
         raise ValueError("give exactly one of open_loop and closed_loop")
     env = Environment()
@@ -278,7 +280,7 @@ def simulate(
     end_time = env.now if horizon.duration_s is None or horizon.drain else horizon.duration_s
     for req in scheduler.in_flight():
         recorder.request(req, IN_FLIGHT)
-    trend = recorder.backlog_trend()
+    trend = recorder.backlog_trend(rate_steps)
     return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
 
 

@@ -407,10 +407,10 @@ class Recorder:
     def steps_frame(self) -> pl.DataFrame:
         return self.steps_lazy().collect()
 
-    def backlog_trend(self) -> BacklogTrend | None:
+    def backlog_trend(self, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
-        return requests_backlog_trend(cols)
+        return requests_backlog_trend(cols, rate_steps)
 
 
 def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
@@ -428,13 +428,14 @@ def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, 
     return start, end
 
 
-def requests_backlog_trend(requests: pl.DataFrame) -> BacklogTrend | None:
+def requests_backlog_trend(requests: pl.DataFrame, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
     """`backlog_trend` of a requests frame."""
     state = requests["state"].cast(pl.String)
     rejected = (state == REJECTED).to_numpy()
     turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
     finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-    return backlog_trend(*backlog_inputs(requests["arrival"].to_numpy(), finished_at, rejected, turned_away))
+    arrival = requests["arrival"].to_numpy()
+    return backlog_trend(*backlog_inputs(arrival, finished_at, rejected, turned_away), rate_steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,7 +589,12 @@ def kv_breakdown(steps: Records) -> dict[str, float]:
 
 
 def summarize(
-    requests: Records, steps: Records, horizon_s: float, slo: Slo, overloaded: bool
+    requests: Records,
+    steps: Records,
+    horizon_s: float,
+    slo: Slo,
+    overloaded: bool,
+    rate_steps: tuple[float, ...] = (),
 ) -> dict[str, object]:
     """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
 
@@ -609,7 +615,7 @@ def summarize(
     }
     reasons = base.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
     window_start, window_end = measurement_window(base, horizon_s)
-    trend = requests_backlog_trend(base)
+    trend = requests_backlog_trend(base, rate_steps)
     del base, state
     window = window_end - window_start
     span = window if window > 0 else math.inf  # no window: every rate is 0

@@ -18,6 +18,7 @@ import numpy as np
 BACKLOG_WARMUP = 0.25
 BACKLOG_MIN_ARRIVALS = 8  # fewer arrivals (or matched completions) in the span: no verdict from them
 RISE_Z = 2.0  # the rise must exceed RISE_Z standard deviations of the difference of two fluctuations
+MIN_RISE_S = 1e-6  # a rise below a microsecond is rounding, not growth (delays that do not fluctuate at all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class BacklogTrend:
         if self.delay_rise_s is None or self.delay_start_s is None or self.delay_fluctuation_s is None:
             return False
         rise = self.delay_rise_s
-        return rise > 0.0 and rise > RISE_Z * math.sqrt(2.0) * self.delay_fluctuation_s
+        return rise > MIN_RISE_S and rise > RISE_Z * math.sqrt(2.0) * self.delay_fluctuation_s
 
     def as_dict(self) -> dict[str, float | None]:
         return {
@@ -73,7 +74,9 @@ def backlog_inputs(
     return arrival[keep], done[keep]
 
 
-def backlog_trend(arrival: np.ndarray, done_at: np.ndarray) -> BacklogTrend | None:
+def backlog_trend(
+    arrival: np.ndarray, done_at: np.ndarray, rate_steps: tuple[float, ...] = ()
+) -> BacklogTrend | None:
     """How requests fared over the arrival period (first to last arrival) after its first `BACKLOG_WARMUP`,
     whatever happens after it (a drain, or the horizon): None when that span has fewer than
     `BACKLOG_MIN_ARRIVALS` arrivals (all arrived at once, or too few to judge).
@@ -82,25 +85,45 @@ def backlog_trend(arrival: np.ndarray, done_at: np.ndarray) -> BacklogTrend | No
     first-come-first-served system would give it, and an overloaded system's grows by (1 - service rate /
     arrival rate) seconds per second, while a stable one's fluctuates about its level. Arrivals past the
     last completion were not served by the end of the run.
+
+    `rate_steps` are the times at which the offered rate changes (staged arrivals). A higher rate raises
+    a stable system's delay to another level too (larger batches, slower steps), which a line fitted across
+    the step would read as growth, so each stretch of constant rate is judged on its own, after its own
+    warm-up: the run is overloaded when any stretch is, and the figures are that stretch's (else the last's).
     """
     if len(arrival) == 0:
         return None
     arrivals = np.sort(arrival)
     done = np.sort(done_at)
-    served_total = int(np.searchsorted(done, np.inf, side="left"))  # finite completions
     first, last = float(arrivals[0]), float(arrivals[-1])
+    inner = [t for t in sorted(rate_steps) if first < t < last]
+    if not inner:
+        return _trend(arrivals, done, first, last)
+    bounds = [first, *inner, last]
+    trends = [_trend(arrivals, done, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    judged = [t for t in trends if t is not None]
+    if not judged:
+        return None
+    return next((t for t in judged if t.overloaded), judged[-1])
+
+
+def _trend(arrivals: np.ndarray, done: np.ndarray, first: float, last: float) -> BacklogTrend | None:
+    """`backlog_trend` over the arrivals in [first, last] (sorted arrays; the i-th arrival of the whole run
+    matched with its i-th completion)."""
     if last <= first:
         return None
+    served_total = int(np.searchsorted(done, np.inf, side="left"))  # finite completions
     start = first + (last - first) * BACKLOG_WARMUP
     lo = int(np.searchsorted(arrivals, start, side="left"))
-    count = len(arrivals) - lo
+    hi = int(np.searchsorted(arrivals, last, side="right"))
+    count = hi - lo
     if count < BACKLOG_MIN_ARRIVALS:
         return None
     span = last - start
     completed = int(np.searchsorted(done[:served_total], last, side="right")) - int(
         np.searchsorted(done[:served_total], start, side="left")
     )
-    matched = max(0, min(served_total, len(arrivals)) - lo)
+    matched = max(0, min(served_total, hi) - lo)
     delay_start = delay_rise = fluctuation = None
     if matched >= BACKLOG_MIN_ARRIVALS:
         x = arrivals[lo : lo + matched]

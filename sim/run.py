@@ -209,7 +209,8 @@ def run_policy(
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-        out = simulate(scheduler, step_time, horizon, open_loop=requests, recorder=recorder)
+        steps = workload.rate_steps()
+        out = simulate(scheduler, step_time, horizon, open_loop=requests, recorder=recorder, rate_steps=steps)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
     if records is None:
@@ -218,7 +219,7 @@ def run_policy(
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded)
+    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, workload.rate_steps())
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
     if spec is not None:
         summary["speculative"] = spec.summary()

@@ -574,6 +574,15 @@ class ClosedLoop:
         return req
 
 
+def rate_steps(arrival: BaseModel) -> tuple[float, ...]:
+    """Times at which the offered rate changes: the ends of all but the last stage of staged arrivals
+    (the overload test judges each stretch of constant rate on its own); none for other arrivals."""
+    if not isinstance(arrival, StagedArrival):
+        return ()
+    ends = np.cumsum([duration for _, duration in arrival.stages])
+    return tuple(float(t) for t in ends[:-1])
+
+
 def _child_seeds(seed: int | np.random.SeedSequence) -> dict[str, np.random.SeedSequence]:
     if isinstance(seed, np.random.SeedSequence):
         # A copy, so the caller's SeedSequence is not advanced and repeated builds agree.
@@ -603,6 +612,9 @@ class Workload:
 
     def _draws(self) -> _Draws:
         return _Draws(self.config, self._seeds, self._prompt, self._output)
+
+    def rate_steps(self) -> tuple[float, ...]:
+        return rate_steps(self.config.arrival)
 
     def _check_trace_columns(self) -> None:
         if not isinstance(self._process, _Trace):

@@ -300,12 +300,12 @@ class Fleet:
         return out
 
 
-def fleet_overloaded(requests: pl.DataFrame | pl.LazyFrame) -> bool:
+def fleet_overloaded(requests: pl.DataFrame | pl.LazyFrame, rate_steps: tuple[float, ...] = ()) -> bool:
     """The single-replica overload verdict (`backlog_trend`) over the fleet's requests."""
     cols = requests.lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
     if cols.is_empty():
         return False
-    trend = requests_backlog_trend(cols)
+    trend = requests_backlog_trend(cols, rate_steps)
     return trend is not None and trend.overloaded
 
 

@@ -30,7 +30,7 @@ from sim.record_sink import ParquetSink
 from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import load_all as load_policies
-from sim.workload import Workload
+from sim.workload import Workload, rate_steps
 
 PD_COLUMNS = ("prefill_replica", "prefill_s", "transfer_s", "decode_wait_s", "decode_s")
 
@@ -226,8 +226,9 @@ def fleet_summary(
     scenario: Scenario, requests: Records, steps: Records, out: FleetOutput, groups: dict[str, Any]
 ) -> dict[str, Any]:
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-    overloaded = fleet_overloaded(requests)
-    summary = summarize(requests, steps, out.end_time, slo, overloaded)
+    changes = rate_steps(scenario.workload.arrival)
+    overloaded = fleet_overloaded(requests, changes)
+    summary = summarize(requests, steps, out.end_time, slo, overloaded, changes)
     cluster = scenario.cluster
     assert cluster is not None
     name, knobs = cluster.router_kind()
@@ -238,7 +239,7 @@ def fleet_summary(
         rname = m.spec.name
         r_req = requests.filter(pl.col("replica") == rname)
         r_steps = steps.filter(pl.col("replica") == rname)
-        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req))
+        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
         per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}
     summary["cluster"] = {
         "router": name,
