@@ -168,3 +168,16 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
         *([np.zeros(0, np.int64)] * 6), 0.0,
     )  # fmt: skip
     assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)
+
+
+def test_compute_efficiency_is_held_at_the_kernel_profiles_gemm_efficiency() -> None:
+    """Not fitted to the serving rows (their prompts come mostly from the prefix cache): the 16-bit GEMM
+    efficiency measured on the H200 profile, as `sim calibrate` holds it."""
+    from sim.calibrate import BOUNDS, HELD, held
+    from sim.kernel_cost import KernelCalibration
+
+    gemm = KernelCalibration.load().gemm_compute_eff
+    cal = Calibration()
+    assert cal.compute_eff_prefill == cal.compute_eff_decode == round(gemm, 4)
+    assert not set(HELD) & set(BOUNDS)
+    assert all(held({"compute_eff_prefill": 0.9, "compute_eff_decode": 0.1})[n] == gemm for n in HELD)
