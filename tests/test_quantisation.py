@@ -94,7 +94,7 @@ def test_int4_weight_only_speedup_is_near_4x_to_batch_32_and_falls_by_128(gpu: s
     batches = (1, 16, 32, 64, 128, 256)
     speedup = {b: bf16.step(*_decode(b)).seconds / int4.step(*_decode(b)).seconds for b in batches}
     assert all(speedup[b] >= 3.4 for b in (1, 16, 32)), speedup
-    assert 1.2 < speedup[fallen] < 0.6 * speedup[16], speedup  # falls, still a gain
+    assert 1.0 < speedup[fallen] < 0.6 * speedup[16], speedup  # falls, still a gain
     assert all(speedup[a] >= speedup[b] for a, b in zip(batches[1:], batches[2:], strict=False)), speedup
     cal = Calibration()
     flops, bandwidth = g.flops_16bit * cal.compute_eff_decode, g.hbm_bandwidth * cal.bandwidth_eff
