@@ -6,11 +6,13 @@ import copy
 import math
 import re
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sim.calibration_table import calibration_problem
 from sim.errors import SimError
 from sim.fleet.config import ClusterSection, check_cluster
 from sim.limits import (
@@ -115,7 +117,7 @@ class Scenario(_Section):
     slo: SloSection = SloSection()
     calibration: dict[str, float] = Field(
         default_factory=dict,
-        description="Cost-model calibration overrides: efficiencies (*_eff) in [0.001, 10], "
+        description="Cost-model calibration overrides: efficiencies (*_eff*) in [0.001, 10], "
         "overheads (*_s) in [0, 1] seconds.",
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
@@ -127,10 +129,15 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _calibration_in_range(self) -> Scenario:
+        from sim.cost import Calibration
+
+        known = {f.name for f in fields(Calibration)}
         for key, value in self.calibration.items():
-            low, high = (1e-3, 10.0) if key.endswith("_eff") else (0.0, 1.0)
-            if not low <= value <= high:
-                raise ValueError(f"calibration.{key}: must be in [{low:g}, {high:g}] (got {value:g})")
+            if key not in known:
+                raise ValueError(f"calibration.{key}: unknown parameter (one of {', '.join(sorted(known))})")
+            why = calibration_problem(key, value)
+            if why is not None:
+                raise ValueError(f"calibration.{key}: {why}")
         for key, value in self.prices.items():
             if not 0.0 < value <= 1000.0:
                 raise ValueError(f"prices.{key}: $/GPU-hour must be in (0, 1000] (got {value:g})")

@@ -90,6 +90,9 @@ def test_binary_non_utf8_and_folder_scenarios(tmp_path: Path, capsys: pytest.Cap
         ("policies.static.batch_timeout_s=inf", "policies.static.batch_timeout_s"),
         ("calibration.bandwidth_eff=0", "calibration.bandwidth_eff"),
         ("calibration.step_overhead_s=-1", "calibration.step_overhead_s"),
+        ("calibration.compute_eff_prefill=0", "calibration.compute_eff_prefill"),  # divided by zero
+        ("calibration.compute_eff_decode=20", "calibration.compute_eff_decode"),
+        ("calibration.bogus=0.5", "calibration.bogus"),  # named no file
     ],
 )
 def test_numbers_out_of_range_are_refused(
@@ -351,3 +354,33 @@ def test_validate_and_calibrate_outputs_are_checked_first(
     )
     line = refused(capsys, "calibrate", "--write", tmp_path / "missing" / "c.toml")
     assert "folder" in line and "does not exist" in line
+
+
+# --- calibration files ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[[", "c.toml: not valid TOML"),
+        ("calibration = 3\n", "c.toml: calibration: expected a table of parameters"),
+        ("[calibration]\nattn_fixed_s = 'a'\n", "c.toml: calibration.attn_fixed_s: expected a number"),
+        ("[calibration]\nattn_fixed_s = -1\n", "c.toml: calibration.attn_fixed_s: must be in [0, 1]"),
+        ("[calibration]\ngemm_compute_eff_fp8 = 0\n", "c.toml: calibration.gemm_compute_eff_fp8: must be in"),
+        ("[calibration]\nattn_compute_eff = nan\n", "c.toml: calibration.attn_compute_eff: must be in"),
+    ],
+)
+def test_bad_kernel_calibration_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    """Malformed TOML and non-numbers were tracebacks; zero or negative values gave nonsense step times."""
+    (tmp_path / "c.toml").write_text(text)
+    line = refused(capsys, "step", "llama-2-7b", "--gpu", "H100", "--prefill", "8", "--calibration",
+                   tmp_path / "c.toml")  # fmt: skip
+    assert expected in line
+
+
+def test_bad_roofline_calibration_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "c.toml").write_text("[calibration]\nbandwidth_eff = 'a'\n")
+    line = refused(capsys, "validate", "ground-truth", "--calibration", tmp_path / "c.toml", "--row", "x")
+    assert "c.toml: calibration.bandwidth_eff: expected a number (got 'a')" in line
