@@ -499,7 +499,7 @@ def calibrate(
 def step(
     model: str = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
     gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. H100, H200, A100-80GB."),
-    tp: int = typer.Option(1, "--tp", help="Tensor parallel degree."),
+    tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor parallel degree."),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),

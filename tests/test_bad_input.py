@@ -384,3 +384,21 @@ def test_bad_roofline_calibration_file(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "c.toml").write_text("[calibration]\nbandwidth_eff = 'a'\n")
     line = refused(capsys, "validate", "ground-truth", "--calibration", tmp_path / "c.toml", "--row", "x")
     assert "c.toml: calibration.bandwidth_eff: expected a number (got 'a')" in line
+
+
+# --- sim step -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--batch", "99999999999", "--context", "8"], "--batch in [1, 10000000]"),  # ran out of memory
+        (["--batch", "1", "--context", "99999999999"], "--context in [0, 16777216]"),
+        (["--prefill", "99999999999"], "--prefill: expected a token count in [1, 16777216]"),
+        (["--prefill", "8", "--tp", "3"], "tensor parallel degree 3 must divide the 32 attention heads"),
+        (["--prefill", "8", "--tp", "1000"], "--tp"),
+    ],
+)
+def test_step_sizes_out_of_range(capsys: pytest.CaptureFixture[str], args: list[str], expected: str) -> None:
+    """A TP degree that cannot split the heads gave a step time, as `sim capacity` refuses it."""
+    assert expected in refused(capsys, "step", "llama-3.1-8b", "--gpu", "H200", *args)
