@@ -123,6 +123,28 @@ def _checked_out(problem: Callable[[Path], str | None]) -> Callable[[Path | None
     return callback
 
 
+def _check_formats(
+    weight_dtype: str | None, kv_dtype: str | None, weight_group_size: int | None, any_int: bool = False
+) -> None:
+    """The `--weight-dtype`, `--kv-dtype` and `--weight-group-size` a scenario's `[model]` would accept
+    (`any_int`: the group size applies to whichever int4 / int8 rows a comparison shows)."""
+    from sim.quantisation import check_dtype, check_group_size
+
+    for option, key, value in (
+        ("--weight-dtype", "weight_dtype", weight_dtype),
+        ("--kv-dtype", "kv_dtype", kv_dtype),
+    ):
+        try:
+            check_dtype(key, value)
+        except ValueError as err:
+            raise SimError(f"{option}: {err} (got {value!r})") from None
+    try:
+        check_group_size("int4" if any_int else weight_dtype, weight_group_size)
+    except ValueError as err:
+        message = str(err).replace("model.weight_dtype", "--weight-dtype")
+        raise SimError(f"--{message.replace('_', '-', 2)}") from None
+
+
 @app.command("replay-steps")
 def replay_steps(
     trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
@@ -271,6 +293,7 @@ def capacity(
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
+    _check_formats(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
     if draft_model is not None and max_loras:
@@ -514,5 +537,6 @@ def step(
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.step_report import print_step
 
+    _check_formats(weight_dtype, kv_dtype, weight_group_size)
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
                weight_group_size)  # fmt: skip

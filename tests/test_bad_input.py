@@ -402,3 +402,21 @@ def test_bad_roofline_calibration_file(tmp_path: Path, capsys: pytest.CaptureFix
 def test_step_sizes_out_of_range(capsys: pytest.CaptureFixture[str], args: list[str], expected: str) -> None:
     """A TP degree that cannot split the heads gave a step time, as `sim capacity` refuses it."""
     assert expected in refused(capsys, "step", "llama-3.1-8b", "--gpu", "H200", *args)
+
+
+@pytest.mark.parametrize(
+    "command", [["capacity", "llama-3.1-8b"], ["step", "llama-3.1-8b", "--prefill", "8"]]
+)
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--kv-dtype", "int4"], "--kv-dtype: expected one of bf16, fp16, fp8, int8 (got 'int4')"),
+        (["--weight-dtype", "int4", "--weight-group-size", "3"], "--weight-group-size: expected 0"),
+        (["--weight-group-size", "64"], "--weight-group-size: applies to int4 or int8 weights"),
+    ],
+)
+def test_formats_a_scenario_refuses_are_refused_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], command: list[str], args: list[str], expected: str
+) -> None:
+    """`model.kv_dtype = "int4"` is refused in a scenario; `--kv-dtype int4` gave figures for it."""
+    assert expected in refused(capsys, *command, "--gpu", "L4", *args)
