@@ -420,3 +420,9 @@ def test_formats_a_scenario_refuses_are_refused_on_the_command_line(
 ) -> None:
     """`model.kv_dtype = "int4"` is refused in a scenario; `--kv-dtype int4` gave figures for it."""
     assert expected in refused(capsys, *command, "--gpu", "L4", *args)
+
+
+def test_unknown_draft_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown `--draft-model` was a pydantic traceback."""
+    line = refused(capsys, "capacity", "llama-2-7b", "--gpu", "H100", "--draft-model", "nope")
+    assert "--draft-model: unknown model 'nope'" in line
