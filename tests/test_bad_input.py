@@ -426,3 +426,14 @@ def test_unknown_draft_model(capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown `--draft-model` was a pydantic traceback."""
     line = refused(capsys, "capacity", "llama-2-7b", "--gpu", "H100", "--draft-model", "nope")
     assert "--draft-model: unknown model 'nope'" in line
+
+
+def test_replay_parallel_samples_bounded_as_in_a_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`n` up to 10,000,000 was accepted: a million samples of one request replayed for hours."""
+    (tmp_path / "t.json").write_text(
+        json.dumps([{"id": "a", "arrival_step": 0, "prompt_len": 8, "max_tokens": 2, "n": 1025}])
+    )
+    line = refused(capsys, "replay-steps", tmp_path / "t.json")
+    assert "t.json: request 0: field 'n': expected a whole number in [1, 1024]" in line
