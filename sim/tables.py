@@ -123,9 +123,16 @@ def read_table(path: Path, fmt: str | None = None) -> Table:
     return _jsonl(path, data) if fmt == "jsonl" else _csv(path, data)
 
 
-def read_column(path: Path, column: str) -> np.ndarray:
-    """One numeric column of a CSV / JSON-lines file as float64, with SimErrors naming file and column."""
+def read_column(path: Path, column: str, low: float | None = None) -> np.ndarray:
+    """One numeric column of a CSV / JSON-lines file as float64 (at least one value, each >= `low` if
+    given), with SimErrors naming file, column and line."""
     table = read_table(path)
     if column not in table.columns:
         raise SimError(f"{path}: no column {column!r}")
-    return table.numbers(column)
+    if len(table) == 0:
+        raise SimError(f"{path}: column {column!r} has no values")
+    values = table.numbers(column)
+    if low is not None and (values < low).any():
+        line = int(table.lines[int(np.argmax(values < low))])
+        raise SimError(f"{path}: line {line}: column {column!r}: expected a number >= {low:g}")
+    return values

@@ -437,3 +437,13 @@ def test_replay_parallel_samples_bounded_as_in_a_scenario(
     )
     line = refused(capsys, "replay-steps", tmp_path / "t.json")
     assert "t.json: request 0: field 'n': expected a whole number in [1, 1024]" in line
+
+
+def test_empirical_column_without_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A header-only file printed numpy's 'Mean of empty slice' warnings and named the file as given."""
+    (tmp_path / "lens.csv").write_text("tokens\n")
+    empirical = {"kind": "empirical", "path": "lens.csv", "column": "tokens"}
+    path = scenario(tmp_path, workload={"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": empirical,
+                                        "output": {"kind": "fixed", "value": 1}})  # fmt: skip
+    line = refused(capsys, "run", path, "--out", tmp_path / "o")
+    assert f"{tmp_path / 'lens.csv'}: column 'tokens' has no values" in line

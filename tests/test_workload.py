@@ -220,6 +220,18 @@ def test_empirical_from_csv(tmp_path: Path) -> None:
         _lengths({"kind": "empirical", "path": "missing.csv", "column": "tokens"}, base_dir=tmp_path)
 
 
+def test_empirical_negative_values_are_refused(tmp_path: Path) -> None:
+    """A negative length was silently drawn as 1 token, a negative think time as 0 s."""
+    (tmp_path / "lens.csv").write_text("tokens\n10\n-5\n")
+    with pytest.raises(SimError, match=r"lens\.csv: line 3: column 'tokens': expected a number >= 0"):
+        _lengths({"kind": "empirical", "path": "lens.csv", "column": "tokens"}, base_dir=tmp_path)
+    think = {"kind": "empirical", "path": "lens.csv", "column": "tokens"}
+    cfg = parse_workload({"arrival": {"kind": "closed_loop", "users": 1, "think_time_s": think},
+                          "prompt": {"kind": "fixed", "value": 1}, "ignore_eos": True})  # fmt: skip
+    with pytest.raises(SimError, match=r"line 3: column 'tokens': expected a number >= 0"):
+        TimeSampler(cfg.arrival.think_time_s, tmp_path)  # type: ignore[union-attr]
+
+
 def test_think_time_sampler_allows_zero() -> None:
     cfg = WorkloadConfig.model_validate(
         {
