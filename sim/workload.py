@@ -385,6 +385,8 @@ class WorkloadConfig(_Config):
                 raise ValueError(f"{name}.value: a length must be >= 1 (got {d.value:g})")
             if d is not None and d.max is not None and d.max < 1:
                 raise ValueError(f"{name}.max: a length must be >= 1 (got {d.max:g})")
+            if d is not None and d.min is not None and d.max is not None and math.ceil(d.min) > d.max:
+                raise ValueError(f"{name}: min {d.min:g} and max {d.max:g} allow no whole number of tokens")
         return self
 
 

@@ -362,6 +362,10 @@ def test_determinism_and_independent_streams() -> None:
             {"prompt": {"kind": "fixed", "value": 0}},
             r"test\.toml: workload\.prompt\.value: a length must be >= 1",
         ),
+        (  # was "length clamps allow no value", naming neither file nor key
+            {"output": {"kind": "fixed", "value": 5, "min": 1.5, "max": 1.7}},
+            r"test\.toml: workload\.output: min 1\.5 and max 1\.7 allow no whole number of tokens",
+        ),
         ({"max_tokens": 0}, r"workload\.max_tokens"),
         ({"prefix": {"groups": 2}}, r"workload\.prefix\.prefix_len: Field required"),
     ],
