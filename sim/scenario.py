@@ -235,6 +235,13 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             configs[name] = registry[kind].config.model_validate(knobs)
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
+        if getattr(configs[name], "enable_chunked_prefill", True) is False:
+            budget = configs[name].max_num_batched_tokens  # type: ignore[attr-defined]
+            if budget < scenario.model.max_model_len:  # a whole prompt must fit one step
+                raise SimError(
+                    f"{source}: policies.{name}.max_num_batched_tokens: must be at least model.max_model_len "
+                    f"({scenario.model.max_model_len}) when enable_chunked_prefill = false (got {budget})"
+                )
     if scenario.cluster is not None:
         scenario._router_config = check_cluster(scenario.cluster, scenario.policies, source)
         for name, config in configs.items():  # speculative decoding is modelled on one replica only

@@ -447,3 +447,16 @@ def test_empirical_column_without_values(tmp_path: Path, capsys: pytest.CaptureF
                                         "output": {"kind": "fixed", "value": 1}})  # fmt: skip
     line = refused(capsys, "run", path, "--out", tmp_path / "o")
     assert f"{tmp_path / 'lens.csv'}: column 'tokens' has no values" in line
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sarathi"])
+def test_token_budget_below_max_model_len_without_chunking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str
+) -> None:
+    """The scheduler's own error named neither the file nor the key."""
+    table = {"scheduler": scheduler, "enable_chunked_prefill": False, "max_num_batched_tokens": 50}
+    line = refused(capsys, "run", scenario(tmp_path, policies={"p": table}), "--out", tmp_path / "o")
+    assert (
+        "small.toml: policies.p.max_num_batched_tokens: must be at least model.max_model_len (4096) "
+        "when enable_chunked_prefill = false (got 50)"
+    ) in line
