@@ -446,3 +446,22 @@ def test_trace_values_are_bounded(tmp_path: Path, cells: str, message: str) -> N
     (tmp_path / "t.csv").write_text(header + cells + "\n")
     with pytest.raises(SimError, match=re.escape(message)):
         make({"kind": "trace", "path": "t.csv"}, base_dir=tmp_path)
+
+
+def test_trace_prompts_shorter_than_the_prefix_table_are_refused(tmp_path: Path) -> None:
+    """A trace's prompt includes its shared prefix; a 10-token prompt in a group of 50-token prefixes was
+    accepted, and its prefix silently cut to the prompt."""
+    (tmp_path / "t.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_group\n0,60,2,1\n1,10,2,-1\n2,30,2,0\n"
+    )
+    prefix = {"groups": 2, "prefix_len": 50}
+    table = {"arrival": {"kind": "trace", "path": "t.csv"}, "prefix": prefix}
+    with pytest.raises(
+        SimError, match=re.escape("t.csv: line 4: column 'prompt_tokens': shorter than workload.")
+    ):
+        Workload(parse_workload(table), 0, tmp_path)
+    (tmp_path / "t.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_group\n0,60,2,1\n1,10,2,-1\n"
+    )
+    reqs = list(Workload(parse_workload(table), 0, tmp_path).open_loop())  # ungrouped rows may be short
+    assert [(r.prompt_len, r.prefix_len) for r in reqs] == [(60, 50), (10, 0)]
