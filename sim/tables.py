@@ -6,6 +6,7 @@ mistake (a key file, a password store) must not have its first entry echoed to t
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -72,6 +73,10 @@ def _csv(path: Path, data: bytes) -> Table:
         raise SimError(
             f"{path}: cannot read as CSV (rows of unequal width, bad quoting or a repeated column name)"
         ) from None
+    header = next(csv.reader(io.StringIO(data[:65536].decode("utf-8", errors="ignore"))), [])
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:  # polars keeps the first and renames the others, so one of them would go unread
+        raise SimError(f"{path}: line 1: column {repeated[0]!r} appears more than once")
     return Table(path, frame, np.arange(frame.height, dtype=np.int64) + 2)  # line 1 is the header
 
 

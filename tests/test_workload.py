@@ -465,3 +465,13 @@ def test_trace_prompts_shorter_than_the_prefix_table_are_refused(tmp_path: Path)
     )
     reqs = list(Workload(parse_workload(table), 0, tmp_path).open_loop())  # ungrouped rows may be short
     assert [(r.prompt_len, r.prefix_len) for r in reqs] == [(60, 50), (10, 0)]
+
+
+def test_trace_with_a_repeated_column_is_refused(tmp_path: Path) -> None:
+    """Polars renamed the second `arrival_s` and the first was replayed, whatever the second held."""
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,arrival_s,output_tokens\n0,5,9,2\n")
+    with pytest.raises(SimError, match=re.escape("t.csv: line 1: column 'arrival_s' appears more than once")):
+        Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path)
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,,\n0,5,2,,\n")  # blank names
+    assert len(list(Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path)
+                    .open_loop())) == 1  # fmt: skip
