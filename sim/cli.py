@@ -336,7 +336,7 @@ def capacity(
 
 @app.command("sweep")
 def sweep(
-    scenario: Path = typer.Argument(..., help="Scenario TOML file with a [sweep] table."),
+    scenario: Path = typer.Argument(..., help="Scenario TOML file with a \\[sweep] table."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set sweep.replications=1"),
     jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
     executor: str = typer.Option("process", "--executor", help="process or dask."),
@@ -344,7 +344,7 @@ def sweep(
     force: bool = typer.Option(
         False, "--force", help="Redo points whose files exist; run points over the size limit."
     ),
-    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under [slo]."),
+    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under \\[slo]."),
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -451,7 +451,7 @@ def validate(
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
-    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A \\[calibration] TOML file."),
     scale: float = typer.Option(
         1.0, "--scale", min=0.001, max=100.0, help="Shorten every arrival stage by this factor."
     ),
@@ -528,7 +528,7 @@ def step(
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
     context: int | None = typer.Option(None, "--context", help="Decode step: cached tokens per sequence."),
     prefill: int | None = typer.Option(None, "--prefill", help="Prefill: one prompt of L tokens."),
-    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A \\[calibration] TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     weight_group_size: int | None = typer.Option(
         None, "--weight-group-size", min=0, max=1024, help="int4/int8 weights per 16-bit scale (0: per row)."
