@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sim.calibration_table import calibration_problem
 from sim.errors import SimError
 from sim.fleet.config import ClusterSection, check_cluster
+from sim.hardware import get_gpu
 from sim.limits import (
     MAX_BLOCK_SIZE,
     MAX_COUNT,
@@ -141,6 +142,10 @@ class Scenario(_Section):
         for key, value in self.prices.items():
             if not 0.0 < value <= 1000.0:
                 raise ValueError(f"prices.{key}: $/GPU-hour must be in (0, 1000] (got {value:g})")
+            try:
+                get_gpu(key)
+            except SimError as err:  # a misspelt name would leave the catalogue's price in use
+                raise ValueError(f"prices.{key}: {err}") from None
         return self
 
     # Resolved policy configs (pydantic models of each scheduler), filled by `validate_scenario`,

@@ -460,3 +460,11 @@ def test_token_budget_below_max_model_len_without_chunking(
         "small.toml: policies.p.max_num_batched_tokens: must be at least model.max_model_len (4096) "
         "when enable_chunked_prefill = false (got 50)"
     ) in line
+
+
+def test_price_of_an_unknown_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sim run` accepted a misspelt GPU in [prices]; `sim plan` refused it without naming the file."""
+    path = scenario(tmp_path, prices={"H100-SXN": 2.5})
+    for args in (["run", path], ["plan", path, "--rate", "1"]):
+        line = refused(capsys, *args, "--out", tmp_path / "o")
+        assert "small.toml: prices.H100-SXN: unknown GPU 'H100-SXN'" in line
