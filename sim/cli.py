@@ -123,6 +123,28 @@ def _checked_out(problem: Callable[[Path], str | None]) -> Callable[[Path | None
     return callback
 
 
+def _check_formats(
+    weight_dtype: str | None, kv_dtype: str | None, weight_group_size: int | None, any_int: bool = False
+) -> None:
+    """The `--weight-dtype`, `--kv-dtype` and `--weight-group-size` a scenario's `[model]` would accept
+    (`any_int`: the group size applies to whichever int4 / int8 rows a comparison shows)."""
+    from sim.quantisation import check_dtype, check_group_size
+
+    for option, key, value in (
+        ("--weight-dtype", "weight_dtype", weight_dtype),
+        ("--kv-dtype", "kv_dtype", kv_dtype),
+    ):
+        try:
+            check_dtype(key, value)
+        except ValueError as err:
+            raise SimError(f"{option}: {err} (got {value!r})") from None
+    try:
+        check_group_size("int4" if any_int else weight_dtype, weight_group_size)
+    except ValueError as err:
+        message = str(err).replace("model.weight_dtype", "--weight-dtype")
+        raise SimError(f"--{message.replace('_', '-', 2)}") from None
+
+
 @app.command("replay-steps")
 def replay_steps(
     trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
@@ -271,6 +293,7 @@ def capacity(
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
     from sim.capacity import capacity_report
 
+    _check_formats(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
     if draft_model is not None and max_loras:
@@ -313,7 +336,7 @@ def capacity(
 
 @app.command("sweep")
 def sweep(
-    scenario: Path = typer.Argument(..., help="Scenario TOML file with a [sweep] table."),
+    scenario: Path = typer.Argument(..., help="Scenario TOML file with a \\[sweep] table."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set sweep.replications=1"),
     jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
     executor: str = typer.Option("process", "--executor", help="process or dask."),
@@ -321,7 +344,7 @@ def sweep(
     force: bool = typer.Option(
         False, "--force", help="Redo points whose files exist; run points over the size limit."
     ),
-    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under [slo]."),
+    find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under \\[slo]."),
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -428,7 +451,7 @@ def validate(
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
-    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A \\[calibration] TOML file."),
     scale: float = typer.Option(
         1.0, "--scale", min=0.001, max=100.0, help="Shorten every arrival stage by this factor."
     ),
@@ -499,13 +522,13 @@ def calibrate(
 def step(
     model: str = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
     gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. H100, H200, A100-80GB."),
-    tp: int = typer.Option(1, "--tp", help="Tensor parallel degree."),
+    tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor parallel degree."),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
     context: int | None = typer.Option(None, "--context", help="Decode step: cached tokens per sequence."),
     prefill: int | None = typer.Option(None, "--prefill", help="Prefill: one prompt of L tokens."),
-    calibration: Path | None = typer.Option(None, "--calibration", help="A [calibration] TOML file."),
+    calibration: Path | None = typer.Option(None, "--calibration", help="A \\[calibration] TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     weight_group_size: int | None = typer.Option(
         None, "--weight-group-size", min=0, max=1024, help="int4/int8 weights per 16-bit scale (0: per row)."
@@ -514,5 +537,6 @@ def step(
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.step_report import print_step
 
+    _check_formats(weight_dtype, kv_dtype, weight_group_size)
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
                weight_group_size)  # fmt: skip

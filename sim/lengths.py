@@ -102,7 +102,7 @@ class GeometricDist(_Dist):
 
 
 class EmpiricalDist(_Dist):
-    """Values of one CSV column, resampled with replacement."""
+    """Values of one CSV column (each >= 0), resampled with replacement."""
 
     kind: Literal["empirical"] = "empirical"
     path: str = Field(min_length=1)
@@ -141,9 +141,7 @@ def _geometric(c: GeometricDist, _: Path) -> Sampler:
 
 
 def _empirical(c: EmpiricalDist, base_dir: Path) -> Sampler:
-    values = read_column(resolve(c.path, base_dir), c.column)
-    if values.size == 0:
-        raise SimError(f"{c.path}: column {c.column!r} has no values")
+    values = read_column(resolve(c.path, base_dir), c.column, low=0.0)
     return lambda rng, n: values[rng.integers(0, values.size, n)]
 
 
@@ -185,7 +183,7 @@ def mean_of(config: Any, base_dir: Path) -> float:
     elif isinstance(c, UniformDist):
         mean = (c.low + c.high) / 2
     elif isinstance(c, EmpiricalDist):
-        mean = float(read_column(resolve(c.path, base_dir), c.column).mean())
+        mean = float(read_column(resolve(c.path, base_dir), c.column, low=0.0).mean())
     else:
         mean = c.mean
     return float(min(max(mean, c.min or 0.0), MAX_TOKENS if c.max is None else c.max))

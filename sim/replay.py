@@ -16,7 +16,7 @@ from typing import Any
 
 from sim import console
 from sim.errors import SimError
-from sim.limits import MAX_COUNT, MAX_ID, MAX_TOKENS
+from sim.limits import MAX_ID, MAX_PARALLEL_SAMPLES, MAX_TOKENS
 from sim.request import Request
 from sim.schedulers.registry import KvBudget
 from sim.schedulers.vllm import Seq, VllmConfig, VllmScheduler
@@ -98,7 +98,7 @@ def load_trace(path: Path) -> list[TraceRequest]:
         max_tokens = _field(path, i, row, "max_tokens", int, None, 1, MAX_TOKENS)
         group = _field(path, i, row, "prefix_group", int, -1, -1, MAX_ID)
         prefix = _field(path, i, row, "prefix_len", int, 0, 0, prompt)
-        n = _field(path, i, row, "n", int, 1, 1, MAX_COUNT)
+        n = _field(path, i, row, "n", int, 1, 1, MAX_PARALLEL_SAMPLES)  # as workload.n
         req = Request(
             i, float(arrival), prompt, max_tokens, max_tokens, n=n, prefix_group=group, prefix_len=prefix
         )

@@ -6,13 +6,16 @@ import copy
 import math
 import re
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sim.calibration_table import calibration_problem
 from sim.errors import SimError
 from sim.fleet.config import ClusterSection, check_cluster
+from sim.hardware import get_gpu
 from sim.limits import (
     MAX_BLOCK_SIZE,
     MAX_COUNT,
@@ -115,7 +118,7 @@ class Scenario(_Section):
     slo: SloSection = SloSection()
     calibration: dict[str, float] = Field(
         default_factory=dict,
-        description="Cost-model calibration overrides: efficiencies (*_eff) in [0.001, 10], "
+        description="Cost-model calibration overrides: efficiencies (*_eff*) in [0.001, 10], "
         "overheads (*_s) in [0, 1] seconds.",
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
@@ -127,13 +130,22 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _calibration_in_range(self) -> Scenario:
+        from sim.cost import Calibration
+
+        known = {f.name for f in fields(Calibration)}
         for key, value in self.calibration.items():
-            low, high = (1e-3, 10.0) if key.endswith("_eff") else (0.0, 1.0)
-            if not low <= value <= high:
-                raise ValueError(f"calibration.{key}: must be in [{low:g}, {high:g}] (got {value:g})")
+            if key not in known:
+                raise ValueError(f"calibration.{key}: unknown parameter (one of {', '.join(sorted(known))})")
+            why = calibration_problem(key, value)
+            if why is not None:
+                raise ValueError(f"calibration.{key}: {why}")
         for key, value in self.prices.items():
             if not 0.0 < value <= 1000.0:
                 raise ValueError(f"prices.{key}: $/GPU-hour must be in (0, 1000] (got {value:g})")
+            try:
+                get_gpu(key)
+            except SimError as err:  # a misspelt name would leave the catalogue's price in use
+                raise ValueError(f"prices.{key}: {err}") from None
         return self
 
     # Resolved policy configs (pydantic models of each scheduler), filled by `validate_scenario`,
@@ -228,6 +240,13 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             configs[name] = registry[kind].config.model_validate(knobs)
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
+        if getattr(configs[name], "enable_chunked_prefill", True) is False:
+            budget = configs[name].max_num_batched_tokens  # type: ignore[attr-defined]
+            if budget < scenario.model.max_model_len:  # a whole prompt must fit one step
+                raise SimError(
+                    f"{source}: policies.{name}.max_num_batched_tokens: must be at least model.max_model_len "
+                    f"({scenario.model.max_model_len}) when enable_chunked_prefill = false (got {budget})"
+                )
     if scenario.cluster is not None:
         scenario._router_config = check_cluster(scenario.cluster, scenario.policies, source)
         for name, config in configs.items():  # speculative decoding is modelled on one replica only

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.capacity import kv_bytes_per_token_per_gpu, kv_memory, replica_kv_memory
 from sim.cost import CostModel
@@ -507,10 +507,14 @@ def draft_capacity(
     target = load_model(model)
     mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
     cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
-    cfg = SpeculativeConfig(
-        method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
-        num_speculative_tokens=1, acceptance_rate=0.5,
-    )  # fmt: skip
+    try:
+        cfg = SpeculativeConfig(
+            method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
+            num_speculative_tokens=1, acceptance_rate=0.5,
+        )  # fmt: skip
+    except ValidationError as err:  # an unknown or malformed draft model
+        message = err.errors()[0]["msg"].removeprefix("Value error, ").removeprefix("draft_model: ")
+        raise SimError(f"--draft-model: {message}") from None
     drafter = build_drafter(cfg, cost)
     blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
     per_seq = math.ceil(typical_len / mem.block_size)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import SimError
+from sim.limits import MAX_COUNT, MAX_TOKENS
 
 
 def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -17,13 +18,16 @@ def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tu
     if prefill is not None:
         if batch is not None or context is not None:
             raise SimError("step: give either --prefill L or --batch B --context C, not both")
-        if prefill < 1:
-            raise SimError(f"step: --prefill: expected a token count >= 1, got {prefill}")
+        if not 1 <= prefill <= MAX_TOKENS:
+            raise SimError(f"step: --prefill: expected a token count in [1, {MAX_TOKENS}], got {prefill}")
         return np.array([prefill]), np.array([0])
     if batch is None or context is None:
         raise SimError("step: give --prefill L, or --batch B with --context C")
-    if batch < 1 or context < 0:
-        raise SimError(f"step: expected --batch >= 1 and --context >= 0, got {batch} and {context}")
+    if not (1 <= batch <= MAX_COUNT and 0 <= context <= MAX_TOKENS):
+        raise SimError(
+            f"step: expected --batch in [1, {MAX_COUNT}] and --context in [0, {MAX_TOKENS}], "
+            f"got {batch} and {context}"
+        )
     return np.ones(batch, dtype=np.int64), np.full(batch, context, dtype=np.int64)
 
 
@@ -43,13 +47,16 @@ def print_step(
     from rich.console import Console
     from rich.table import Table
 
+    from sim.capacity import _check_tp
     from sim.hardware import get_gpu
     from sim.kernel_cost import KernelCalibration, KernelCostModel, step_summary
     from sim.model import load_model
 
     c, q = step_rows(batch, context, prefill)
+    spec = load_model(model)
+    _check_tp(spec, tp)
     cost = KernelCostModel(
-        load_model(model), get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
+        spec, get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
         weight_group_size,
     )  # fmt: skip
     summary = step_summary(cost, c, q)

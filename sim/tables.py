@@ -6,6 +6,7 @@ mistake (a key file, a password store) must not have its first entry echoed to t
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -72,6 +73,10 @@ def _csv(path: Path, data: bytes) -> Table:
         raise SimError(
             f"{path}: cannot read as CSV (rows of unequal width, bad quoting or a repeated column name)"
         ) from None
+    header = next(csv.reader(io.StringIO(data[:65536].decode("utf-8", errors="ignore"))), [])
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:  # polars keeps the first and renames the others, so one of them would go unread
+        raise SimError(f"{path}: line 1: column {repeated[0]!r} appears more than once")
     return Table(path, frame, np.arange(frame.height, dtype=np.int64) + 2)  # line 1 is the header
 
 
@@ -123,9 +128,16 @@ def read_table(path: Path, fmt: str | None = None) -> Table:
     return _jsonl(path, data) if fmt == "jsonl" else _csv(path, data)
 
 
-def read_column(path: Path, column: str) -> np.ndarray:
-    """One numeric column of a CSV / JSON-lines file as float64, with SimErrors naming file and column."""
+def read_column(path: Path, column: str, low: float | None = None) -> np.ndarray:
+    """One numeric column of a CSV / JSON-lines file as float64 (at least one value, each >= `low` if
+    given), with SimErrors naming file, column and line."""
     table = read_table(path)
     if column not in table.columns:
         raise SimError(f"{path}: no column {column!r}")
-    return table.numbers(column)
+    if len(table) == 0:
+        raise SimError(f"{path}: column {column!r} has no values")
+    values = table.numbers(column)
+    if low is not None and (values < low).any():
+        line = int(table.lines[int(np.argmax(values < low))])
+        raise SimError(f"{path}: line {line}: column {column!r}: expected a number >= {low:g}")
+    return values

@@ -93,9 +93,12 @@ class GroundTruthRow:
         if not text:
             return None
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise SimError(f"ground truth row {self.exp_key}: {name}={text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise SimError(f"ground truth row {self.exp_key}: {name}={text!r} is not a finite number")
+        return value
 
     def need(self, name: str) -> float:
         value = self.num(name)
@@ -119,6 +122,9 @@ class GroundTruthRow:
         """Measured metrics (ms). ITL is recomputed as (E2E mean − TTFT mean) / (output_len − 1) with the
         generated length (ignore_eos), since the load tool's own output count is sometimes short."""
         out = {m: self.need(f"{m}_ms") for m in METRICS if m != "itl_mean"}
+        for m, value in out.items():  # the errors are relative to these
+            if value <= 0:
+                raise SimError(f"ground truth row {self.exp_key}: {m}_ms must be > 0 (got {value:g})")
         out["itl_mean"] = itl_from(out["e2e_mean"], out["ttft_mean"], self.output_len)
         return out
 
@@ -163,7 +169,9 @@ def row_scenario(
     """The scenario mapping of a row and the fallbacks it used (one sentence each)."""
     notes: list[str] = []
     gpu = GPU_NAMES.get(row.get("gpu"), row.get("gpu"))
-    model: dict[str, Any] = {"name": row.model, "gpu": gpu, "tp": int(row.num("tp") or 1)}
+    tp = row.num("tp")  # 0 or a fraction is left for the scenario check to refuse
+    tp_value = 1 if tp is None else int(tp) if tp.is_integer() else tp
+    model: dict[str, Any] = {"name": row.model, "gpu": gpu, "tp": tp_value}
     precision = row.get("precision").upper()
     if precision == "FP8":
         model["weight_dtype"] = "fp8"

@@ -264,6 +264,7 @@ class _Trace(ArrivalProcess):
                     f"{path}: line {line}: column {found['prefix_len']!r}: exceeds the prompt length"
                 )
         self.columns = frozenset(self._cols)
+        self.lines = table.lines[order]  # each request's line in the file
         self.path = path
         self.column_names = {k: v for k, v in found.items() if v is not None}
 
@@ -407,6 +408,8 @@ class WorkloadConfig(_Config):
                 raise ValueError(f"{name}.value: a length must be >= 1 (got {d.value:g})")
             if d is not None and d.max is not None and d.max < 1:
                 raise ValueError(f"{name}.max: a length must be >= 1 (got {d.max:g})")
+            if d is not None and d.min is not None and d.max is not None and math.ceil(d.min) > d.max:
+                raise ValueError(f"{name}: min {d.min:g} and max {d.max:g} allow no whole number of tokens")
         return self
 
 
@@ -620,6 +623,7 @@ class Workload:
         if not isinstance(self._process, _Trace):
             return
         self._check_trace_adapters(self._process)
+        self._check_trace_prefix(self._process)
         for key, dist in (("prompt", self.config.prompt), ("output", self.config.output)):
             if key in self._process.columns or dist is not None:
                 continue
@@ -627,6 +631,20 @@ class Workload:
                 continue
             names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
             raise SimError(f"{self._process.path}: no {names} column and no workload.{key} distribution")
+
+    def _check_trace_prefix(self, trace: _Trace) -> None:
+        """A trace's prompts hold their shared prefix: each prompt of a prefix group is at least
+        `workload.prefix.prefix_len` long (unless the trace has its own prefix_len column)."""
+        p, cols = self.config.prefix, trace._cols
+        if p is None or "prompt" not in cols or "prefix_len" in cols:
+            return
+        grouped = cols["prefix_group"] >= 0 if "prefix_group" in cols else True
+        short = np.flatnonzero(grouped & (cols["prompt"] < p.prefix_len))
+        if short.size:
+            raise SimError(
+                f"{trace.path}: line {int(trace.lines[short[0]])}: column {trace.column_names['prompt']!r}: "
+                f"shorter than workload.prefix.prefix_len ({p.prefix_len}), which it includes"
+            )
 
     def _check_trace_adapters(self, trace: _Trace) -> None:
         """A trace's `adapter` column names adapters of `[workload.lora]` (ids below `adapters`)."""

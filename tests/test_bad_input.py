@@ -90,6 +90,9 @@ def test_binary_non_utf8_and_folder_scenarios(tmp_path: Path, capsys: pytest.Cap
         ("policies.static.batch_timeout_s=inf", "policies.static.batch_timeout_s"),
         ("calibration.bandwidth_eff=0", "calibration.bandwidth_eff"),
         ("calibration.step_overhead_s=-1", "calibration.step_overhead_s"),
+        ("calibration.compute_eff_prefill=0", "calibration.compute_eff_prefill"),  # divided by zero
+        ("calibration.compute_eff_decode=20", "calibration.compute_eff_decode"),
+        ("calibration.bogus=0.5", "calibration.bogus"),  # named no file
     ],
 )
 def test_numbers_out_of_range_are_refused(
@@ -351,3 +354,117 @@ def test_validate_and_calibrate_outputs_are_checked_first(
     )
     line = refused(capsys, "calibrate", "--write", tmp_path / "missing" / "c.toml")
     assert "folder" in line and "does not exist" in line
+
+
+# --- calibration files ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[[", "c.toml: not valid TOML"),
+        ("calibration = 3\n", "c.toml: calibration: expected a table of parameters"),
+        ("[calibration]\nattn_fixed_s = 'a'\n", "c.toml: calibration.attn_fixed_s: expected a number"),
+        ("[calibration]\nattn_fixed_s = -1\n", "c.toml: calibration.attn_fixed_s: must be in [0, 1]"),
+        ("[calibration]\ngemm_compute_eff_fp8 = 0\n", "c.toml: calibration.gemm_compute_eff_fp8: must be in"),
+        ("[calibration]\nattn_compute_eff = nan\n", "c.toml: calibration.attn_compute_eff: must be in"),
+    ],
+)
+def test_bad_kernel_calibration_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    """Malformed TOML and non-numbers were tracebacks; zero or negative values gave nonsense step times."""
+    (tmp_path / "c.toml").write_text(text)
+    line = refused(capsys, "step", "llama-2-7b", "--gpu", "H100", "--prefill", "8", "--calibration",
+                   tmp_path / "c.toml")  # fmt: skip
+    assert expected in line
+
+
+def test_bad_roofline_calibration_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "c.toml").write_text("[calibration]\nbandwidth_eff = 'a'\n")
+    line = refused(capsys, "validate", "ground-truth", "--calibration", tmp_path / "c.toml", "--row", "x")
+    assert "c.toml: calibration.bandwidth_eff: expected a number (got 'a')" in line
+
+
+# --- sim step -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--batch", "99999999999", "--context", "8"], "--batch in [1, 10000000]"),  # ran out of memory
+        (["--batch", "1", "--context", "99999999999"], "--context in [0, 16777216]"),
+        (["--prefill", "99999999999"], "--prefill: expected a token count in [1, 16777216]"),
+        (["--prefill", "8", "--tp", "3"], "tensor parallel degree 3 must divide the 32 attention heads"),
+        (["--prefill", "8", "--tp", "1000"], "--tp"),
+    ],
+)
+def test_step_sizes_out_of_range(capsys: pytest.CaptureFixture[str], args: list[str], expected: str) -> None:
+    """A TP degree that cannot split the heads gave a step time, as `sim capacity` refuses it."""
+    assert expected in refused(capsys, "step", "llama-3.1-8b", "--gpu", "H200", *args)
+
+
+@pytest.mark.parametrize(
+    "command", [["capacity", "llama-3.1-8b"], ["step", "llama-3.1-8b", "--prefill", "8"]]
+)
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--kv-dtype", "int4"], "--kv-dtype: expected one of bf16, fp16, fp8, int8 (got 'int4')"),
+        (["--weight-dtype", "int4", "--weight-group-size", "3"], "--weight-group-size: expected 0"),
+        (["--weight-group-size", "64"], "--weight-group-size: applies to int4 or int8 weights"),
+    ],
+)
+def test_formats_a_scenario_refuses_are_refused_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], command: list[str], args: list[str], expected: str
+) -> None:
+    """`model.kv_dtype = "int4"` is refused in a scenario; `--kv-dtype int4` gave figures for it."""
+    assert expected in refused(capsys, *command, "--gpu", "L4", *args)
+
+
+def test_unknown_draft_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown `--draft-model` was a pydantic traceback."""
+    line = refused(capsys, "capacity", "llama-2-7b", "--gpu", "H100", "--draft-model", "nope")
+    assert "--draft-model: unknown model 'nope'" in line
+
+
+def test_replay_parallel_samples_bounded_as_in_a_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`n` up to 10,000,000 was accepted: a million samples of one request replayed for hours."""
+    (tmp_path / "t.json").write_text(
+        json.dumps([{"id": "a", "arrival_step": 0, "prompt_len": 8, "max_tokens": 2, "n": 1025}])
+    )
+    line = refused(capsys, "replay-steps", tmp_path / "t.json")
+    assert "t.json: request 0: field 'n': expected a whole number in [1, 1024]" in line
+
+
+def test_empirical_column_without_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A header-only file printed numpy's 'Mean of empty slice' warnings and named the file as given."""
+    (tmp_path / "lens.csv").write_text("tokens\n")
+    empirical = {"kind": "empirical", "path": "lens.csv", "column": "tokens"}
+    path = scenario(tmp_path, workload={"arrival": {"kind": "poisson", "rate": 1.0}, "prompt": empirical,
+                                        "output": {"kind": "fixed", "value": 1}})  # fmt: skip
+    line = refused(capsys, "run", path, "--out", tmp_path / "o")
+    assert f"{tmp_path / 'lens.csv'}: column 'tokens' has no values" in line
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sarathi"])
+def test_token_budget_below_max_model_len_without_chunking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scheduler: str
+) -> None:
+    """The scheduler's own error named neither the file nor the key."""
+    table = {"scheduler": scheduler, "enable_chunked_prefill": False, "max_num_batched_tokens": 50}
+    line = refused(capsys, "run", scenario(tmp_path, policies={"p": table}), "--out", tmp_path / "o")
+    assert (
+        "small.toml: policies.p.max_num_batched_tokens: must be at least model.max_model_len (4096) "
+        "when enable_chunked_prefill = false (got 50)"
+    ) in line
+
+
+def test_price_of_an_unknown_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sim run` accepted a misspelt GPU in [prices]; `sim plan` refused it without naming the file."""
+    path = scenario(tmp_path, prices={"H100-SXN": 2.5})
+    for args in (["run", path], ["plan", path, "--rate", "1"]):
+        line = refused(capsys, *args, "--out", tmp_path / "o")
+        assert "small.toml: prices.H100-SXN: unknown GPU 'H100-SXN'" in line

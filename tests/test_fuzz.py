@@ -268,6 +268,23 @@ def _check_latencies(out_dir: Path) -> None:
                 assert (finished >= 0).all(), (records, column)
 
 
+def _check_counts(out_dir: Path) -> None:
+    """No request is lost: the summary's arrived = finished + rejected + in flight, each count matching
+    the request records' states, and each rejection has a reason."""
+    for summary in out_dir.glob("*/summary.json"):
+        data = json.loads(summary.read_text())
+        counts = data["requests"]
+        assert counts["arrived"] == counts["finished"] + counts["rejected"] + counts["in_flight"], counts
+        assert sum(data["rejected_reasons"].values()) == counts["rejected"], data["rejected_reasons"]
+        frame = pl.read_parquet(summary.parent / "requests.parquet")
+        states = frame["state"].cast(pl.String).to_list()
+        assert len(states) == counts["arrived"]
+        for state in ("finished", "rejected", "in_flight"):
+            assert states.count(state) == counts[state], (summary, state)
+        reasons = frame.filter(pl.col("state").cast(pl.String) == "rejected")["reject_reason"]
+        assert reasons.null_count() == 0 and not (reasons == "").any()
+
+
 @contextlib.contextmanager
 def _workdir() -> Iterator[Path]:
     """A fresh folder, made the working folder so that any stray relative write lands where it is seen."""
@@ -296,6 +313,7 @@ def test_fuzz_run(scenario: bytes, trace: tuple[bytes, bytes], config: bytes) ->
         _check_outcome(code, out, err)
         assert {p for p in _files(root) - given_files if out_dir not in p.parents} == set()
         _check_latencies(out_dir)
+        _check_counts(out_dir)
 
 
 @settings(FUZZ, max_examples=150)

@@ -148,6 +148,18 @@ def test_report_refuses_a_run_without_manifest_or_with_missing_files(tmp_path: P
         load_inputs(out)
 
 
+@pytest.mark.parametrize("records", ["requests.parquet", "steps.parquet"])
+def test_report_refuses_records_without_the_columns_it_reads(tmp_path: Path, records: str) -> None:
+    """Parquet files of another shape (say, a user's own) were a polars ColumnNotFoundError traceback."""
+    path = scenario_file(tmp_path)
+    out = tmp_path / "out"
+    sim_run(str(path), "--out", str(out))
+    pl.DataFrame({"a": [1]}).write_parquet(out / "static" / records)
+    result = runner.invoke(app, ["report", str(out), "--no-png"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"static/{records}: not the records of `sim run` (no column " in result.output
+
+
 def test_an_interrupted_run_leaves_the_previous_results_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -103,3 +103,19 @@ def test_make_says_what_it_does_while_installing() -> None:
     ).stdout
     first = [line for line in out.splitlines() if not line.startswith("make")][0]
     assert first.startswith("echo") and "installing servesim" in first  # said before pip starts
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("sweep", "with a [sweep] table"),
+        ("sweep", "under [slo]"),
+        ("step", "A [calibration] TOML"),
+        ("validate", "A [calibration] TOML"),
+    ],
+)
+def test_help_shows_table_names_in_brackets(command: str, shown: str) -> None:
+    """Rich read `[sweep]` as markup and dropped it: the help said "a  table"."""
+    result = CliRunner().invoke(app, [command, "--help"])
+    text = re.sub(r"[\s│]+", " ", result.output)  # the help wraps in a box
+    assert result.exit_code == 0 and shown in text, text

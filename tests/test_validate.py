@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -129,6 +130,26 @@ def test_bad_rows_are_user_errors(tmp_path: Path) -> None:
         row_scenario(bad)
     with pytest.raises(SimError, match="cannot read"):
         load_rows(tmp_path / "nope.csv")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("e2e_mean_ms", "0", "e2e_mean_ms must be > 0 (got 0)"),  # the relative errors divided by it
+        ("ttft_p99_ms", "-3", "ttft_p99_ms must be > 0 (got -3)"),
+        ("e2e_p90_ms", "nan", "e2e_p90_ms='nan' is not a finite number"),
+    ],
+)
+def test_measurements_that_are_no_latency_are_refused(field: str, value: str, message: str) -> None:
+    bad = GroundTruthRow("x", {**row("62-mistral").fields, field: value})
+    with pytest.raises(SimError, match=re.escape(f"ground truth row x: {message}")):
+        bad.measured()
+
+
+def test_tp_zero_is_refused_not_read_as_one() -> None:
+    bad = GroundTruthRow("x", {**row("62-mistral").fields, "tp": "0"})
+    with pytest.raises(SimError, match=re.escape("ground truth row x: model.tp: Input should be greater")):
+        validate_scenario(row_scenario(bad)[0], "ground truth row x")
 
 
 def test_itl_is_the_measurements_definition_with_the_generated_length() -> None:

@@ -220,6 +220,18 @@ def test_empirical_from_csv(tmp_path: Path) -> None:
         _lengths({"kind": "empirical", "path": "missing.csv", "column": "tokens"}, base_dir=tmp_path)
 
 
+def test_empirical_negative_values_are_refused(tmp_path: Path) -> None:
+    """A negative length was silently drawn as 1 token, a negative think time as 0 s."""
+    (tmp_path / "lens.csv").write_text("tokens\n10\n-5\n")
+    with pytest.raises(SimError, match=r"lens\.csv: line 3: column 'tokens': expected a number >= 0"):
+        _lengths({"kind": "empirical", "path": "lens.csv", "column": "tokens"}, base_dir=tmp_path)
+    think = {"kind": "empirical", "path": "lens.csv", "column": "tokens"}
+    cfg = parse_workload({"arrival": {"kind": "closed_loop", "users": 1, "think_time_s": think},
+                          "prompt": {"kind": "fixed", "value": 1}, "ignore_eos": True})  # fmt: skip
+    with pytest.raises(SimError, match=r"line 3: column 'tokens': expected a number >= 0"):
+        TimeSampler(cfg.arrival.think_time_s, tmp_path)  # type: ignore[union-attr]
+
+
 def test_think_time_sampler_allows_zero() -> None:
     cfg = WorkloadConfig.model_validate(
         {
@@ -395,6 +407,10 @@ def test_determinism_and_independent_streams() -> None:
             {"prompt": {"kind": "fixed", "value": 0}},
             r"test\.toml: workload\.prompt\.value: a length must be >= 1",
         ),
+        (  # was "length clamps allow no value", naming neither file nor key
+            {"output": {"kind": "fixed", "value": 5, "min": 1.5, "max": 1.7}},
+            r"test\.toml: workload\.output: min 1\.5 and max 1\.7 allow no whole number of tokens",
+        ),
         ({"max_tokens": 0}, r"workload\.max_tokens"),
         ({"prefix": {"groups": 2}}, r"workload\.prefix\.prefix_len: Field required"),
     ],
@@ -475,3 +491,32 @@ def test_trace_values_are_bounded(tmp_path: Path, cells: str, message: str) -> N
     (tmp_path / "t.csv").write_text(header + cells + "\n")
     with pytest.raises(SimError, match=re.escape(message)):
         make({"kind": "trace", "path": "t.csv"}, base_dir=tmp_path)
+
+
+def test_trace_prompts_shorter_than_the_prefix_table_are_refused(tmp_path: Path) -> None:
+    """A trace's prompt includes its shared prefix; a 10-token prompt in a group of 50-token prefixes was
+    accepted, and its prefix silently cut to the prompt."""
+    (tmp_path / "t.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_group\n0,60,2,1\n1,10,2,-1\n2,30,2,0\n"
+    )
+    prefix = {"groups": 2, "prefix_len": 50}
+    table = {"arrival": {"kind": "trace", "path": "t.csv"}, "prefix": prefix}
+    with pytest.raises(
+        SimError, match=re.escape("t.csv: line 4: column 'prompt_tokens': shorter than workload.")
+    ):
+        Workload(parse_workload(table), 0, tmp_path)
+    (tmp_path / "t.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_group\n0,60,2,1\n1,10,2,-1\n"
+    )
+    reqs = list(Workload(parse_workload(table), 0, tmp_path).open_loop())  # ungrouped rows may be short
+    assert [(r.prompt_len, r.prefix_len) for r in reqs] == [(60, 50), (10, 0)]
+
+
+def test_trace_with_a_repeated_column_is_refused(tmp_path: Path) -> None:
+    """Polars renamed the second `arrival_s` and the first was replayed, whatever the second held."""
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,arrival_s,output_tokens\n0,5,9,2\n")
+    with pytest.raises(SimError, match=re.escape("t.csv: line 1: column 'arrival_s' appears more than once")):
+        Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path)
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,,\n0,5,2,,\n")  # blank names
+    assert len(list(Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path)
+                    .open_loop())) == 1  # fmt: skip

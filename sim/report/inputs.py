@@ -61,6 +61,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+# The record columns the report reads; a run of `sim run` writes them all.
+REQUEST_COLUMNS = ("id", "arrival", "scheduled_at", "first_token_at", "finished_at", "queue_wait", "ttft",
+                   "tpot", "e2e", "itl_mean", "n", "generated_tokens", "state")  # fmt: skip
+STEP_COLUMNS = ("start", "duration", "batch_size", "waiting", "kv_used", "kv_allocated", "kv_capacity")
+
+
+def _read_records(path: Path, columns: tuple[str, ...]) -> pl.DataFrame:
+    """A run's Parquet records, refused when they lack a column the report reads."""
+    frame = _read_parquet(path)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise SimError(f"{path}: not the records of `sim run` (no column {', '.join(missing)}); re-run it")
+    return frame
+
+
 def _read_parquet(path: Path, hint: str = "") -> pl.DataFrame:
     try:
         return pl.read_parquet(path)
@@ -98,8 +113,8 @@ def load_runs(report_dir: Path) -> list[PolicyRun]:
         if manifest is None:
             raise SimError(f"{sub / MANIFEST}: cannot read the run's manifest; re-run `sim run`")
         summary = _read_json(sub / "summary.json")
-        requests = _read_parquet(sub / "requests.parquet")
-        steps = _read_parquet(sub / "steps.parquet")
+        requests = _read_records(sub / "requests.parquet", REQUEST_COLUMNS)
+        steps = _read_records(sub / "steps.parquet", STEP_COLUMNS)
         runs.append(PolicyRun(str(manifest.get("policy", sub.name)), requests, steps, summary, manifest))
     first = runs[0] if runs else None
     for run in runs[1:]:
