@@ -10,9 +10,9 @@ from sim.errors import SimError
 
 
 def calibration_range(key: str) -> tuple[float, float]:
-    """The values a calibration parameter may take: efficiencies (`*_eff*`) in [0.001, 10], overheads and
-    latencies (seconds) in [0, 1]."""
-    return (1e-3, 10.0) if "_eff" in key else (0.0, 1.0)
+    """The values a calibration parameter may take: efficiencies (`*_eff*`, fractions of a peak) in
+    [0.001, 1], overheads and latencies (seconds) in [0, 1]."""
+    return (1e-3, 1.0) if "_eff" in key else (0.0, 1.0)
 
 
 def calibration_problem(key: str, value: object) -> str | None:

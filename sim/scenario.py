@@ -118,8 +118,8 @@ class Scenario(_Section):
     slo: SloSection = SloSection()
     calibration: dict[str, float] = Field(
         default_factory=dict,
-        description="Cost-model calibration overrides: efficiencies (*_eff*) in [0.001, 10], "
-        "overheads (*_s) in [0, 1] seconds.",
+        description="Cost-model calibration overrides: efficiencies (*_eff*, fractions of a peak) in "
+        "[0.001, 1], overheads (*_s) in [0, 1] seconds.",
     )
     sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/sweep.py).")
     cluster: ClusterSection | None = Field(None, description="Replicas behind a router (see sim/fleet).")

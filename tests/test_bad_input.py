@@ -92,6 +92,7 @@ def test_binary_non_utf8_and_folder_scenarios(tmp_path: Path, capsys: pytest.Cap
         ("calibration.step_overhead_s=-1", "calibration.step_overhead_s"),
         ("calibration.compute_eff_prefill=0", "calibration.compute_eff_prefill"),  # divided by zero
         ("calibration.compute_eff_decode=20", "calibration.compute_eff_decode"),
+        ("calibration.bandwidth_eff=1.5", "calibration.bandwidth_eff"),  # a fraction of the peak
         ("calibration.bogus=0.5", "calibration.bogus"),  # named no file
     ],
 )
