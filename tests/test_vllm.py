@@ -157,6 +157,25 @@ def test_rejections_at_add() -> None:
     assert s2.add(capped, 0.0) and capped.output_len == 10
 
 
+def test_rejection_reasons_are_one_per_cause_not_per_length() -> None:
+    """The summary counts rejections by reason: requests of different lengths rejected for one cause give
+    one reason (their lengths stay in their records)."""
+    s = make(num_blocks=11, max_model_len=1000)
+    reasons = set()
+    for i, (prompt, output) in enumerate([(1000, 5), (1200, 5), (3000, 9)]):
+        r = req(i, prompt, output)
+        assert not s.add(r, 0.0)
+        reasons.add(r.reject_reason)
+    assert reasons == {"prompt leaves no room for output within max_model_len 1000"}
+    reasons = set()
+    # 10 usable blocks (one is vLLM's null block): 160 tokens
+    for i, (prompt, output) in enumerate([(150, 100), (120, 200)]):
+        r = req(10 + i, prompt, output)
+        assert not s.add(r, 0.0)
+        reasons.add(r.reject_reason)
+    assert reasons == {"prompt and output need more than the 10 KV blocks"}
+
+
 def test_prefix_cache_hits_count_as_context() -> None:
     s = make(enable_prefix_caching=True)
     s.add(req(0, 100, 2, group=7, prefix=64), 0.0)

@@ -267,16 +267,18 @@ class VllmScheduler:
         return True
 
     def _reject_reason(self, r: Request) -> str | None:
+        """Why a request can never run, else None. One wording per cause and run (the request's lengths are
+        in its record), so that the summary counts rejections by cause."""
         if r.prompt_len < 1 or r.output_len < 1 or r.n < 1:
             return "empty prompt or output"
         if r.prompt_len >= self.max_model_len:
-            return f"prompt of {r.prompt_len} tokens leaves no room within max_model_len {self.max_model_len}"
+            return f"prompt leaves no room for output within max_model_len {self.max_model_len}"
         usable = self.kv.pool.num_usable
         if cdiv(r.prompt_len, self.block_size) > usable:
             return f"prompt needs more than the {usable} KV blocks"
         longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
         if cdiv(longest, self.block_size) > usable:
-            return f"a sequence of {longest} tokens needs more than the {usable} KV blocks"
+            return f"prompt and output need more than the {usable} KV blocks"
         return None
 
     # ---- one step ------------------------------------------------------------------------------------
