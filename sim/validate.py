@@ -21,8 +21,9 @@ import polars as pl
 
 from sim.errors import SimError
 
-# Measured prompts run 25–35 tokens (reasoning: ~45) longer than configured: the chat template's role headers.
-# Added to the question (the unshared part), so the prefix cache does not absorb them.
+# Measured prompts run 25–35 tokens (reasoning: ~45) longer than configured: the load tool decodes random
+# token ids to text, which the server re-tokenizes into more tokens (the runs used the completion API, no chat
+# template). Added to the question, after the shared system prompt.
 CHAT_TEMPLATE_TOKENS = 30
 # The load tool gives up on a request after this long: the overloaded runs' E2E p99 sit at 289–298 s.
 CLIENT_TIMEOUT_S = 300.0
