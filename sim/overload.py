@@ -6,6 +6,7 @@ overload") states the rule.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -100,7 +101,7 @@ def backlog_trend(
     if not inner:
         return _trend(arrivals, done, first, last)
     bounds = [first, *inner, last]
-    trends = [_trend(arrivals, done, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    trends = [_trend(arrivals, done, a, b) for a, b in itertools.pairwise(bounds)]
     judged = [t for t in trends if t is not None]
     if not judged:
         return None

@@ -198,19 +198,19 @@ def run_policy(
     elif lora is not None:
         step_time, recorder = lora.step_time, lora_recorder(lora, sink)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
+    rate_steps = workload.rate_steps()  # for the overload test, in the engine and in the summary
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
+    loop, requests = None, None
     if workload.closed_loop is not None:
         cl = workload.closed_loop
         new_request = cl.new_request if progress is None else _counting(cl.new_request, progress)
         loop = ClosedLoopSource(cl.users, cl.think_time, new_request, cl.ramp_s)
-        out = simulate(scheduler, step_time, horizon, closed_loop=loop, recorder=recorder)
     else:
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-        steps = workload.rate_steps()
-        out = simulate(scheduler, step_time, horizon, open_loop=requests, recorder=recorder, rate_steps=steps)
+    out = simulate(scheduler, step_time, horizon, requests, loop, recorder, rate_steps)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
     if records is None:
@@ -219,7 +219,7 @@ def run_policy(
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, workload.rate_steps())
+    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, rate_steps)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
     if spec is not None:
         summary["speculative"] = spec.summary()
