@@ -96,7 +96,7 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str) -> int:
     return int(model.num_layers * model.kv_layer_bytes_per_gpu(tp, kv_dtype))
 
 
-def _check_tp(model: ModelSpec, tp: int) -> None:
+def check_tp(model: ModelSpec, tp: int) -> None:
     if tp < 1 or model.num_heads % tp:
         raise SimError(
             f"tensor parallel degree {tp} must divide the {model.num_heads} attention heads of {model.name}"
@@ -139,7 +139,7 @@ def kv_memory(
         raise SimError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise SimError(f"block_size must be >= 1, got {block_size}")
-    _check_tp(model, tp)
+    check_tp(model, tp)
     wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
     kvdt = normalize_dtype(kv_dtype or model.torch_dtype)
     budget = int(gpu.memory_bytes * gpu_memory_utilization)
@@ -380,7 +380,7 @@ def _quantisation_report(
     if len(specs) != 1:
         raise SimError("--quantisation compares the formats of one model: give one model")
     m = specs[0]
-    _check_tp(m, tp)
+    check_tp(m, tp)
     rows = [variant_figures(m, gpu, v, tp, util, max_model_len, typical_len) for v in variants(m, group_size)]
     if as_json:
         print(json.dumps({"model": m.name, "gpu": gpu.name, "tp": tp, "variants": rows}))

@@ -140,9 +140,9 @@ def _check_formats(
             raise SimError(f"{option}: {err} (got {value!r})") from None
     try:
         check_group_size("int4" if any_int else weight_dtype, weight_group_size)
-    except ValueError as err:
-        message = str(err).replace("model.weight_dtype", "--weight-dtype")
-        raise SimError(f"--{message.replace('_', '-', 2)}") from None
+    except ValueError as err:  # "weight_group_size: why", in the scenario's words
+        why = str(err).partition(": ")[2].replace("model.weight_dtype", "--weight-dtype")
+        raise SimError(f"--weight-group-size: {why}") from None
 
 
 @app.command("replay-steps")

@@ -47,14 +47,14 @@ def print_step(
     from rich.console import Console
     from rich.table import Table
 
-    from sim.capacity import _check_tp
+    from sim.capacity import check_tp
     from sim.hardware import get_gpu
     from sim.kernel_cost import KernelCalibration, KernelCostModel, step_summary
     from sim.model import load_model
 
     c, q = step_rows(batch, context, prefill)
     spec = load_model(model)
-    _check_tp(spec, tp)
+    check_tp(spec, tp)
     cost = KernelCostModel(
         spec, get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
         weight_group_size,
