@@ -35,6 +35,7 @@ from scipy.optimize import least_squares
 
 from sim.cost import Calibration, roofline_seconds
 from sim.errors import SimError
+from sim.kernel_cost import KernelCalibration
 from sim.validate import (
     FRONTEND_KEY,
     GroundTruthRow,
@@ -202,8 +203,6 @@ Params = dict[str, float]  # every Calibration field and the front-end overhead
 
 def held(params: Params) -> Params:
     """`params` with the HELD parameters at the kernel profile's GEMM efficiency."""
-    from sim.kernel_cost import KernelCalibration
-
     return params | dict.fromkeys(HELD, KernelCalibration.load().gemm_compute_eff)
 
 

@@ -24,7 +24,7 @@ from sim.errors import SimError
 # Measured prompts run 25–35 tokens (reasoning: ~45) longer than configured: the load tool decodes random
 # token ids to text, which the server re-tokenizes into more tokens (the runs used the completion API, no chat
 # template). Added to the question, after the shared system prompt.
-CHAT_TEMPLATE_TOKENS = 30
+RETOKENIZED_PROMPT_TOKENS = 30
 # The load tool gives up on a request after this long: the overloaded runs' E2E p99 sit at 289–298 s.
 CLIENT_TIMEOUT_S = 300.0
 # Simulated time after the last stage ends (requests still running then count as in flight).
@@ -219,7 +219,7 @@ def row_scenario(
     workload = {
         "shared_prefix": {
             "system_prompt_len": int(row.need("system_prompt_len")),
-            "question_len": int(row.need("question_len")) + CHAT_TEMPLATE_TOKENS,
+            "question_len": int(row.need("question_len")) + RETOKENIZED_PROMPT_TOKENS,
             "output_len": row.output_len,
             "num_unique_system_prompts": POOL_AS_RUN[0],
             "num_users_per_system_prompt": POOL_AS_RUN[1],

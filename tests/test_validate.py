@@ -18,10 +18,10 @@ from sim.cost import Calibration
 from sim.errors import SimError
 from sim.scenario import validate_scenario
 from sim.validate import (
-    CHAT_TEMPLATE_TOKENS,
     CPU_OFFLOAD_NOTE,
     CSV_COLUMNS,
     MEDIAN_BAR_PCT,
+    RETOKENIZED_PROMPT_TOKENS,
     GroundTruthRow,
     Prediction,
     bar_misses,
@@ -61,7 +61,7 @@ def test_fp8_moe_row_translates_knobs() -> None:
         "enable_prefix_caching": True,
         "enable_chunked_prefill": True,
     }
-    assert w["shared_prefix"]["question_len"] == 447 + CHAT_TEMPLATE_TOKENS
+    assert w["shared_prefix"]["question_len"] == 447 + RETOKENIZED_PROMPT_TOKENS
     # the row states 9 x 5, multi-turn; the load tool ran its default pool of 10 x 10 prompts, single-turn
     assert w["shared_prefix"]["num_unique_system_prompts"] == 10
     assert w["shared_prefix"]["num_users_per_system_prompt"] == 10
