@@ -350,10 +350,18 @@ def calibration_toml(params: Params, header: Sequence[str]) -> str:
 
 
 def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> list[str]:
-    """Median APE per metric over the given (steady-state) rows, one line per metric."""
-    med = median_errors(compare(rows, preds)).filter(~pl.col("overloaded"))
+    """Median APE per metric over the given (steady-state) rows, and the 90th percentile of the rows' APEs
+    (a failed prediction counts as an infinite error), one line per metric."""
+    frame = compare(rows, preds)
+    med = median_errors(frame).filter(~pl.col("overloaded"))
+    p90 = dict(
+        frame.filter(~pl.col("overloaded"))
+        .group_by("metric")
+        .agg(pl.col("ape_pct").fill_nan(math.inf).quantile(0.9, interpolation="linear"))
+        .rows()
+    )
     cols = med.select("metric", "median_ape_pct", "median_signed_pct").rows()
-    return [f"{m}: {a:.1f}% (signed {s:+.1f}%)" for m, a, s in cols]
+    return [f"{m}: {a:.1f}% (signed {s:+.1f}%), p90 {p90[m]:.1f}%" for m, a, s in cols]
 
 
 def today() -> str:
