@@ -49,18 +49,23 @@ from sim.validate import (
     successful,
 )
 
-# Held, not fitted: the 16-bit GEMM compute efficiency of the H200 kernel profile (`gemm_compute_eff`,
-# sim/kernel_fit.py; H100 SXM has the same compute die and dense peak). The calibration rows' prompts come
-# mostly from the prefix cache (a pool of 100 prompts, cycling), so they cannot identify a compute
-# efficiency: left free, it sat on its 0.9 bound and ranged 0.34-0.9 across the folds.
-HELD = ("compute_eff_prefill", "compute_eff_decode")
+# Held, not fitted (`held`):
+# - the compute efficiencies, at the 16-bit GEMM efficiency of the H200 kernel profile (`gemm_compute_eff`,
+#   sim/kernel_fit.py; H100 SXM has the same compute die and dense peak). The calibration rows' prompts come
+#   mostly from the prefix cache (a pool of 100 prompts, cycling), so they cannot identify it: left free, it
+#   sat on its 0.9 bound and ranged 0.34-0.9 across the folds;
+# - the KV-cache bandwidth efficiency, at the profile's decode-attention efficiency (`kv_bandwidth_eff`): only
+#   one model (Llama-2-7B, MHA) has KV traffic large enough to identify it, so the fold without it swung to
+#   0.66 and its rows to +40%;
+# - the per-row overhead, at zero: vLLM prepares a step's rows on the host while the previous step runs on
+#   the GPU (asynchronous scheduling), so host work per row is not on the step's critical path; left free,
+#   it traded against the KV term (0 to 13 µs a row across the folds).
+HELD = ("compute_eff_prefill", "compute_eff_decode", "kv_bandwidth_eff", "per_row_overhead_s")
 # Free parameters and their physical bounds.
 BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_eff": (0.4, 0.95),
-    "kv_bandwidth_eff": (0.4, 0.95),
-    "step_overhead_s": (3e-4, 1e-2),  # floor: CPU-side scheduling and launch of a step (few hundred µs)
+    "step_overhead_s": (1e-5, 1e-2),  # a GPU-side gap between steps (the host's work overlaps the step)
     "layer_overhead_s": (1e-7, 2e-4),
-    "per_row_overhead_s": (1e-8, 1e-4),
     "allreduce_eff": (0.2, 1.0),
     "allreduce_latency_s": (1e-7, 1e-4),
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
@@ -202,8 +207,14 @@ Params = dict[str, float]  # every Calibration field and the front-end overhead
 
 
 def held(params: Params) -> Params:
-    """`params` with the HELD parameters at the kernel profile's GEMM efficiency."""
-    return params | dict.fromkeys(HELD, KernelCalibration.load().gemm_compute_eff)
+    """`params` with the HELD parameters at their values: the kernel profile's efficiencies, no row cost."""
+    kernel = KernelCalibration.load()
+    return params | {
+        "compute_eff_prefill": kernel.gemm_compute_eff,
+        "compute_eff_decode": kernel.gemm_compute_eff,
+        "kv_bandwidth_eff": kernel.kv_bandwidth_eff,
+        "per_row_overhead_s": 0.0,
+    }
 
 
 def params_of(cal: Calibration, overhead_s: float) -> Params:
@@ -416,7 +427,8 @@ def run_calibration(
         "Bounds of the fit: " + ", ".join(f"{n} [{lo:g}, {hi:g}]" for n, (lo, hi) in BOUNDS.items()),
         "Held, not fitted: "
         + ", ".join(f"{n} = {cal[n]:.4g}" for n in HELD)
-        + " (16-bit GEMM efficiency of the H200 kernel profile, kernel_calibration.toml gemm_compute_eff)",
+        + " (compute: the H200 kernel profile's 16-bit GEMM efficiency; KV: its decode-attention efficiency,"
+        " kernel_calibration.toml; per row: host work overlapped by asynchronous scheduling)",
     ]
     text = calibration_toml(cal, header)
     if write is None:

@@ -29,13 +29,13 @@ class Calibration:
 
     compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
     compute_eff_decode: float = 0.7483
-    bandwidth_eff: float = 0.6759  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8968  # KV-cache reads and writes (paged attention)
-    step_overhead_s: float = 0.0003
-    layer_overhead_s: float = 1e-07
-    per_row_overhead_s: float = 1.901e-08
-    allreduce_eff: float = 0.2869
-    allreduce_latency_s: float = 4.835e-06
+    bandwidth_eff: float = 0.682  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
+    step_overhead_s: float = 0.0002822
+    layer_overhead_s: float = 1.176e-07
+    per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
+    allreduce_eff: float = 0.2765
+    allreduce_latency_s: float = 4.013e-06
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:

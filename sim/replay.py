@@ -135,6 +135,7 @@ def build(config: ReplayConfig, fast: bool = False) -> VllmScheduler:
             enable_chunked_prefill=config.enable_chunked_prefill,
             enable_prefix_caching=config.enable_prefix_caching,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            async_scheduling=False,  # the oracle steps vLLM's scheduler synchronously
         )
     except ValueError as exc:
         raise SimError(f"bad replay settings: {exc}") from exc

@@ -32,7 +32,7 @@ def _scheduler(policy: str) -> Scheduler:
         return StaticScheduler(StaticConfig(), MEMORY)
     if policy == "continuous":
         return ContinuousScheduler(ContinuousConfig(), MEMORY)
-    return VllmScheduler(VllmConfig(), MEMORY)
+    return VllmScheduler(VllmConfig(async_scheduling=False), MEMORY)  # `continuous` sees arrivals at once
 
 
 def _rows_per_step(policy: str, requests: list[Request]) -> tuple[list[list[tuple[int, int]]], pl.DataFrame]:

@@ -170,14 +170,19 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)
 
 
-def test_compute_efficiency_is_held_at_the_kernel_profiles_gemm_efficiency() -> None:
-    """Not fitted to the serving rows (their prompts come mostly from the prefix cache): the 16-bit GEMM
-    efficiency measured on the H200 profile, as `sim calibrate` holds it."""
+def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:
+    """Not fitted to the serving rows: the compute efficiencies are the H200 profile's 16-bit GEMM efficiency
+    (the rows' prompts come mostly from the prefix cache), the KV efficiency its decode-attention efficiency
+    (one model only has KV traffic enough to identify it), and a row costs nothing beyond its bytes and FLOPs
+    (vLLM prepares rows on the host while the previous step runs), as `sim calibrate` holds them."""
     from sim.calibrate import BOUNDS, HELD, held
     from sim.kernel_cost import KernelCalibration
 
-    gemm = KernelCalibration.load().gemm_compute_eff
+    kernel = KernelCalibration.load()
     cal = Calibration()
-    assert cal.compute_eff_prefill == cal.compute_eff_decode == round(gemm, 4)
+    assert cal.compute_eff_prefill == cal.compute_eff_decode == round(kernel.gemm_compute_eff, 4)
+    assert cal.kv_bandwidth_eff == round(kernel.kv_bandwidth_eff, 4) and cal.per_row_overhead_s == 0.0
     assert not set(HELD) & set(BOUNDS)
-    assert all(held({"compute_eff_prefill": 0.9, "compute_eff_decode": 0.1})[n] == gemm for n in HELD)
+    fitted = held(dict.fromkeys(HELD, 0.5))
+    assert fitted["compute_eff_prefill"] == fitted["compute_eff_decode"] == kernel.gemm_compute_eff
+    assert fitted["kv_bandwidth_eff"] == kernel.kv_bandwidth_eff and fitted["per_row_overhead_s"] == 0.0

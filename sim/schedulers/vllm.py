@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from operator import add, mul
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.errors import SimError
 from sim.kv import Block, KvManager, cdiv
@@ -55,6 +55,12 @@ class VllmConfig(BaseModel):
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     long_prefill_token_threshold: int = Field(0, ge=0)
+    async_scheduling: bool = Field(
+        True,
+        description="form each step while the previous one runs, as vLLM does by default since 0.14: a "
+        "request arriving during a step waits for the step after the next (off with draft-model or n-gram "
+        "speculation)",
+    )
     watermark: float = Field(
         0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
     )
@@ -64,6 +70,20 @@ class VllmConfig(BaseModel):
     lora: LoraConfig | None = Field(
         None, description="serve LoRA adapters (sim/lora.py)", exclude_if=lambda v: v is None
     )
+
+    @model_validator(mode="after")
+    def _async_with_speculation(self) -> VllmConfig:
+        """vLLM schedules asynchronously only with EAGLE/MTP speculation: it turns its default off for the
+        other methods and refuses them when asked for it."""
+        spec = self.speculative
+        if spec is not None and spec.method not in ("eagle", "mtp") and self.async_scheduling:
+            if "async_scheduling" in self.model_fields_set:
+                raise ValueError(
+                    f"async_scheduling: vLLM schedules asynchronously only with eagle or mtp speculation "
+                    f"(method is {spec.method!r})"
+                )
+            self.async_scheduling = False
+        return self
 
 
 class SarathiConfig(VllmConfig):
@@ -213,6 +233,13 @@ class VllmScheduler:
         self.watermark_blocks = watermark_blocks
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
+        # Asynchronous scheduling: vLLM forms step k+1 as soon as step k is launched, so a request that
+        # arrives while step k runs is seen only when step k+2 is formed. Arrivals wait in `_held` (with their
+        # arrival times) until the step being formed could have seen them.
+        self.async_scheduling = config.async_scheduling
+        self._held: deque[tuple[float, list[Seq]]] = deque()
+        self._step_start = -math.inf  # when the latest planned step started
+        self._step_end = -math.inf  # when the latest applied step ended
         self.last = StepInfo()
         self._next_sid = 0
         self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
@@ -262,7 +289,10 @@ class VllmScheduler:
             )
             self._next_sid += 1
             seqs.append(seq)
-            self.waiting.append(seq)
+        if self.async_scheduling:
+            self._held.append((now, seqs))
+        else:
+            self.waiting.extend(seqs)
         self._open[request.id] = seqs
         return True
 
@@ -283,6 +313,27 @@ class VllmScheduler:
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
+        if not self._held:
+            plan = self._schedule(now)
+        else:
+            # Formed back to back with the step that just ended, this step was formed when that one started;
+            # had it nothing to run then, it is formed now, seeing every arrival (vLLM's engine loop).
+            self._release(self._step_start if self._step_end == now else now)
+            plan = self._schedule(now)
+            if plan is None and self._held:
+                self._release(now)
+                plan = self._schedule(now)
+        if plan is not None:
+            self._step_start = now
+        return plan
+
+    def _release(self, seen_by: float) -> None:
+        """Queue the held arrivals that came no later than `seen_by`."""
+        held, waiting = self._held, self.waiting
+        while held and held[0][0] <= seen_by:
+            waiting.extend(held.popleft()[1])
+
+    def _schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
         # the threshold keeps a long prefill from starving others: with nobody else to starve it is off
@@ -584,6 +635,7 @@ class VllmScheduler:
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
+        self._step_end = now
         if self.fast:
             return self._update_fast(info, now)
         finished: list[Request] = []
@@ -686,7 +738,9 @@ class VllmScheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Sequences queued (new or preempted)."""
+        """Sequences queued (new, preempted, or arrived and not yet seen by the scheduler)."""
+        if self._held:
+            return len(self.waiting) + sum(len(seqs) for _, seqs in self._held)
         return len(self.waiting)
 
     def wake_at(self, now: float) -> float | None:
