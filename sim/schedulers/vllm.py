@@ -20,6 +20,9 @@ its own copy of the partial last prompt block. The request emits a token when it
 
 With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
 records (see `VllmScheduler.__init__`, and docs/performance.md).
+
+Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
+k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
 """
 
 from __future__ import annotations
