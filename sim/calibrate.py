@@ -8,7 +8,7 @@ through, was scheduled in, and finished in. Step time is then a cheap vectorised
     max(FLOPs / (peak · eff(prefill share)),
         weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
     + [TP > 1] (2L · allreduce_latency_s + tokens · ring bytes / (link · allreduce_eff))
-    + step_overhead_s + L · layer_overhead_s + rows · per_row_overhead_s
+    + step_overhead_s + L · layer_overhead_s + rows · (per_row_overhead_s + vocabulary · sampler_s_per_entry)
 
 and a request's TTFT / E2E are sums of its steps' re-costed durations (its wait before admission scaled with
 the step it waited on). `scipy.optimize.least_squares` fits log-parameters to the measured E2E and TTFT
@@ -68,6 +68,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "layer_overhead_s": (1e-7, 2e-4),
     "allreduce_eff": (0.2, 1.0),
     "allreduce_latency_s": (1e-7, 1e-4),
+    "sampler_s_per_entry": (1e-12, 1e-8),  # per row and vocabulary entry: passes over the logits
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
 # Residual weights: log(predicted / measured) of these metrics, per row. ITL mean (weight 1) and several
@@ -115,6 +116,7 @@ class Trace:
     peak_flops: float
     hbm_bandwidth: float
     layers: int
+    vocab: int  # vocabulary entries per row (the sampler's term)
     allreduces: int  # all-reduces per step (0 without TP)
     ring_s_per_token: float  # all-reduce seconds per token over the step's all-reduces, allreduce_eff = 1
     wait_step: np.ndarray  # step in flight at arrival (-1: none)
@@ -182,6 +184,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         peak_flops=cost.peak_flops,
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
         layers=cost.model.num_layers,
+        vocab=cost.model.vocab_size,
         allreduces=cost.allreduces,
         ring_s_per_token=cost.ring_s_per_token,
         wait_step=np.where(busy, wait, -1),
@@ -197,7 +200,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
 def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`)."""
     seconds, _ = roofline_seconds(
-        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.allreduces, tr.ring_s_per_token,
+        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduces, tr.ring_s_per_token,
         tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.tokens, tr.rows,
     )  # fmt: skip
     return np.where(tr.tokens > 0, seconds, 0.0)

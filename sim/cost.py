@@ -29,13 +29,14 @@ class Calibration:
 
     compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
     compute_eff_decode: float = 0.7483
-    bandwidth_eff: float = 0.682  # weight reads (GEMM/GEMV)
+    bandwidth_eff: float = 0.7748  # weight reads (GEMM/GEMV)
     kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
-    step_overhead_s: float = 0.0002822
-    layer_overhead_s: float = 1.176e-07
+    step_overhead_s: float = 0.0002636
+    layer_overhead_s: float = 1.301e-05
     per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
-    allreduce_eff: float = 0.2765
-    allreduce_latency_s: float = 4.013e-06
+    sampler_s_per_entry: float = 3.034e-10  # logits processing and sampling, per row and vocabulary entry
+    allreduce_eff: float = 0.2668
+    allreduce_latency_s: float = 2.683e-06
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
@@ -65,7 +66,7 @@ class StepCost:
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
-    cal, peak, hbm, layers, allreduces, ring_s, flops, share, weight_bytes, kv_bytes, tokens, rows
+    cal, peak, hbm, layers, vocab, allreduces, ring_s, flops, share, weight_bytes, kv_bytes, tokens, rows
 ):
     """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
     `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
@@ -76,7 +77,8 @@ def roofline_seconds(  # type: ignore[no-untyped-def]
     compute = flops / (peak * eff)
     memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
     extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
-    extra = extra + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * cal.per_row_overhead_s
+    extra = extra + cal.step_overhead_s + layers * cal.layer_overhead_s
+    extra = extra + rows * (cal.per_row_overhead_s + vocab * cal.sampler_s_per_entry)
     return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
 
 
@@ -177,8 +179,8 @@ class CostModel:
         weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
         seconds, compute_bound = roofline_seconds(
-            self.cal, self.peak_flops, self.hbm, m.num_layers, self.allreduces, self.ring_s_per_token,
-            flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
+            self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduces,
+            self.ring_s_per_token, flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
         )  # fmt: skip
         return seconds, bool(compute_bound)
 
@@ -205,9 +207,9 @@ class CostModel:
         allreduce_s = (
             self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
         )
-        overhead_s = (
-            cal.step_overhead_s + self.model.num_layers * cal.layer_overhead_s + cal.per_row_overhead_s * rows
-        )
+        m = self.model
+        per_row = cal.per_row_overhead_s + m.vocab_size * cal.sampler_s_per_entry
+        overhead_s = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s + per_row * rows
         seconds, compute_bound = self._seconds(tokens, pairs, kv_tokens, prefill, rows)
         return StepCost(
             seconds=seconds,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +165,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
         "x", "x", 1, {}, one * s.flops_charged,
         one * ((s.tokens - (c == 1).sum()) / s.tokens),
         one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
-        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.allreduces, cm.ring_s_per_token,
+        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.model.vocab_size, cm.allreduces, cm.ring_s_per_token,
         *([np.zeros(0, np.int64)] * 6), 0.0,
     )  # fmt: skip
     assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)
@@ -186,3 +187,16 @@ def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:
     fitted = held(dict.fromkeys(HELD, 0.5))
     assert fitted["compute_eff_prefill"] == fitted["compute_eff_decode"] == kernel.gemm_compute_eff
     assert fitted["kv_bandwidth_eff"] == kernel.kv_bandwidth_eff and fitted["per_row_overhead_s"] == 0.0
+
+
+def test_the_sampler_costs_each_row_its_vocabulary() -> None:
+    """Logits processing and sampling: `sampler_s_per_entry` per row and vocabulary entry, on top of the rest
+    of the step, in the step time and in the breakdown's overhead alike."""
+    c, q = np.ones(48, np.int64), np.full(48, 700, np.int64)
+    model = load_model("qwen2.5-7b")
+    base = CostModel(model, get_gpu("H100"), calibration=replace(Calibration(), sampler_s_per_entry=0.0))
+    cost = CostModel(model, get_gpu("H100"), calibration=replace(Calibration(), sampler_s_per_entry=2e-10))
+    extra = 48 * model.vocab_size * 2e-10  # 152,064 entries: 1.46 ms for 48 rows
+    assert cost.step_time(c, q)[0] - base.step_time(c, q)[0] == pytest.approx(extra, rel=1e-9)
+    assert cost.step(c, q).overhead_s - base.step(c, q).overhead_s == pytest.approx(extra, rel=1e-9)
+    assert model.vocab_size == 152_064 and extra == pytest.approx(1.46e-3, rel=1e-2)
