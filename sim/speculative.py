@@ -241,6 +241,8 @@ class Drafter:
 def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
     """The proposer of a `speculative` table, on the target's GPU type and tensor parallelism."""
     k, tp = config.num_speculative_tokens, target.tp
+    # Proposers draft greedily (argmax): no sort over the vocabulary, so no sampler term.
+    greedy = replace(target.cal, sampler_s_per_entry=0.0)
     if config.method == "ngram":
         return Drafter("ngram", k, None, 0, 0, config.ngram_s_per_row, "n-gram")
     kv_dtype = target.kv_dtype
@@ -254,13 +256,13 @@ def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
                 f"not divisible by {tp}; set draft_tensor_parallel_size (sim capacity: --draft-tp; 1 runs "
                 "the draft on one GPU)"
             )
-        cost = CostModel(spec, target.gpu, tp, None, kv_dtype, target.cal)
+        cost = CostModel(spec, target.gpu, tp, None, kv_dtype, greedy)
         weights = int(spec.weight_bytes() / tp)
         name = spec.name
     else:
         assert config.head_layers is not None
         spec = head_spec(target.model, config.head_layers)
-        cost = CostModel(spec, target.gpu, tp, target.weight_dtype, kv_dtype, target.cal)
+        cost = CostModel(spec, target.gpu, tp, target.weight_dtype, kv_dtype, greedy)
         groups = ("attention", "dense", "experts", "norm")
         wd = target.weight_dtype
         weights = int(sum(spec.group_params(g) * spec.param_bytes(g, wd) for g in groups) / tp)
@@ -299,10 +301,17 @@ class SpeculativeTiming:
     """The engine's step time (`plan_time`): the target's verification step plus the proposer's work, read
     from the plan's rows (`work(plan.payload)`), timed right after `schedule` returned the plan."""
 
-    def __init__(self, target: CostModel, drafter: Drafter, work: Callable[[Any], DraftWork]) -> None:
+    def __init__(
+        self,
+        target: CostModel,
+        drafter: Drafter,
+        work: Callable[[Any], DraftWork],
+        drafts: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.work = work
+        self.drafts = drafts  # draft tokens the step just scheduled verifies
         self.target_s = 0.0
         self.draft_s = 0.0
 
@@ -326,6 +335,9 @@ class SpeculativeTiming:
 
     def plan_time(self, plan: StepPlan) -> tuple[float, bool]:
         seconds, bound = self.target.step_time(plan.new_tokens, plan.context)
+        # The rejection sampler applies top-k/top-p at every verified position, not once per row.
+        target = self.target
+        seconds += self.drafts() * target.model.vocab_size * target.cal.sampler_s_per_entry
         draft = self.draft_seconds(self.work(plan.payload))
         self.target_s += seconds
         self.draft_s += draft
@@ -439,7 +451,7 @@ class SpecRun:
         """Hand the scheduler its acceptance draws; the engine's step-time function (`plan_time`)."""
         scheduler.attach(self.acceptance)
         self.counts = scheduler.counts
-        self.timing = SpeculativeTiming(target, self.drafter, draft_work)
+        self.timing = SpeculativeTiming(target, self.drafter, draft_work, scheduler.drafts_scheduled)
         return self.timing
 
     def recorder(self, sink: RecordSink | None = None) -> SpecRecorder:

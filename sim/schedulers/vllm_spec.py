@@ -38,6 +38,10 @@ class SpeculativeScheduler(VllmScheduler):
         self._streams: dict[int, random.Random] = {}
         self._emitted_by_decodes = 0
 
+    def drafts_scheduled(self) -> int:
+        """Draft tokens the latest scheduled step verifies."""
+        return sum(self._drafts.values())
+
     def attach(self, acceptance: Acceptance) -> None:
         """The run's acceptance draws (seeded from the run's seed)."""
         self.acceptance = acceptance
