@@ -316,7 +316,7 @@ def test_speculation_cuts_latency_at_low_load_and_costs_it_at_high_load() -> Non
     data = tomllib.loads((ROOT / "scenarios" / "speculative-decoding.toml").read_text())
     data["policies"] = {k: v for k, v in data["policies"].items() if k in ("vllm", "draft")}
     gains = {}
-    for rate, seconds in ((1.0, 60), (12.0, 30), (28.0, 30)):
+    for rate, seconds in ((1.0, 60), (4.0, 30), (28.0, 30)):
         d = copy.deepcopy(data)
         d["workload"]["arrival"]["rate"] = rate
         d["horizon"]["duration_s"] = seconds
@@ -324,7 +324,7 @@ def test_speculation_cuts_latency_at_low_load_and_costs_it_at_high_load() -> Non
         lat = {p: run_policy(sc, p, ROOT).summary["latency"] for p in ("vllm", "draft")}
         gains[rate] = {m: lat["vllm"][m]["p50"] / lat["draft"][m]["p50"] for m in ("e2e", "itl", "tpot")}
     assert gains[1.0]["e2e"] > 1.3 and gains[1.0]["tpot"] > 1.3  # speculation pays at low load
-    assert gains[1.0]["e2e"] > gains[12.0]["e2e"] > 1.0  # the gain shrinks as the rate grows
+    assert gains[1.0]["e2e"] > gains[4.0]["e2e"] > 1.0  # the gain shrinks as the rate grows
     assert gains[28.0]["e2e"] < 1.0 and gains[28.0]["tpot"] < 1.0  # and turns into a loss
 
 
