@@ -84,19 +84,19 @@ def _marlin_ideal(m: int, k: float, n: float, flops: float, bandwidth: float) ->
     return fp16 / int4
 
 
-@pytest.mark.parametrize(("gpu", "fallen"), [("A10G", 128), ("A100-80GB", 128), ("H100", 256)])
-def test_int4_weight_only_speedup_is_near_4x_to_batch_32_and_falls_by_128(gpu: str, fallen: int) -> None:
+@pytest.mark.parametrize("gpu", ["A10G", "A100-80GB", "H100"])
+def test_int4_weight_only_speedup_is_near_4x_to_batch_32_and_falls_by_128(gpu: str) -> None:
     """Marlin (IST-DASLab/marlin README; Frantar et al. 2024, measured on an A10): close to the ideal 3.87x up
     to batch 16-32, gradually decreasing but still significant at 64-128. The engine's decode step of
-    Llama-3.1-70B; on an H100 (higher FLOP/byte ratio) the fall comes one doubling later. A whole step also
-    pays what INT4 does not shrink (KV reads, the sampler, per-layer and per-step costs: some 2.5 ms of an
-    H100 step at batch 32), so it stays within 17% of the ideal GEMM speed-up rather than reaching it."""
+    Llama-3.1-70B, whose fixed costs (per step, per layer, the sampler's per row) do not shrink with the
+    weights: within 15% of the ideal to batch 32, most on an H100, whose steps are shortest; there the fall
+    starts later (higher FLOP/byte ratio) but has come by 128 too."""
     m, g = load_model("llama-3.1-70b"), get_gpu(gpu)
     bf16, int4 = CostModel(m, g), CostModel(m, g, weight_dtype="int4", weight_group_size=128)
     batches = (1, 16, 32, 64, 128, 256)
     speedup = {b: bf16.step(*_decode(b)).seconds / int4.step(*_decode(b)).seconds for b in batches}
-    assert all(speedup[b] >= 3.2 for b in (1, 16, 32)), speedup
-    assert 1.0 < speedup[fallen] < 0.6 * speedup[16], speedup  # falls, still a gain
+    assert all(speedup[b] >= 0.85 * 3.87 for b in (1, 16, 32)), speedup
+    assert 1.0 < speedup[128] < 0.6 * speedup[16], speedup  # falls, still a gain
     assert all(speedup[a] >= speedup[b] for a, b in zip(batches[1:], batches[2:], strict=False)), speedup
     cal = Calibration()
     flops, bandwidth = g.flops_16bit * cal.compute_eff_decode, g.hbm_bandwidth * cal.bandwidth_eff
