@@ -162,6 +162,7 @@ class ModelSpec:
     torch_dtype: str  # 16-bit dtype the weights are served in by default
     default_weight_dtype: str
     quant: Quantization = Quantization()  # the checkpoint's own quantization (quantization_config)
+    position_limit: int = 0  # the longest sequence it serves (`position_limit`); 0: its config does not say
 
     @property
     def is_moe(self) -> bool:
@@ -572,8 +573,29 @@ def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> Mode
         torch_dtype=torch_dtype,
         default_weight_dtype=_weight_dtype(quant, torch_dtype),
         quant=quant,
+        position_limit=position_limit(shape["max_position_embeddings"], data.get("rope_scaling"), source),
         **{k: v for k, v in shape.items() if k != "lm_head_in"},
     )
+
+
+def position_limit(max_positions: int, rope: Any, source: str) -> int:
+    """The longest sequence a checkpoint serves, as vLLM derives it (`_get_and_verify_max_len`; 0 when the
+    config gives no `max_position_embeddings`): its positions, times a RoPE scaling factor, except for the
+    scaling types whose positions already include it (su, longrope, llama3); yarn scales its original
+    positions."""
+    if not max_positions or not isinstance(rope, dict):
+        return max_positions
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in ("su", "longrope", "llama3"):
+        return max_positions
+    factor = rope.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1.0 <= factor <= 1e4:
+        raise SimError(f"{source}: rope_scaling.factor: expected a number in [1, 10000] (got {factor!r})")
+    base = rope.get("original_max_position_embeddings", max_positions) if kind == "yarn" else max_positions
+    if isinstance(base, bool) or not isinstance(base, int) or base < 1:
+        key = "rope_scaling.original_max_position_embeddings"
+        raise SimError(f"{source}: {key}: expected a whole number >= 1 (got {base!r})")
+    return int(base * factor)
 
 
 def _attention_kind(nh: int, nkv: int) -> str:

@@ -469,3 +469,19 @@ def test_price_of_an_unknown_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[s
     for args in (["run", path], ["plan", path, "--rate", "1"]):
         line = refused(capsys, *args, "--out", tmp_path / "o")
         assert "small.toml: prices.H100-SXN: unknown GPU 'H100-SXN'" in line
+
+
+def test_a_context_longer_than_the_model_serves_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """OPT-13B's positions stop at 2,048 (its config's max_position_embeddings, no RoPE scaling): a
+    max_model_len of 4,096 (the default) is refused, as vLLM refuses it, naming the key; 2,048 runs."""
+    out = tmp_path / "out"
+    err = refused(capsys, "run", CONVOY, "--set", "model.name='opt-13b'", "--out", out)
+    assert "model.max_model_len: 4096 is longer than opt-13b serves (2048 positions" in err
+    assert not out.exists()
+    code, _, _ = cli(
+        capsys, "run", CONVOY, "--set", "model.name='opt-13b'", "--set", "model.max_model_len=2048",
+        "--set", "horizon.duration_s=20", "--out", out,
+    )  # fmt: skip
+    assert code == 0

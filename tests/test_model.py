@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sim.errors import SimError
-from sim.model import catalog_names, causal_pairs, dtype_bytes, from_config, load_model
+from sim.model import catalog_names, causal_pairs, dtype_bytes, from_config, load_model, position_limit
 
 KV_16BIT = {
     "llama-2-7b": 524_288,
@@ -220,3 +220,18 @@ def test_unknown_quantization_is_an_error_not_16_bit() -> None:
         from_config(_llama_config(quant_method="bitsandbytes"), "b", "b", "b.json")
     with pytest.raises(SimError, match="bits: expected 4 or 8"):
         from_config(_llama_config(quant_method="gptq", bits=3), "b", "b", "b.json")
+
+
+def test_position_limit_follows_rope_scaling_as_vllm_derives_it() -> None:
+    """vLLM's derived max_model_len: the positions, times the RoPE factor except for the types already
+    counted in them (llama3, longrope, su); yarn scales its original positions."""
+    assert position_limit(32_768, None, "x") == 32_768
+    assert position_limit(32_768, {"rope_type": "linear", "factor": 2.0}, "x") == 65_536
+    assert position_limit(131_072, {"rope_type": "llama3", "factor": 8.0}, "x") == 131_072
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}
+    assert position_limit(32_768, yarn, "x") == 131_072
+    assert position_limit(0, yarn, "x") == 0  # the config does not say: no limit
+    with pytest.raises(SimError, match=r"x: rope_scaling.factor: expected a number in \[1, 10000\]"):
+        position_limit(4096, {"rope_type": "dynamic", "factor": "big"}, "x")
+    assert load_model("opt-13b").position_limit == 2048
+    assert load_model("deepseek-v3").position_limit == 163_840  # yarn: 4,096 x 40
