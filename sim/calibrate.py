@@ -49,6 +49,7 @@ from sim.validate import (
     successful,
 )
 
+
 # Held, not fitted (`held`):
 # - the compute efficiencies, at the 16-bit GEMM efficiency of the H200 kernel profile (`gemm_compute_eff`,
 #   sim/kernel_fit.py; H100 SXM has the same compute die and dense peak). The calibration rows' prompts come
@@ -60,7 +61,18 @@ from sim.validate import (
 # - the per-row overhead, at zero: vLLM prepares a step's rows on the host while the previous step runs on
 #   the GPU (asynchronous scheduling), so host work per row is not on the step's critical path; left free,
 #   it traded against the KV term (0 to 13 µs a row across the folds).
-HELD = ("compute_eff_prefill", "compute_eff_decode", "kv_bandwidth_eff", "per_row_overhead_s")
+def held_values() -> dict[str, float]:
+    """The HELD parameters' values: the kernel profile's efficiencies, no per-row host cost."""
+    kernel = KernelCalibration.load()
+    return {
+        "compute_eff_prefill": kernel.gemm_compute_eff,
+        "compute_eff_decode": kernel.gemm_compute_eff,
+        "kv_bandwidth_eff": kernel.kv_bandwidth_eff,
+        "per_row_overhead_s": 0.0,
+    }
+
+
+HELD = tuple(held_values())
 # Free parameters and their physical bounds.
 BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_eff": (0.4, 0.95),
@@ -210,14 +222,8 @@ Params = dict[str, float]  # every Calibration field and the front-end overhead
 
 
 def held(params: Params) -> Params:
-    """`params` with the HELD parameters at their values: the kernel profile's efficiencies, no row cost."""
-    kernel = KernelCalibration.load()
-    return params | {
-        "compute_eff_prefill": kernel.gemm_compute_eff,
-        "compute_eff_decode": kernel.gemm_compute_eff,
-        "kv_bandwidth_eff": kernel.kv_bandwidth_eff,
-        "per_row_overhead_s": 0.0,
-    }
+    """`params` with the HELD parameters at their values (`held_values`)."""
+    return params | held_values()
 
 
 def params_of(cal: Calibration, overhead_s: float) -> Params:

@@ -77,9 +77,15 @@ def roofline_seconds(  # type: ignore[no-untyped-def]
     compute = flops / (peak * eff)
     memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
     extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
-    extra = extra + cal.step_overhead_s + layers * cal.layer_overhead_s
-    extra = extra + rows * (cal.per_row_overhead_s + vocab * cal.sampler_s_per_entry)
+    extra = overhead_seconds(cal, layers, vocab, rows, extra)
     return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+
+
+def overhead_seconds(cal, layers, vocab, rows, base=0.0):  # type: ignore[no-untyped-def]
+    """`base` plus the step's fixed and per-row costs: per step, per layer, and per row its host work and the
+    sampler's pass over the row's vocabulary. Floats or numpy arrays alike."""
+    per_row = cal.per_row_overhead_s + vocab * cal.sampler_s_per_entry
+    return base + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * per_row
 
 
 def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
@@ -207,9 +213,7 @@ class CostModel:
         allreduce_s = (
             self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
         )
-        m = self.model
-        per_row = cal.per_row_overhead_s + m.vocab_size * cal.sampler_s_per_entry
-        overhead_s = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s + per_row * rows
+        overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
         seconds, compute_bound = self._seconds(tokens, pairs, kv_tokens, prefill, rows)
         return StepCost(
             seconds=seconds,
@@ -228,6 +232,10 @@ class CostModel:
             experts_touched=touched,
             flops_charged=flops_cost,
         )
+
+    def sampler_seconds(self, positions: int) -> float:
+        """The sampler at `positions` more sampled positions (a row's own is in the step)."""
+        return positions * self.model.vocab_size * self.cal.sampler_s_per_entry
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         """(seconds, compute_bound) of one step: the engine's fast path, same seconds as `step`."""

@@ -31,7 +31,7 @@ from sim.request import Request
 from sim.scenario import Scenario
 from sim.schedulers.registry import KvBudget, load_all
 from sim.speculative import speculative_setup
-from sim.workload import Workload
+from sim.workload import Workload, rate_steps
 
 RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
 MANIFEST = "manifest.json"
@@ -200,7 +200,7 @@ def run_policy(
     elif lora is not None:
         step_time, recorder = lora.step_time, lora_recorder(lora, sink)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
-    rate_steps = workload.rate_steps()  # for the overload test, in the engine and in the summary
+    changes = rate_steps(scenario.workload.arrival)  # for the overload test, in the engine and the summary
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
     loop, requests = None, None
@@ -212,7 +212,7 @@ def run_policy(
         requests = workload.open_loop(h.max_requests, h.duration_s)
         if progress is not None:
             requests = _reporting(requests, progress)
-    out = simulate(scheduler, step_time, horizon, requests, loop, recorder, rate_steps)
+    out = simulate(scheduler, step_time, horizon, requests, loop, recorder, changes)
     if progress is not None:
         progress(out.end_time, out.recorder.arrived)
     if records is None:
@@ -221,7 +221,7 @@ def run_policy(
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, rate_steps)
+    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, changes)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
     if spec is not None:
         summary["speculative"] = spec.summary()

@@ -306,7 +306,7 @@ class SpeculativeTiming:
         target: CostModel,
         drafter: Drafter,
         work: Callable[[Any], DraftWork],
-        drafts: Callable[[], int] = lambda: 0,
+        drafts: Callable[[], int],
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -336,8 +336,7 @@ class SpeculativeTiming:
     def plan_time(self, plan: StepPlan) -> tuple[float, bool]:
         seconds, bound = self.target.step_time(plan.new_tokens, plan.context)
         # The rejection sampler applies top-k/top-p at every verified position, not once per row.
-        target = self.target
-        seconds += self.drafts() * target.model.vocab_size * target.cal.sampler_s_per_entry
+        seconds += self.target.sampler_seconds(self.drafts())
         draft = self.draft_seconds(self.work(plan.payload))
         self.target_s += seconds
         self.draft_s += draft

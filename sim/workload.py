@@ -616,9 +616,6 @@ class Workload:
     def _draws(self) -> _Draws:
         return _Draws(self.config, self._seeds, self._prompt, self._output)
 
-    def rate_steps(self) -> tuple[float, ...]:
-        return rate_steps(self.config.arrival)
-
     def _check_trace_columns(self) -> None:
         if not isinstance(self._process, _Trace):
             return

@@ -261,11 +261,13 @@ def test_ngram_costs_only_host_time() -> None:
     cfg = SpeculativeConfig(
         method="ngram", num_speculative_tokens=3, acceptance_rate=0.5, ngram_s_per_row=2e-5
     )
-    timing = SpeculativeTiming(
-        target, build_drafter(cfg, target), lambda info: DraftWork([4, 4, 4], [9, 9, 9], [1, 2, 3])
-    )
+    work = DraftWork([4, 4, 4], [9, 9, 9], [1, 2, 3])  # 3 rows verifying 3 drafts each
+    timing = SpeculativeTiming(target, build_drafter(cfg, target), lambda info: work, lambda: 9)
     seconds, _ = timing.plan_time(_plan([4, 4, 4], [9, 9, 9]))
-    assert seconds - target.step_time(np.array([4, 4, 4]), np.array([9, 9, 9]))[0] == pytest.approx(3 * 2e-5)
+    # the lookups on the host, and the sampler at the 9 drafted positions: no GPU pass of a proposer
+    verify = 9 * 128_256 * target.cal.sampler_s_per_entry
+    expected = 3 * 2e-5 + verify
+    assert seconds - target.step_time(np.array([4, 4, 4]), np.array([9, 9, 9]))[0] == pytest.approx(expected)
 
 
 def test_draft_model_memory_comes_out_of_the_kv_blocks() -> None:

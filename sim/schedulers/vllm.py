@@ -241,8 +241,8 @@ class VllmScheduler:
         # arrival times) until the step being formed could have seen them.
         self.async_scheduling = config.async_scheduling
         self._held: deque[tuple[float, list[Seq]]] = deque()
-        self._step_start = -math.inf  # when the latest planned step started
-        self._step_end = -math.inf  # when the latest applied step ended
+        self._held_seqs = 0  # sequences in `_held`
+        self._step_start = 0.0  # when the latest planned step started
         self.last = StepInfo()
         self._next_sid = 0
         self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
@@ -255,7 +255,7 @@ class VllmScheduler:
         self._order = 0
         self._step = 0  # steps scheduled
         self._updated = 0  # steps applied
-        self._last_end = 0.0  # when the latest applied step ended
+        self._last_end = 0.0  # when the latest applied step ended (0 before any)
         self._gaps = array("d")  # step j's end minus step j-1's, for steps from `_gaps_from` on
         self._gaps_from = 1
         self._busy: dict[Seq, None] = {}  # running sequences handled row by row (insertion-ordered set)
@@ -294,6 +294,7 @@ class VllmScheduler:
             seqs.append(seq)
         if self.async_scheduling:
             self._held.append((now, seqs))
+            self._held_seqs += len(seqs)
         else:
             self.waiting.extend(seqs)
         self._open[request.id] = seqs
@@ -321,7 +322,7 @@ class VllmScheduler:
         else:
             # Formed back to back with the step that just ended, this step was formed when that one started;
             # had it nothing to run then, it is formed now, seeing every arrival (vLLM's engine loop).
-            self._release(self._step_start if self._step_end == now else now)
+            self._release(self._step_start if self._step and self._last_end == now else now)
             plan = self._schedule(now)
             if plan is None and self._held:
                 self._release(now)
@@ -334,7 +335,9 @@ class VllmScheduler:
         """Queue the held arrivals that came no later than `seen_by`."""
         held, waiting = self._held, self.waiting
         while held and held[0][0] <= seen_by:
-            waiting.extend(held.popleft()[1])
+            seqs = held.popleft()[1]
+            waiting.extend(seqs)
+            self._held_seqs -= len(seqs)
 
     def _schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
@@ -638,9 +641,9 @@ class VllmScheduler:
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
-        self._step_end = now
         if self.fast:
             return self._update_fast(info, now)
+        self._last_end = now
         finished: list[Request] = []
         done_seqs = self._emit_rows(info.emit, now)
         if done_seqs:
@@ -742,9 +745,7 @@ class VllmScheduler:
     @property
     def num_waiting(self) -> int:
         """Sequences queued (new, preempted, or arrived and not yet seen by the scheduler)."""
-        if self._held:
-            return len(self.waiting) + sum(len(seqs) for _, seqs in self._held)
-        return len(self.waiting)
+        return len(self.waiting) + self._held_seqs
 
     def wake_at(self, now: float) -> float | None:
         return None
