@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.sweep import run_sweep
+from sim.studies.sweep import run_sweep
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "convoy.toml"
 OVERRIDES = [

@@ -21,12 +21,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sim.engine import Horizon, simulate  # noqa: E402
-from sim.metrics import Slo, summarize  # noqa: E402
-from sim.run import build_cost_and_memory  # noqa: E402
-from sim.scenario import Scenario, validate_scenario  # noqa: E402
-from sim.schedulers.registry import load_all  # noqa: E402
-from sim.workload import Workload  # noqa: E402
+from sim.config.scenario import Scenario, validate_scenario  # noqa: E402
+from sim.engine.replica import Horizon, simulate  # noqa: E402
+from sim.engine.schedulers.registry import load_all  # noqa: E402
+from sim.records.recorder import Slo, summarize  # noqa: E402
+from sim.studies.run import build_cost_and_memory  # noqa: E402
+from sim.workload.generator import Workload  # noqa: E402
 
 
 def scenario(requests: int) -> Scenario:

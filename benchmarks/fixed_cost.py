@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 START = time.perf_counter()
-from sim.metrics import FINISHED, Recorder  # noqa: E402  (timed: the imports are part of the cost)
-from sim.record_sink import ParquetSink  # noqa: E402
-from sim.run import run_policy  # noqa: E402, F401
-from sim.scenario import load_scenario  # noqa: E402
-from sim.workload import Workload  # noqa: E402
+from sim.config.scenario import load_scenario  # noqa: E402
+from sim.records.recorder import FINISHED, Recorder  # noqa: E402  (timed: the imports are part of the cost)
+from sim.records.sinks import ParquetSink  # noqa: E402
+from sim.studies.run import run_policy  # noqa: E402, F401
+from sim.workload.generator import Workload  # noqa: E402
 
 IMPORTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))

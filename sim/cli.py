@@ -11,8 +11,15 @@ from typing import Any
 
 import typer
 
-from sim.errors import SimError
-from sim.limits import MAX_BLOCK_SIZE, MAX_COUNT, MAX_KV_BLOCKS, MAX_TOKENS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.io.errors import SimError
+from sim.io.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_COUNT,
+    MAX_KV_BLOCKS,
+    MAX_TOKENS,
+    RUN_MAX_REQUESTS,
+    RUN_MAX_TOKENS,
+)
 
 FORCE_HELP = (
     f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
@@ -128,7 +135,7 @@ def _check_formats(
 ) -> None:
     """The `--weight-dtype`, `--kv-dtype` and `--weight-group-size` a scenario's `[model]` would accept
     (`any_int`: the group size applies to whichever int4 / int8 rows a comparison shows)."""
-    from sim.quantisation import check_dtype, check_group_size
+    from sim.catalog.quantisation import check_dtype, check_group_size
 
     for option, key, value in (
         ("--weight-dtype", "weight_dtype", weight_dtype),
@@ -172,7 +179,7 @@ def replay_steps(
 
     Settings not given come from EXPECTED's config line (with --compare), else from the oracle defaults.
     """
-    from sim import replay
+    from sim.studies import replay
 
     overrides = replay.overrides(
         block_size=block_size,
@@ -205,11 +212,11 @@ def run(
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
     comparison."""
-    from sim import console
-    from sim.outputs import exit_on_terminate, path_component
-    from sim.run import run_to_folder
-    from sim.run_size import check_run_size
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.io.outputs import exit_on_terminate, path_component
+    from sim.report import console
+    from sim.studies.run import run_to_folder
+    from sim.studies.run_size import check_run_size
 
     sc = load_scenario(scenario, set_)
     names = policy or list(sc.policies)
@@ -236,7 +243,7 @@ def run(
 
 def _note_mixed_runs(out_dir: Path, manifest: dict[str, Any]) -> None:
     """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare."""
-    from sim.run import other_scenario_runs
+    from sim.studies.run import other_scenario_runs
 
     others = other_scenario_runs(out_dir, manifest)
     if not others:
@@ -254,7 +261,7 @@ def schema() -> None:
     """Print the JSON schema of scenario files (with each policy's knobs)."""
     import json
 
-    from sim.scenario import schema as scenario_schema
+    from sim.config.scenario import schema as scenario_schema
 
     typer.echo(json.dumps(scenario_schema(), indent=2))
 
@@ -291,7 +298,7 @@ def capacity(
     ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
-    from sim.capacity import capacity_report
+    from sim.cost.memory import capacity_report
 
     _check_formats(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
     if len(models) > 1 and not compare:
@@ -300,16 +307,16 @@ def capacity(
         raise SimError("give --draft-model or --max-loras, not both")
     if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):
         raise SimError("--quantisation and --weight-group-size go without --draft-model and --max-loras")
-    if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/speculative.py)
-        from sim.speculative import draft_capacity, print_draft_capacity
+    if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/engine/speculative.py)
+        from sim.engine.speculative import draft_capacity, print_draft_capacity
 
         if len(models) > 1:
             raise SimError("--draft-model takes one model")
         args = (models[0], gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, draft_model, draft_tp)
         print_draft_capacity(draft_capacity(*args, typical_len), as_json)
         return
-    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/lora.py)
-        from sim.lora_report import lora_capacity_report
+    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/engine/lora.py)
+        from sim.engine.lora_records import lora_capacity_report
 
         if len(models) > 1:
             raise SimError("--max-loras: give one model")
@@ -353,8 +360,8 @@ def sweep(
     ),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
-    from sim.run_size import check_sweep_size
-    from sim.sweep import print_sweep, run_sweep
+    from sim.studies.run_size import check_sweep_size
+    from sim.studies.sweep import print_sweep, run_sweep
 
     check_sweep_size(scenario, set_, force)
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
@@ -394,8 +401,8 @@ def plan(
     ),
 ) -> None:
     """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
-    from sim import plan as planner
-    from sim.outputs import path_component
+    from sim.io.outputs import path_component
+    from sim.studies import plan as planner
 
     def ints(text: str, option: str) -> list[int]:
         try:
@@ -458,7 +465,7 @@ def validate(
     row: list[str] = typer.Option([], "--row", help="Only rows whose exp_key contains this."),
 ) -> None:
     """Simulate measured vLLM experiments and report predicted vs measured latency (see docs/fidelity.md)."""
-    from sim.validate import run_ground_truth
+    from sim.studies.validate import run_ground_truth
 
     if target != "ground-truth":
         raise SimError(f"validate: unknown target {target!r} (ground-truth)")
@@ -513,7 +520,7 @@ def calibrate(
     """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
     import sys
 
-    from sim.calibrate import run_calibration
+    from sim.studies.calibrate import run_calibration
 
     run_calibration(csv, scale, rounds, cv_scale, jobs, write, "sim calibrate " + " ".join(sys.argv[2:]))
 
@@ -535,7 +542,7 @@ def step(
     ),
 ) -> None:
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
-    from sim.step_report import print_step
+    from sim.report.step import print_step
 
     _check_formats(weight_dtype, kv_dtype, weight_group_size)
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sim.engine import Horizon, simulate
-from sim.request import Request
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.vllm import VllmConfig, VllmScheduler
-from sim.speculative import SpeculativeConfig
+from sim.core.request import Request
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.engine.speculative import SpeculativeConfig
 
 STEP_S = 1.0
 

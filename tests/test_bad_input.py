@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from sim import run_size, tomltext
 from sim.cli import main
-from sim.limits import RUN_MAX_REQUESTS, RUN_MAX_TOKENS
-from sim.run_size import estimate
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.io import tomltext
+from sim.io.limits import RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.studies import run_size
+from sim.studies.run_size import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVOY = ROOT / "scenarios" / "convoy.toml"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.scenario import read_toml, validate_scenario
+from sim.config.scenario import read_toml, validate_scenario
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -7,11 +7,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from sim.capacity import kv_memory, reserve_bytes
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
 from sim.cli import app
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.model import load_model
+from sim.cost.memory import kv_memory, reserve_bytes
+from sim.io.errors import SimError
 
 runner = CliRunner()
 

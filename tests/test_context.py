@@ -12,16 +12,16 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from sim.cost import CostModel
-from sim.engine import Horizon, simulate
-from sim.hardware import get_gpu
-from sim.model import load_model
-from sim.request import Request
-from sim.schedulers.base import Scheduler
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.static import StaticConfig, StaticScheduler
-from sim.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
+from sim.core.request import Request
+from sim.cost.roofline import CostModel
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.base import Scheduler
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.static import StaticConfig, StaticScheduler
+from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
 
 MEMORY = KvBudget(num_blocks=4_000, block_size=16, max_model_len=4096)
 POLICIES = ("static", "continuous", "vllm")

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost import Calibration, CostModel, expected_distinct_experts
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.model import load_model
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
+from sim.cost.roofline import Calibration, CostModel, expected_distinct_experts
+from sim.io.errors import SimError
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     name: str, tp: int, rows: list[tuple[int, int]]
 ) -> None:
     """`step`, `step_time`, `step_time_totals` and the calibration's re-costing give the same seconds."""
-    from sim.calibrate import Trace, step_seconds
+    from sim.studies.calibrate import Trace, step_seconds
 
     cm = CostModel(load_model(name), get_gpu("H100"), tp=tp)
     c = np.array([r[0] for r in rows], np.int64)
@@ -176,8 +176,8 @@ def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:
     (the rows' prompts come mostly from the prefix cache), the KV efficiency its decode-attention efficiency
     (one model only has KV traffic enough to identify it), and a row costs nothing beyond its bytes and FLOPs
     (vLLM prepares rows on the host while the previous step runs), as `sim calibrate` holds them."""
-    from sim.calibrate import BOUNDS, HELD, held
-    from sim.kernel_cost import KernelCalibration
+    from sim.cost.kernel_model import KernelCalibration
+    from sim.studies.calibrate import BOUNDS, HELD, held
 
     kernel = KernelCalibration.load()
     cal = Calibration()

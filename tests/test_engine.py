@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import ClosedLoopSource, Horizon, simulate
-from sim.metrics import Slo, summarize
-from sim.request import Request
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.static import StaticConfig, StaticScheduler
+from sim.core.request import Request
+from sim.engine.replica import ClosedLoopSource, Horizon, simulate
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.static import StaticConfig, StaticScheduler
+from sim.records.recorder import Slo, summarize
 
 DT = 0.01  # every step takes 10 ms
 MEMORY = KvBudget(num_blocks=100_000, block_size=16, max_model_len=1_000_000)
@@ -219,8 +219,8 @@ def test_request_admitted_into_a_step_cut_by_the_horizon_is_in_flight() -> None:
 
 def test_step_records_keep_capacity_changes_and_widen_to_64_bits() -> None:
     """KV capacity is stored where it changes; a value past 32 bits widens the rows without a stray part."""
-    from sim.metrics import Recorder
-    from sim.schedulers.base import KvUsage, StepPlan
+    from sim.engine.schedulers.base import KvUsage, StepPlan
+    from sim.records.recorder import Recorder
 
     rec = Recorder()
     caps = [100, 100, 200, 200, 100]

@@ -11,8 +11,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from sim.cost import Calibration
-from sim.validate import FRONTEND_KEY, errors, load_frontend, load_rows, predict
+from sim.cost.roofline import Calibration
+from sim.studies.validate import FRONTEND_KEY, errors, load_frontend, load_rows, predict
 
 SCALE = 0.05
 # Allowed growth of |error| over the pinned one, in percentage points.

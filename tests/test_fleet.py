@@ -11,18 +11,18 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from sim.catalog.links import get_link
 from sim.cli import app
-from sim.engine import Horizon
-from sim.errors import SimError
+from sim.config.scenario import load_scenario
+from sim.core.request import Request
+from sim.engine.replica import Horizon
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
 from sim.fleet.decode import DecodeScheduler
 from sim.fleet.engine import Fleet, ReplicaSpec
-from sim.fleet.links import get_link
 from sim.fleet.registry import load_all
-from sim.request import Request
-from sim.run import run_policy, write_result
-from sim.scenario import load_scenario
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
+from sim.io.errors import SimError
+from sim.studies.run import run_policy, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RAG = ROOT / "scenarios" / "rag-chatbot.toml"
@@ -214,7 +214,7 @@ def test_cluster_benchmark_scenario_is_valid() -> None:
     import importlib.util
     import tomllib
 
-    from sim.scenario import validate_scenario
+    from sim.config.scenario import validate_scenario
 
     spec = importlib.util.spec_from_file_location("bench_cluster", ROOT / "benchmarks" / "bench_cluster.py")
     assert spec is not None and spec.loader is not None

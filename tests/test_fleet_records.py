@@ -8,9 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from sim.config.scenario import load_scenario
 from sim.fleet.run import REPLICA_RECORDS
-from sim.run import run_policy, run_to_folder
-from sim.scenario import load_scenario
+from sim.studies.run import run_policy, run_to_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RAG = ROOT / "scenarios" / "rag-chatbot.toml"

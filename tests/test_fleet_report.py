@@ -8,11 +8,11 @@ import numpy as np
 import polars as pl
 import pytest
 
+from sim.config.scenario import load_scenario
 from sim.report import build_report, frames
 from sim.report.fleet import fleet_sections, hit_rates, load_balance, pd_timeline
 from sim.report.inputs import PolicyRun, load_inputs
-from sim.run import run_policy, write_result
-from sim.scenario import load_scenario
+from sim.studies.run import run_policy, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RAG = ROOT / "scenarios" / "rag-chatbot.toml"

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from sim.engine import Horizon
+from sim.core.request import Request
+from sim.engine.replica import Horizon
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
 from sim.fleet.engine import Fleet, ReplicaSpec
 from sim.fleet.registry import load_all
-from sim.request import Request
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
 
 UNIT = 1e-3  # seconds per prompt token: a request of P tokens is served in P ms
 
@@ -105,9 +105,9 @@ def test_fleet_at_n_times_the_rate_serves_like_one_replica() -> None:
     and TPOT must agree within the 95% confidence intervals (they overlap). Round-robin gives each replica
     Erlang-N gaps, more regular than Poisson ones: it must do no worse than one replica (at this load it
     queues less, so it is a little better, not equal: see docs/fleet.md)."""
-    from sim.run import run_policy
-    from sim.scenario import load_scenario
-    from sim.stats import mean_ci
+    from sim.config.scenario import load_scenario
+    from sim.records.stats import mean_ci
+    from sim.studies.run import run_policy
 
     rag = Path(__file__).resolve().parents[1] / "scenarios" / "rag-chatbot.toml"
 

@@ -23,8 +23,8 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import tomltext
 from sim.cli import main
+from sim.io import tomltext
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CONFIG = json.loads((ROOT / "sim" / "catalog" / "models" / "llama-2-7b.json").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.errors import SimError
-from sim.hardware import get_gpu, gpu_names
+from sim.catalog.gpus import get_gpu, gpu_names
+from sim.io.errors import SimError
 
 EXPECTED = [
     "A100-40GB",

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import from_config, load_model
 from sim.cli import app
-from sim.cost import Calibration
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.kernel_cost import (
+from sim.cost.kernel_fit import fit_kernels, hbm_read_eff, profile_dir
+from sim.cost.kernel_model import (
     KernelCalibration,
     KernelCostModel,
     expected_distinct_experts,
 )
-from sim.kernel_fit import fit_kernels, hbm_read_eff, profile_dir
-from sim.model import from_config, load_model
+from sim.cost.roofline import Calibration
+from sim.io.errors import SimError
 
 PROFILE = profile_dir()
 OPS = ("qkv", "o", "gate_up", "down")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sim.kv import Block, BlockPool, KvManager
+from sim.engine.kv import Block, BlockPool, KvManager
 
 
 @dataclass

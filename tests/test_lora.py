@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.capacity import kv_memory
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
 from sim.cli import app
-from sim.cost import CostModel
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.lora import (
+from sim.config.scenario import validate_scenario
+from sim.core.request import Request
+from sim.cost.memory import kv_memory
+from sim.cost.roofline import CostModel
+from sim.engine.lora import (
     LoraCache,
     LoraConfig,
     LoraCost,
@@ -25,13 +27,11 @@ from sim.lora import (
     setup_lora,
     slot_bytes,
 )
-from sim.model import load_model
-from sim.request import Request
-from sim.run import run_policy
-from sim.scenario import validate_scenario
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.vllm import VllmConfig, VllmScheduler, build_vllm
-from sim.workload import Workload, parse_workload
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler, build_vllm
+from sim.io.errors import SimError
+from sim.studies.run import run_policy
+from sim.workload.generator import Workload, parse_workload
 
 # Llama-2-7B: hidden 4096, 32 layers, 32 heads of 128 (no GQA), MLP width 11008.
 H, L, INTER = 4096, 32, 11008
@@ -372,9 +372,9 @@ def test_report_section_of_runs() -> None:
 def test_slots_come_out_of_the_replicas_own_kv_memory_with_group_scales() -> None:
     """INT4 weights with 32-weight groups: the KV memory the slots are taken from is the one `kv_memory` gives
     for those weights, scales included (not the memory of another weight format)."""
-    from sim.capacity import kv_memory
-    from sim.hardware import get_gpu
-    from sim.model import load_model
+    from sim.catalog.gpus import get_gpu
+    from sim.catalog.model import load_model
+    from sim.cost.memory import kv_memory
 
     data = _scenario(max_cpu_loras=8)
     data["model"] = {**data["model"], "weight_dtype": "int4", "weight_group_size": 32}  # type: ignore[dict-item]

@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 import sim
-from sim import sweep
 from sim.cli import app
-from sim.errors import SimError
+from sim.config.scenario import load_scenario
+from sim.io.errors import SimError
 from sim.report import build_report
 from sim.report.inputs import load_inputs
-from sim.run import run_policy, write_result
-from sim.scenario import load_scenario
+from sim.studies import sweep
+from sim.studies.run import run_policy, write_result
 
 TINY = """
 name = "tiny"
@@ -96,7 +96,7 @@ def test_scenario_hash_covers_what_runs_share_and_nothing_else(tmp_path: Path) -
     base = load_scenario(path)
 
     def manifest(overrides: list[str], policy: str = "static") -> dict[str, Any]:
-        from sim.run import run_manifest
+        from sim.studies.run import run_manifest
 
         return run_manifest(load_scenario(path, overrides), policy)
 
@@ -188,12 +188,12 @@ def test_an_interrupted_run_leaves_the_previous_results_whole(
 def test_a_run_killed_while_simulating_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sim.run
+    import sim.studies.run
 
     def dies(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sim.run, "simulate", dies)
+    monkeypatch.setattr(sim.studies.run, "simulate", dies)
     result = runner.invoke(app, ["run", str(scenario_file(tmp_path)), "--out", str(tmp_path / "out")])
     assert result.exit_code != 0
     assert not (tmp_path / "out").exists()  # nothing written before the results exist
@@ -242,7 +242,7 @@ def test_terminate_signal_lets_the_clean_up_run(tmp_path: Path) -> None:
     import os
     import signal
 
-    from sim.outputs import exit_on_terminate, replace_folder
+    from sim.io.outputs import exit_on_terminate, replace_folder
 
     target = tmp_path / "static"
     before = signal.getsignal(signal.SIGTERM)

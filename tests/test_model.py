@@ -8,8 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.errors import SimError
-from sim.model import catalog_names, causal_pairs, dtype_bytes, from_config, load_model, position_limit
+from sim.catalog.model import (
+    catalog_names,
+    causal_pairs,
+    dtype_bytes,
+    from_config,
+    load_model,
+    position_limit,
+)
+from sim.io.errors import SimError
 
 KV_16BIT = {
     "llama-2-7b": 524_288,

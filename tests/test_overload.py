@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import sweep
-from sim.engine import Horizon, simulate
-from sim.metrics import Slo, summarize
-from sim.overload import RISE_Z, backlog_trend
-from sim.request import Request
-from sim.run import run_policy
-from sim.scenario import load_scenario
-from sim.schedulers.base import Scheduler
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.static import StaticConfig, StaticScheduler
+from sim.config.scenario import load_scenario
+from sim.core.request import Request
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.base import Scheduler
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.static import StaticConfig, StaticScheduler
+from sim.records.overload import RISE_Z, backlog_trend
+from sim.records.recorder import Slo, summarize
+from sim.studies import sweep
+from sim.studies.run import run_policy
 
 DT = 0.01  # every step takes 10 ms
 MEMORY = KvBudget(num_blocks=100_000, block_size=16, max_model_len=1_000_000)

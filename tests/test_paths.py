@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from test_manifest import TINY
 from typer.testing import CliRunner
 
-from sim import sweep
 from sim.cli import app
-from sim.outputs import SAFE_CHARS, path_component
+from sim.io.outputs import SAFE_CHARS, path_component
+from sim.studies import sweep
 
 runner = CliRunner()
 HOSTILE = (

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim import plan
+from sim.catalog.gpus import get_gpu
 from sim.cli import app
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.io.errors import SimError
+from sim.studies import plan
 
 runner = CliRunner()
 SCENARIO = """

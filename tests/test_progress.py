@@ -15,12 +15,13 @@ from rich.console import Console
 from test_manifest import TINY
 from typer.testing import CliRunner
 
-import sim.run
-from sim import console, replay
+import sim.studies.run
 from sim.cli import app
-from sim.run import PROGRESS_EVERY, run_policy
-from sim.scenario import load_scenario
-from sim.validate import load_rows, predict_all
+from sim.config.scenario import load_scenario
+from sim.report import console
+from sim.studies import replay
+from sim.studies.run import PROGRESS_EVERY, run_policy
+from sim.studies.validate import load_rows, predict_all
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = ROOT / "tests" / "data" / "oracle"
@@ -37,7 +38,7 @@ def test_off_a_terminal_the_engine_gets_no_progress_hook_and_one_line_per_run(
     def no_progress_wanted(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("progress work off a terminal")
 
-    monkeypatch.setattr(sim.run, "_reporting", no_progress_wanted)
+    monkeypatch.setattr(sim.studies.run, "_reporting", no_progress_wanted)
     path = tmp_path / "tiny.toml"
     path.write_text(TINY)
     result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "out")])
@@ -114,7 +115,7 @@ def test_validation_reports_each_finished_row() -> None:
 
 
 def test_a_sweep_off_a_terminal_says_what_it_starts(tmp_path: Path) -> None:
-    from sim import sweep
+    from sim.studies import sweep
 
     path = tmp_path / "tiny.toml"
     path.write_text(TINY + "\n[sweep]\nrates = [1]\n")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
-from sim.run import run_policy
-from sim.scenario import validate_scenario
+from sim.config.scenario import validate_scenario
+from sim.studies.run import run_policy
 
 BLOCK = 16
 

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sim.capacity import capacity_report, kv_memory
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import from_config, load_model
+from sim.catalog.quantisation import DEQUANT_COMPUTE_EFF
 from sim.cli import app
-from sim.cost import Calibration, CostModel
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.kernel_cost import KernelCalibration, KernelCostModel
-from sim.model import from_config, load_model
-from sim.quantisation import DEQUANT_COMPUTE_EFF
-from sim.scenario import load_scenario
-from sim.sweep import parse_sweep
+from sim.config.scenario import load_scenario
+from sim.cost.kernel_model import KernelCalibration, KernelCostModel
+from sim.cost.memory import capacity_report, kv_memory
+from sim.cost.roofline import Calibration, CostModel
+from sim.io.errors import SimError
+from sim.studies.sweep import parse_sweep
 
 runner = CliRunner()
 LLAMA_8B = Path("sim/catalog/models/llama-3.1-8b.json")
@@ -55,7 +55,7 @@ def test_fp8_kv_doubles_qwen3_4b_kv_tokens_on_an_l4_as_vllm_reports() -> None:
     assert VLLM_TOKENS["fp8"] - 2 * VLLM_TOKENS["bf16"] == 16  # vLLM's own figures: one block over double
     # vLLM's figure follows from its 11.47 GiB reservation at the same bytes per token (2-decimal rounding).
     assert abs(11.47 * 2**30 // per_token // 16 * 16 - VLLM_TOKENS["bf16"]) <= 64
-    # Absolute tokens within 2%: vLLM profiles the activation peak; we use a fitted reserve (sim/capacity.py).
+    # Absolute tokens within 2%: vLLM profiles the activation peak; we use a fitted reserve (sim/cost/memory.py).
     assert bf16.token_capacity == pytest.approx(VLLM_TOKENS["bf16"], rel=0.02)
     assert fp8.token_capacity == pytest.approx(VLLM_TOKENS["fp8"], rel=0.02)
     conc = [kv.token_capacity / 32_768 for kv in (bf16, fp8)]
@@ -285,7 +285,7 @@ def test_bad_formats_are_one_line_errors_naming_the_key(
 
 
 def test_quantised_run_reports_its_formats_and_16_bit_runs_do_not(tmp_path: Path) -> None:
-    from sim.run import run_policy
+    from sim.studies.run import run_policy
 
     plain = run_policy(load_scenario(_scenario(tmp_path)), "vllm", tmp_path).summary["replica"]
     assert "weight_format" not in plain
@@ -362,7 +362,7 @@ def test_report_puts_the_formats_side_by_side(tmp_path: Path) -> None:
     from sim.report.build import capacities
     from sim.report.inputs import load_inputs
     from sim.report.quantisation import latency_chart, quantisation_rows
-    from sim.sweep import run_sweep
+    from sim.studies.sweep import run_sweep
 
     path = _scenario(tmp_path)
     path.write_text(
@@ -412,7 +412,7 @@ def test_shipped_scenario_compares_the_four_formats() -> None:
 
 def test_run_manifest_names_the_group_size_only_when_given(tmp_path: Path) -> None:
     """Records of scenarios without the new key keep their manifests and scenario hashes."""
-    from sim.run import compared_scenario
+    from sim.studies.run import compared_scenario
 
     plain = compared_scenario(load_scenario(_scenario(tmp_path)))
     assert "weight_group_size" not in plain["model"]
@@ -447,10 +447,10 @@ def test_bulk_decoding_stays_exact_under_quantised_costs() -> None:
     it must still give the step-by-step records (KV pressure included: 400 blocks)."""
     from polars.testing import assert_frame_equal
 
-    from sim.engine import Horizon, simulate
-    from sim.request import Request
-    from sim.schedulers.registry import KvBudget
-    from sim.schedulers.vllm import VllmConfig, VllmScheduler
+    from sim.core.request import Request
+    from sim.engine.replica import Horizon, simulate
+    from sim.engine.schedulers.registry import KvBudget
+    from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
 
     m, g = load_model("llama-3.1-8b"), get_gpu("L4")
     cost = CostModel(m, g, weight_dtype="int4", kv_dtype="fp8", weight_group_size=128)
@@ -506,7 +506,7 @@ def test_mixed_precision_config_groups_cost_each_module_kind_in_its_format() -> 
     )
     rate16 = g.flops_16bit * cal.gemm_compute_eff * cal.dequant_compute_eff
     assert up.seconds == pytest.approx(up.flops / rate16 + up.count * cal.graph_kernel_fixed_s, rel=1e-9)
-    from sim.quantisation import weight_format
+    from sim.catalog.quantisation import weight_format
 
     assert weight_format(q) == "W4A16 int4 g128 + W8A8 int8 attention"
 

@@ -14,10 +14,10 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _scheduler, reference
 
-from sim.engine import Horizon, simulate
-from sim.metrics import FINISHED, Recorder, Slo, summarize
-from sim.record_sink import PARTS, ParquetSink
-from sim.request import Request
+from sim.core.request import Request
+from sim.engine.replica import Horizon, simulate
+from sim.records.recorder import FINISHED, Recorder, Slo, summarize
+from sim.records.sinks import PARTS, ParquetSink
 
 
 def _streamed(policy: str, h: Horizon, reqs: list[Request], recorder: Recorder) -> Recorder:
@@ -124,13 +124,13 @@ def _close(a: object, b: object) -> bool:
 
 def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past `CHUNK_ROWS` steps the float sums go slice by slice: the same figures up to summation order."""
-    import sim.metrics
+    import sim.records.recorder
 
     h = HORIZONS["drain"]
     ref = reference(_scheduler("vllm"), h, requests=_requests_copy(_requests(150, 6.0, seed=4)))
     requests, steps = ref.requests_frame(), ref.steps_frame()
     one_piece = summarize(requests, steps, 40.0, Slo(), False)
-    monkeypatch.setattr(sim.metrics, "CHUNK_ROWS", 37)
+    monkeypatch.setattr(sim.records.recorder, "CHUNK_ROWS", 37)
     sliced = summarize(requests.lazy(), steps.lazy(), 40.0, Slo(), False)
     assert steps.height > 10 * 37
     assert _close(sliced, one_piece)
@@ -142,10 +142,10 @@ def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytes
 def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
     """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
     whose cumulative decode tokens reach q times the total."""
-    import sim.metrics
-    from sim.metrics import QUANTILES, _weighted_quantiles
+    import sim.records.recorder
+    from sim.records.recorder import QUANTILES, _weighted_quantiles
 
-    monkeypatch.setattr(sim.metrics, "QUANTILE_BINS", bins)
+    monkeypatch.setattr(sim.records.recorder, "QUANTILE_BINS", bins)
     rng = np.random.default_rng(5)
     durations = np.round(rng.lognormal(-3.5, 0.6, 5_000), 4)  # many ties
     durations[:3] = [5.0, 1e-4, 0.3]  # outliers: most steps share a few bins

@@ -18,8 +18,8 @@ import typer
 from typer.testing import CliRunner
 
 from sim import cli
-from sim.errors import SimError
-from sim.replay import compare, config_from, load_trace, read_steps, replay, run
+from sim.io.errors import SimError
+from sim.studies.replay import compare, config_from, load_trace, read_steps, replay, run
 
 DATA = Path(__file__).parent / "data" / "oracle"
 CASES = sorted(p.name.removesuffix(".trace.json") for p in DATA.glob("*.trace.json"))

@@ -12,16 +12,16 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim import stats
 from sim.cli import app
-from sim.errors import SimError
+from sim.config.scenario import load_scenario
+from sim.io.errors import SimError
+from sim.records import stats
 from sim.report import build_report, frames, grid
 from sim.report.build import capacities, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
 from sim.report.inputs import PolicyRun, load_inputs
-from sim.run import run_policy, write_result
-from sim.scenario import load_scenario
-from sim.sweep import POINT_SCHEMA
+from sim.studies.run import run_policy, write_result
+from sim.studies.sweep import POINT_SCHEMA
 
 SCENARIO = """
 name = "mini"
@@ -95,7 +95,7 @@ def write_sweep(report_dir: Path, scenario_file: Path, with_capacity: bool = Tru
             for p, held in HELD.items()
         ]
         (report_dir / "sweep" / "capacity.json").write_text(json.dumps({"capacities": caps}))
-    from sim.scenario import read_toml
+    from sim.config.scenario import read_toml
 
     manifest = {"fingerprint": "x", "scenario": read_toml(scenario_file)}
     (report_dir / "sweep" / "manifest.json").write_text(json.dumps(manifest))

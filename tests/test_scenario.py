@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
-from sim.errors import SimError
-from sim.scenario import load_scenario, parse_override
+from sim.config.scenario import load_scenario, parse_override
+from sim.io.errors import SimError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVOY = ROOT / "scenarios" / "convoy.toml"

@@ -14,18 +14,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from sim.cost import Calibration, CostModel
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.model import load_model
-from sim.request import Request
-from sim.run import run_manifest, run_policy
-from sim.scenario import validate_scenario
-from sim.schedulers.base import KvUsage, StepPlan
-from sim.schedulers.registry import KvBudget, load_all
-from sim.schedulers.vllm import VllmConfig
-from sim.schedulers.vllm_spec import SpeculativeScheduler
-from sim.speculative import (
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
+from sim.config.scenario import validate_scenario
+from sim.core.request import Request
+from sim.cost.roofline import Calibration, CostModel
+from sim.engine.schedulers.base import KvUsage, StepPlan
+from sim.engine.schedulers.registry import KvBudget, load_all
+from sim.engine.schedulers.vllm import VllmConfig
+from sim.engine.schedulers.vllm_spec import SpeculativeScheduler
+from sim.engine.speculative import (
     Acceptance,
     DraftWork,
     SpeculativeConfig,
@@ -34,6 +32,8 @@ from sim.speculative import (
     build_drafter,
     kv_blocks_with_draft,
 )
+from sim.io.errors import SimError
+from sim.studies.run import run_manifest, run_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -409,7 +409,7 @@ def test_trace_acceptance_needs_a_trace_arrival() -> None:
 
 
 def _point(policy: str, rate: float, e2e: float, tpot: float) -> dict[str, Any]:
-    from sim.sweep import POINT_SCHEMA
+    from sim.studies.sweep import POINT_SCHEMA
 
     row: dict[str, Any] = {name: None for name in POINT_SCHEMA}
     row.update(point_key=f"{policy}-{rate}", policy=policy, scheduler="vllm", rate=rate, replication=0,
@@ -419,7 +419,7 @@ def _point(policy: str, rate: float, e2e: float, tpot: float) -> dict[str, Any]:
 
 def test_report_speedup_is_the_plain_policys_latency_over_the_speculating_ones() -> None:
     from sim.report.speculative import latency_ratios
-    from sim.sweep import POINT_SCHEMA
+    from sim.studies.sweep import POINT_SCHEMA
 
     rows = [_point("vllm", 1.0, 3.0, 0.02), _point("spec", 1.0, 2.0, 0.01),
             _point("vllm", 8.0, 3.0, 0.02), _point("spec", 8.0, 6.0, 0.05)]  # fmt: skip
@@ -432,7 +432,7 @@ def test_report_speedup_is_the_plain_policys_latency_over_the_speculating_ones()
 
 def test_report_has_the_speculative_sections_only_when_a_policy_speculates(tmp_path: Path) -> None:
     from sim.report import build_report
-    from sim.run import write_result
+    from sim.studies.run import write_result
 
     sc = scenario({"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.6})
     report_dir = tmp_path / "reports" / "spec-test"

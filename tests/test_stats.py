@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from sim import stats
+from sim.records import stats
 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 30])

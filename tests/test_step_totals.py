@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.kv import BlockPool
-from sim.request import Request
-from sim.schedulers.base import StepTotals
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
-from sim.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.core.request import Request
+from sim.engine.kv import BlockPool
+from sim.engine.schedulers.base import StepTotals
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
 
 MEMORY = KvBudget(num_blocks=60, block_size=16, max_model_len=1024)
 

@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 from test_manifest import TINY
 
-from sim import sweep
-from sim.errors import SimError
-from sim.scenario import validate_scenario
+from sim.config.scenario import validate_scenario
+from sim.io.errors import SimError
+from sim.studies import sweep
 
 # The tests' two-policy scenario, with this module's seed and a shorter horizon.
 SCENARIO = TINY.replace("seed = 5", "seed = 3").replace("duration_s = 10", "duration_s = 8")
@@ -282,8 +282,8 @@ SCENARIOS = sorted((Path(__file__).parent.parent / "scenarios").glob("*.toml"))
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_validates_and_runs_briefly(path: Path) -> None:
-    from sim.run import run_policy
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.studies.run import run_policy
 
     scenario = load_scenario(path, ["horizon.duration_s=4", "horizon.max_requests=24"])
     cfg = sweep.parse_sweep(scenario.sweep, str(path))

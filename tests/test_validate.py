@@ -12,12 +12,12 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
 from sim.cli import app
-from sim.cost import Calibration
-from sim.errors import SimError
-from sim.scenario import validate_scenario
-from sim.validate import (
+from sim.config.scenario import validate_scenario
+from sim.cost.roofline import Calibration
+from sim.io.errors import SimError
+from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
+from sim.studies.validate import (
     CPU_OFFLOAD_NOTE,
     CSV_COLUMNS,
     MEDIAN_BAR_PCT,

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import Horizon, simulate
-from sim.metrics import Slo, summarize
-from sim.request import Request
-from sim.schedulers.registry import KvBudget, load_all
-from sim.schedulers.vllm import SarathiConfig, VllmConfig, VllmScheduler
+from sim.core.request import Request
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.registry import KvBudget, load_all
+from sim.engine.schedulers.vllm import SarathiConfig, VllmConfig, VllmScheduler
+from sim.records.recorder import Slo, summarize
 
 
 def make(num_blocks: int = 100, max_model_len: int = 4096, **knobs: object) -> VllmScheduler:

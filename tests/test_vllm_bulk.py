@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from sim.cost import CostModel
-from sim.engine import Horizon, simulate
-from sim.hardware import get_gpu
-from sim.metrics import Recorder
-from sim.model import load_model
-from sim.replay import build, config_from, load_trace, read_steps
-from sim.request import Request
-from sim.schedulers.registry import KvBudget, load_all
-from sim.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
+from sim.core.request import Request
+from sim.cost.roofline import CostModel
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.registry import KvBudget, load_all
+from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.records.recorder import Recorder
+from sim.studies.replay import build, config_from, load_trace, read_steps
 
 COST = CostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))
 DATA = Path(__file__).parent / "data" / "oracle"

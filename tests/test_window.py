@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.engine import Horizon, simulate
-from sim.metrics import Slo, summarize
-from sim.request import Request
-from sim.run import run_policy
-from sim.scenario import validate_scenario
-from sim.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.schedulers.registry import KvBudget
+from sim.config.scenario import validate_scenario
+from sim.core.request import Request
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
+from sim.engine.schedulers.registry import KvBudget
+from sim.records.recorder import Slo, summarize
+from sim.studies.run import run_policy
 
 DT = 0.01
 MEMORY = KvBudget(num_blocks=100_000, block_size=16, max_model_len=100_000)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sim.errors import SimError
-from sim.lengths import LengthSampler, TimeSampler
-from sim.request import Request
-from sim.workload import Workload, WorkloadConfig, parse_workload
+from sim.config.lengths import LengthSampler, TimeSampler
+from sim.core.request import Request
+from sim.io.errors import SimError
+from sim.workload.generator import Workload, WorkloadConfig, parse_workload
 
 AZURE_CONV = Path(__file__).parent / "data" / "traces" / "splitwise_conv_head200.csv"
 FIXED_LENGTHS = {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}}

@@ -15,9 +15,9 @@ from collections import deque
 
 import numpy as np
 
-from sim.request import Request
-from sim.schedulers.base import KvUsage, StepPlan
-from sim.schedulers.registry import KvBudget
+from sim.core.request import Request
+from sim.engine.schedulers.base import KvUsage, StepPlan
+from sim.engine.schedulers.registry import KvBudget
 
 
 def _cdiv(a: int, b: int) -> int:

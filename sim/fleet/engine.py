@@ -1,4 +1,4 @@
-"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine`) routes
+"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine.replica`) routes
 each request to a replica, and for disaggregated serving a prefilled request's KV moves over a link to a
 decode replica.
 
@@ -22,13 +22,13 @@ import numpy as np
 import polars as pl
 import simpy
 
-from sim.engine import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
-from sim.fleet.links import Link
+from sim.catalog.links import Link
+from sim.core.request import Request
+from sim.engine.replica import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
+from sim.engine.schedulers.base import Scheduler, StepPlan
 from sim.fleet.registry import ReplicaReport, Router, Snapshot
-from sim.metrics import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
-from sim.record_sink import RecordSink
-from sim.request import Request
-from sim.schedulers.base import Scheduler, StepPlan
+from sim.records.recorder import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
+from sim.records.sinks import RecordSink
 
 MIN_CHUNK_ROWS = 4096  # the smallest chunk a replica hands its sink
 
@@ -181,7 +181,7 @@ class Fleet:
             self.users.ended(req)
         self._check_done()
 
-    # --- closed-loop users (`sim.engine`'s, with the router between them and the replicas) ---------------
+    # --- closed-loop users (`sim.engine.replica`'s, with the router between them and the replicas) ---------------
     def _close_arrivals(self) -> None:
         self.arrivals_done = True
         self._check_done()
@@ -271,7 +271,7 @@ class Fleet:
             raise ValueError("give exactly one of requests and closed_loop")
         env, h = self.env, self.horizon
         if closed_loop is not None:
-            self._start_users(closed_loop)  # before the replicas, as `sim.engine.simulate` orders them
+            self._start_users(closed_loop)  # before the replicas, as `sim.engine.replica.simulate` orders them
         for m in self.members:
             env.process(m.replica.run())
         if self.report_delay_s > 0:

@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 from pydantic import BaseModel
 
-from sim.request import Request
+from sim.core.request import Request
 
 
 class ReplicaReport(Protocol):

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from sim.core.request import Request
 from sim.fleet.registry import ReplicaReport, register
-from sim.request import Request
 
 
 class _NoKnobs(BaseModel):

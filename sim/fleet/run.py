@@ -17,20 +17,20 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from sim.engine import ClosedLoopSource, Horizon
-from sim.errors import SimError
-from sim.fleet.config import ClusterSection
+from sim.catalog.links import get_link
+from sim.config.cluster import ClusterSection
+from sim.config.scenario import Scenario
+from sim.core.request import Request
+from sim.engine.replica import ClosedLoopSource, Horizon
+from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import DecodeScheduler
 from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, seeded
-from sim.fleet.links import get_link
 from sim.fleet.registry import Router
 from sim.fleet.registry import load_all as load_routers
-from sim.metrics import CHUNK_ROWS, Records, Slo, summarize
-from sim.record_sink import ParquetSink
-from sim.request import Request
-from sim.scenario import Scenario
-from sim.schedulers.registry import load_all as load_policies
-from sim.workload import Workload, rate_steps
+from sim.io.errors import SimError
+from sim.records.recorder import CHUNK_ROWS, Records, Slo, summarize
+from sim.records.sinks import ParquetSink
+from sim.workload.generator import Workload, rate_steps
 
 PD_COLUMNS = ("prefill_replica", "prefill_s", "transfer_s", "decode_wait_s", "decode_s")
 
@@ -53,7 +53,7 @@ def build_specs(
     scenario: Scenario, cluster: ClusterSection, policy: str, source: str
 ) -> tuple[list[ReplicaSpec], dict[str, Any]]:
     """One `ReplicaSpec` per replica, and each group's figures for the summary."""
-    from sim.run import build_cost_and_memory
+    from sim.studies.run import build_cost_and_memory
 
     specs: list[ReplicaSpec] = []
     groups: dict[str, Any] = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim import stats
-from sim.outputs import atomic_write, write_text
+from sim.io.outputs import atomic_write, write_text
+from sim.records import stats
 from sim.report import charts, frames, grid
 from sim.report.fleet import fleet_sections
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows

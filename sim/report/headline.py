@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.config.scenario import Scenario
 from sim.report.grid import CapacityMark
 from sim.report.inputs import PolicyRun
-from sim.scenario import Scenario
 
 
 def fmt_seconds(value: object) -> str:

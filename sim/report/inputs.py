@@ -9,10 +9,17 @@ from typing import Any
 
 import polars as pl
 
-from sim.errors import SimError
-from sim.outputs import differences
-from sim.run import MANIFEST, RUN_FILES, compared_scenario, is_run_folder, manifest_differences, read_manifest
-from sim.scenario import Scenario, load_scenario, validate_scenario
+from sim.config.scenario import Scenario, load_scenario, validate_scenario
+from sim.io.errors import SimError
+from sim.io.outputs import differences
+from sim.studies.run import (
+    MANIFEST,
+    RUN_FILES,
+    compared_scenario,
+    is_run_folder,
+    manifest_differences,
+    read_manifest,
+)
 
 
 @dataclass(slots=True)

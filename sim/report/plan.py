@@ -10,7 +10,7 @@ import polars as pl
 from sim.report.page import Section, chart_spec, render_page
 
 if TYPE_CHECKING:
-    from sim.plan import PlanResult
+    from sim.studies.plan import PlanResult
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:

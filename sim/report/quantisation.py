@@ -2,7 +2,7 @@
 
 Shown when the sweep's series differ in `model.weight_dtype`, `model.kv_dtype` or `model.weight_group_size`
 (e.g. `sweep.variants` in scenarios/what-quantisation-buys.toml): per format, the KV tokens and the
-sequences of mean length that fit (sim/capacity.py), the capacity under the SLO, and p50/p99 TTFT and ITL at
+sequences of mean length that fit (sim/cost/memory.py), the capacity under the SLO, and p50/p99 TTFT and ITL at
 the scenario's arrival rate (means over replications of the sweep's points at that rate).
 """
 
@@ -15,14 +15,14 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from sim.capacity import kv_memory
-from sim.errors import SimError
-from sim.hardware import get_gpu
-from sim.model import load_model
+from sim.catalog.gpus import get_gpu
+from sim.catalog.model import load_model
+from sim.cost.memory import kv_memory
+from sim.io.errors import SimError
 from sim.report.grid import CapacityMark, params_label, with_series
 from sim.report.inputs import ReportInputs
 from sim.report.page import Section
-from sim.sweep import parse_sweep
+from sim.studies.sweep import parse_sweep
 
 QUANT_KEYS = ("model.weight_dtype", "model.kv_dtype", "model.weight_group_size")
 LATENCIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")

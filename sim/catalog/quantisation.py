@@ -1,0 +1,154 @@
+"""The matmul rate of a weight format: which tensor-core peak the layers' GEMMs run at, and at what share.
+
+One definition for both cost models (the engine's roofline in sim/cost/roofline.py and the kernel-level model in
+sim/cost/kernel_model.py):
+
+- 16-bit (and fp32) weights: the GPU's peak for that dtype.
+- W8A8 (fp8, or int8 with 8-bit activations from a checkpoint): the 8-bit peak where the GPU has one, else the
+  16-bit peak (weights upcast). Attention and any module kept in 16-bit still run at the 16-bit peak.
+- Weight-only INT4/INT8 (GPTQ/AWQ-style, W4A16/W8A16): weights are dequantized to 16-bit inside the GEMM
+  (Marlin-style kernels), so the matmuls run at the 16-bit peak times DEQUANT_COMPUTE_EFF, the share of the
+  16-bit GEMM rate left once dequantization shares the SMs. Memory-bound (small-batch) GEMMs read 4x/2x
+  fewer bytes and speed up accordingly; compute-bound ones (prefill, large batches) get slower, not faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.catalog.gpus import Gpu
+from sim.catalog.model import DTYPE_BYTES, KV_DTYPES, ModelSpec, normalize_dtype
+from sim.io.errors import SimError
+
+# Share of the 16-bit GEMM rate a weight-only kernel keeps in the compute-bound regime: a prior, from Marlin
+# (its W4A16 GEMMs stay near the ideal speed-up up to batch 16-32, still well ahead at 64-128, and large-batch
+# prefill runs about 10% below FP16; docs/quantisation.md). The same value as kernel_calibration.toml's
+# dequant_compute_eff, which tests/test_quantisation.py checks.
+DEQUANT_COMPUTE_EFF = 0.9
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    """FLOP rate of the layers' matmuls for one weight format."""
+
+    peak_flops: float  # tensor-core peak the matmuls use (FLOP/s)
+    dequant: bool  # weight-only: dequantized in the kernel, at DEQUANT_COMPUTE_EFF of peak_flops
+    w8a8: bool  # 8-bit activations: the GEMMs run at the 8-bit peak
+    note: str
+
+    @property
+    def effective_flops(self) -> float:
+        """Peak FLOP/s the matmuls reach before the cost model's efficiency (dequantization included)."""
+        return self.peak_flops * (DEQUANT_COMPUTE_EFF if self.dequant else 1.0)
+
+
+def matmul_rate(model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size: int | None) -> MatmulRate:
+    """The matmul rate of `model` on `gpu` with weights in `weight_dtype` (see the module docstring)."""
+    wd = normalize_dtype(weight_dtype or model.default_weight_dtype)
+    q = model.serving_quant(wd, group_size)
+    if not q.dtype:
+        peak, note = gpu.peak_flops(wd)
+        return MatmulRate(peak, False, False, note)
+    if q.activations:
+        peak, note = gpu.peak_flops(q.dtype)
+        kind = "W8A8" if peak > gpu.flops_16bit else "W8A8 upcast"
+        return MatmulRate(peak, False, peak > gpu.flops_16bit, note or f"{q.method} {q.dtype} {kind}")
+    group = f", group size {q.group_size}" if q.group_size else ""
+    note = (
+        f"{q.method} {q.dtype} weight-only{group}: dequantized in the kernel, "
+        f"{DEQUANT_COMPUTE_EFF:g} x the 16-bit rate"
+    )
+    return MatmulRate(gpu.flops_16bit, True, False, note)
+
+
+def group_flops(gpu: Gpu, dtype: str, activations: bool) -> float:
+    """Peak FLOP/s a quantized format's matmuls reach: the 8-bit peak under W8A8 (16-bit where the GPU has
+    none), the 16-bit peak times DEQUANT_COMPUTE_EFF when weight-only."""
+    if activations:
+        return max(gpu.peak_flops(dtype)[0], gpu.flops_16bit)
+    return gpu.flops_16bit * DEQUANT_COMPUTE_EFF
+
+
+def flop_costs(
+    model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size: int | None, rate: MatmulRate
+) -> tuple[float, float, float]:
+    """Cost of one FLOP of (the layers' matmuls, the LM head, attention) in FLOPs at `rate.peak_flops`.
+
+    All 1 for unquantized weights. A quantized group's FLOP costs 1 / DEQUANT_COMPUTE_EFF when dequantized
+    (else 1); 16-bit work (attention, modules kept in 16-bit) costs peak / 16-bit peak, above 1 under W8A8.
+    """
+    q = model.serving_quant(weight_dtype, group_size)
+    if not q.dtype:
+        return 1.0, 1.0, 1.0
+    sixteen = rate.peak_flops / gpu.flops_16bit
+    chosen = model.num_moe_layers * model.experts_per_token * model.expert_params
+    params = {"attention": model.attention_params, "dense": model.dense_params, "experts": chosen}
+    total = sum(params.values())
+
+    def cost(group: str) -> float:
+        kept = q.kept_fraction(group)
+        dtype, activations, _ = q.format_of(group)
+        quant = rate.peak_flops / group_flops(gpu, dtype, activations)
+        return kept * sixteen + (1.0 - kept) * quant
+
+    layers = sum(p * cost(g) for g, p in params.items()) / total if total else 1.0
+    return layers, cost("lm_head"), sixteen
+
+
+def check_dtype(key: str, value: str | None) -> str | None:
+    """Validate `model.weight_dtype` / `model.kv_dtype` (ValueError naming what is expected)."""
+    if value is None:
+        return None
+    allowed = KV_DTYPES if key == "kv_dtype" else tuple(DTYPE_BYTES)
+    try:
+        d = normalize_dtype(value)
+    except SimError:
+        d = ""
+    if d not in allowed:
+        raise ValueError(f"expected one of {', '.join(allowed)}")
+    return value
+
+
+def check_group_size(weight_dtype: str | None, group_size: int | None) -> None:
+    """Validate `model.weight_group_size` against `model.weight_dtype` (ValueError naming the key)."""
+    if group_size is None:
+        return
+    if group_size != 0 and not (32 <= group_size <= 1024 and group_size & (group_size - 1) == 0):
+        raise ValueError(
+            f"weight_group_size: expected 0 (per-channel scales) or a power of two from 32 to 1024 "
+            f"(got {group_size})"
+        )
+    if weight_dtype is None or normalize_dtype(weight_dtype) not in ("int4", "int8"):
+        raise ValueError(
+            "weight_group_size: applies to int4 or int8 weights; set model.weight_dtype to int4 or int8 "
+            "(a checkpoint's own group size comes from its quantization_config)"
+        )
+
+
+def quantisation_info(cost: Any, mem: Any) -> dict[str, Any]:
+    """The weight and KV formats of a replica, for its summary: `cost` a CostModel, `mem` its KvMemory."""
+    q = cost.model.serving_quant(cost.weight_dtype, mem.weight_group_size)
+    return {
+        "weight_dtype": cost.weight_dtype,
+        "weight_format": weight_format(q),
+        "weight_group_size": q.group_size,
+        "kv_dtype": cost.kv_dtype,
+        "weight_bytes": mem.weight_bytes,
+        "matmul_peak_flops": cost.rate.peak_flops,
+        "dequantized": cost.rate.dequant,
+    }
+
+
+def weight_format(q: Any) -> str:
+    """A weight format's short name: 16-bit, W8A8 fp8, W4A16 int4 g128, ..."""
+    if not q.dtype:
+        return "16-bit"
+
+    def name(dtype: str, activations: bool, group_size: int) -> str:
+        bits = 8 if dtype in ("fp8", "int8") else 4
+        kind = f"W{bits}A8" if activations else f"W{bits}A16"
+        return f"{kind} {dtype}{f' g{group_size}' if group_size else ''}"
+
+    mixed = "".join(f" + {name(*fmt)} {group}" for group, *fmt in q.per_group)
+    return name(q.dtype, q.activations, q.group_size) + mixed

@@ -1,0 +1,116 @@
+"""The `[cluster]` table of a scenario: replica groups, the router, the reporting delay, the KV link.
+
+    [cluster]
+    router = { kind = "power_of_two", choices = 2 }   # or just router = "round_robin" (the default)
+    report_delay_s = 0.0      # replicas report queue length and KV use this often (0: always current)
+    link = "infiniband-ndr"   # prefill -> decode KV transfers (sim/catalog/links.toml)
+
+    [[cluster.groups]]
+    count = 2                 # identical replicas
+    role = "prefill"          # both (colocated, the default), prefill or decode
+    gpu = "H100-SXM"          # default: model.gpu
+    tp = 2                    # default: model.tp
+    policy = "vllm"           # a table of [policies] (default: the policy being run)
+
+Without `[cluster]` a scenario is one replica, exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_REPLICAS = 4096
+ROLES = ("both", "prefill", "decode")
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class GroupSection(_Table):
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$", description="Default: g<index>.")
+    count: int = Field(1, ge=1, le=MAX_REPLICAS)
+    role: Literal["both", "prefill", "decode"] = "both"
+    gpu: str | None = Field(None, description="GPU catalog name (default: model.gpu).")
+    tp: int | None = Field(None, ge=1, le=64, description="Tensor-parallel degree (default: model.tp).")
+    policy: str | None = Field(None, description="A [policies] table (default: the policy being run).")
+
+
+class ClusterSection(_Table):
+    router: str | dict[str, Any] = Field("round_robin", description="Router name, or {kind = ..., knobs}.")
+    report_delay_s: float = Field(0.0, ge=0.0, le=3600.0, description="Seconds between load reports.")
+    link: str = Field("nvlink-4", description="KV transfer link between prefill and decode replicas.")
+    groups: list[GroupSection] = Field(default_factory=lambda: [GroupSection()], min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _roles(self) -> ClusterSection:
+        roles = {g.role for g in self.groups}
+        if ("prefill" in roles) != ("decode" in roles):
+            raise ValueError("groups: a prefill group needs a decode group and a decode group a prefill one")
+        if "both" in roles and "prefill" in roles:
+            raise ValueError("groups: mix of role 'both' with prefill/decode groups is not supported")
+        if sum(g.count for g in self.groups) > MAX_REPLICAS:
+            raise ValueError(f"groups: more than {MAX_REPLICAS} replicas in all")
+        names = [self.group_name(i) for i in range(len(self.groups))]
+        if len(set(names)) != len(names):
+            raise ValueError("groups: two groups share a name")
+        return self
+
+    def group_name(self, index: int) -> str:
+        return self.groups[index].name or f"g{index}"
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(g.role == "prefill" for g in self.groups)
+
+    @property
+    def replicas(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def router_kind(self) -> tuple[str, dict[str, Any]]:
+        """(router name, its knobs)."""
+        if isinstance(self.router, str):
+            return self.router, {}
+        knobs = dict(self.router)
+        return str(knobs.pop("kind", "")), knobs
+
+
+def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str) -> BaseModel:
+    """The router's validated knobs; SimError naming the key for an unknown router, knob, policy or GPU."""
+    from pydantic import ValidationError
+
+    from sim.catalog.gpus import get_gpu
+    from sim.catalog.links import link_names
+    from sim.fleet.registry import load_all
+    from sim.io.errors import SimError
+    from sim.workload.generator import format_validation_error
+
+    routers = load_all()
+    name, knobs = cluster.router_kind()
+    where = "cluster.router" if isinstance(cluster.router, str) else "cluster.router.kind"
+    if name not in routers:
+        raise SimError(
+            f"{source}: {where}: unknown router {name[:40]!r} (one of {', '.join(sorted(routers))})"
+        )
+    try:
+        config = routers[name].config.model_validate(knobs)
+    except ValidationError as err:
+        raise SimError(format_validation_error(err, knobs, source, root="cluster.router")) from None
+    if cluster.link not in link_names():
+        raise SimError(
+            f"{source}: cluster.link: unknown link {cluster.link[:40]!r} (one of {', '.join(link_names())})"
+        )
+    for i, group in enumerate(cluster.groups):
+        if group.policy is not None and group.policy not in policies:
+            raise SimError(
+                f"{source}: cluster.groups[{i}].policy: no policy {group.policy[:40]!r} "
+                f"(have: {', '.join(policies)})"
+            )
+        if group.gpu is not None:
+            try:
+                get_gpu(group.gpu)
+            except SimError as err:
+                raise SimError(f"{source}: cluster.groups[{i}].gpu: {err}") from None
+    return config

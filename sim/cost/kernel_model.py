@@ -1,0 +1,493 @@
+"""Kernel-level cost of one engine step (`sim step`), per GPU under tensor parallelism of degree `tp`.
+
+Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
+of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and the checks
+against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays the engine's.
+
+Each linear layer is a GEMM of (M tokens x K x N per GPU):
+
+    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + fixed cost
+
+with bytes = weights (in their stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8
+runs at the FP8 peak, weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as
+sim/catalog/quantisation.py defines for both cost models. Attention per layer is one kernel over
+every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per (prefill query x head),
+KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost.
+MoE layers run a fused expert GEMM pair over the experts the step touches. Norms, rotary embedding and
+activations are memory-bound element-wise kernels (elementwise_fixed_s each). Under TP, two all-reduces per
+layer cost latency plus ring bytes over the link.
+
+Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
+kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
+(attn_fixed_s - kernel_fixed_s: its prologue). The host's time per step and per row (scheduling, input
+preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
+
+Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
+(sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any GPU in
+the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times were
+fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
+parameter with its source.
+
+A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
+chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
+count), so it is computed once per distinct count and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from sim.catalog.gpus import Gpu
+from sim.catalog.model import ModelSpec, normalize_dtype
+from sim.catalog.quantisation import matmul_rate
+from sim.config.calibration import calibration_table
+from sim.cost.roofline import expected_distinct_experts
+from sim.io.errors import SimError
+
+ACT_BYTES = 2  # activations are 16-bit
+# Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
+# the KV-cache write.
+ELEMENTWISE_KERNELS = 5
+
+
+@dataclass(frozen=True)
+class KernelCalibration:
+    """Kernel efficiencies, fixed costs and host overheads; defaults: sim/catalog/kernel_calibration.toml."""
+
+    gemm_compute_eff: float = 0.7483  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
+    gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
+    gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
+    kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
+    dequant_compute_eff: float = 0.9  # weight-only INT4/INT8: share of 16-bit rate left (prior; Marlin)
+    attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
+    attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
+    kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
+    attn_fixed_s: float = 1.191e-05  # per attention kernel (H200 profile)
+    attn_row_head_s: float = 8.218e-09  # per (sequence x KV head) decode work item (H200 profile)
+    graph_kernel_fixed_s: float = 3.068e-06  # per kernel in a replayed serving step (end-to-end fit)
+    elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
+    allreduce_latency_s: float = 2e-06  # per all-reduce over NVLink (end-to-end fit)
+    allreduce_latency_pcie_s: float = 3e-05  # per all-reduce over PCIe (prior)
+    allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
+    step_overhead_s: float = 0.0001034  # host per step: scheduling, inputs, sampling (end-to-end fit)
+    per_row_overhead_s: float = 1.008e-07  # host: per sequence in the step (end-to-end fit)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> KernelCalibration:
+        """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors."""
+        return cls(**calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)}))
+
+
+def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]
+    """max(compute, memory) + fixed cost of a kernel; floats or numpy arrays alike (the fit uses it)."""
+    comp, mem = flops / flops_per_s, nbytes / bytes_per_s
+    return 0.5 * (comp + mem + abs(comp - mem)) + fixed_s
+
+
+def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]
+    """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes
+    streamed plus the per-(sequence x KV head) work items of a decode kernel (each loads its queries,
+    combines its split-KV partial results and writes its output)."""
+    comp = flops / (peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_heads
+    mem = nbytes / (hbm * cal.kv_bandwidth_eff) + cal.attn_row_head_s * items
+    return kernel_seconds(comp, mem, 1.0, 1.0, fixed_s)
+
+
+def host_seconds(cal: KernelCalibration, rows: float | np.ndarray) -> float | np.ndarray:
+    """Host-side time of a step with `rows` sequences."""
+    return cal.step_overhead_s + cal.per_row_overhead_s * rows
+
+
+def overlapped(gpu_s, host_s):  # type: ignore[no-untyped-def]
+    """A step's wall time: vLLM's asynchronous scheduling prepares step n + 1 on the host while the GPU runs
+    step n, so the slower of the two sets the pace. Floats or numpy arrays alike."""
+    return 0.5 * (gpu_s + host_s + abs(gpu_s - host_s))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel kind of a step: how many run, their total time, and what bounds them."""
+
+    name: str
+    count: int
+    seconds: float
+    bound: str  # "compute", "memory" or "latency"
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Breakdown of one step (per GPU)."""
+
+    seconds: float
+    bound: str  # of the kernels: "compute" when compute-bound kernels take most of the GPU time
+    gpu_s: float  # kernels and all-reduces
+    host_s: float
+    allreduce_s: float
+    compute_s: float  # time of compute-bound kernels
+    memory_s: float  # time of memory- and latency-bound kernels
+    flops: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    tokens: int
+    rows: int
+    experts_touched: float  # expected distinct routed experts per MoE layer
+    kernels: tuple[Kernel, ...]
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    name: str
+    count: int  # per step (layers)
+    k: float
+    n: float
+    weight_bytes_per_param: float
+    group: str
+
+
+class KernelCostModel:
+    """Kernel-level step cost for one model on one GPU type with tensor parallelism `tp`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: Gpu,
+        tp: int = 1,
+        weight_dtype: str | None = None,
+        kv_dtype: str | None = None,
+        calibration: KernelCalibration | None = None,
+        weight_group_size: int | None = None,
+    ) -> None:
+        if tp < 1:
+            raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
+        self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
+        self.cal = cal = calibration or KernelCalibration()
+        self.group_size = weight_group_size
+        self.quant = model.serving_quant(self.weight_dtype, weight_group_size)
+        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
+        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
+        m = model
+        L = m.num_layers
+        self.hbm = gpu.hbm_bandwidth
+        self.gemm_bw = gpu.hbm_bandwidth * cal.gemm_bandwidth_eff
+        self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
+        self.peak16 = gpu.flops_16bit
+        self.gemms = self._gemm_shapes()
+        head_bytes = m.param_bytes("lm_head", weight_dtype, weight_group_size)
+        self.head = _Gemm("lm_head", 1, m.hidden_size, m.vocab_size / tp, head_bytes, "lm_head")
+        self.expert_bytes_per_layer = (
+            m.expert_params * m.param_bytes("experts", weight_dtype, weight_group_size) / tp
+        )
+        self.weight_bytes_static = sum(g.count * g.k * g.n * g.weight_bytes_per_param for g in self.gemms)
+        self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
+        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
+        self.kv_token_bytes = self.kv_layer_bytes * L
+        self.full_layers = L - m.num_sliding_layers
+        self.window = float(m.sliding_window or 0)
+        self.attn_flops_pair = m.attn_flops_per_pair / tp
+        self.heads = max(1.0, m.num_heads / tp)
+        self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
+        # Element-wise traffic per token per layer (16-bit): two norms (read, write), the activation (read
+        # gate and up, write), rotary embedding of q and k (read, write).
+        inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
+        qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
+        self.elem_bytes_token = ACT_BYTES * L * (4 * m.hidden_size + 3 * inter + 2 * qk)
+        self.elem_kernels = ELEMENTWISE_KERNELS * L
+        self.pcie = "pcie" in gpu.interconnect.lower()
+        if tp > 1:
+            latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
+            ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
+            link = gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
+            self.allreduces = 2 * L
+            self.ar_per_token = self.allreduces * ring / link
+            self.ar_fixed = self.allreduces * latency
+        else:
+            self.allreduces = 0
+            self.ar_per_token = self.ar_fixed = 0.0
+        self._linear_memo: dict[int, float] = {}
+        self._head_memo: dict[int, float] = {}
+
+    # ----------------------------------------------------------------------------------------- shapes
+
+    def _gemm_shapes(self) -> list[_Gemm]:
+        """The layers' GEMMs per GPU: q/k/v, output projection, MLP up (gated: gate and up) and down."""
+        m, tp, wd, gs = self.model, self.tp, self.weight_dtype, self.group_size
+        L, H = m.num_layers, m.hidden_size
+        attn = m.attention_params / L
+        o = m.num_heads * m.v_head_dim * H
+        qkv = max(attn - o, 0.0)
+        out = [
+            _Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
+            _Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
+        ]
+        if m.dense_params:
+            dense = m.dense_params / L
+            gated = m.model_type != "opt"
+            up = dense * (2 / 3 if gated else 1 / 2)
+            wb = m.param_bytes("dense", wd, gs)
+            out.append(_Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
+            out.append(_Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
+        return out
+
+    def _peak(self, group: str) -> float:
+        """Achievable large-M GEMM FLOP/s for a weight group (its format's rate: sim/catalog/quantisation.py)."""
+        cal, q = self.cal, self.quant
+        if not q.dtype or q.kept_fraction(group) >= 1.0:
+            return self.peak16 * cal.gemm_compute_eff
+        dtype, activations, _ = q.format_of(group)
+        if not activations:
+            return self.peak16 * cal.gemm_compute_eff * cal.dequant_compute_eff
+        peak8 = self.gpu.peak_flops(dtype)[0]
+        if peak8 > self.peak16:
+            return peak8 * cal.gemm_compute_eff_fp8
+        return self.peak16 * cal.gemm_compute_eff
+
+    # ----------------------------------------------------------------------------------------- kernels
+
+    def _gemm(self, g: _Gemm, m: float) -> Kernel:
+        flops = 2.0 * m * g.k * g.n
+        nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
+        peak = self._peak(g.group)
+        t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, self.cal.graph_kernel_fixed_s)
+        bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
+        return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
+
+    def _experts(self, tokens: float) -> Kernel | None:
+        """Routed experts of the MoE layers: each touched expert runs its own gate/up and down GEMMs over the
+        tokens routed to it (its bytes plus a fixed cost per expert kernel, as measured in moe.csv)."""
+        m = self.model
+        if not m.num_moe_layers:
+            return None
+        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        per_expert = tokens * m.experts_per_token / touched
+        inter = m.expert_params / (3 * m.hidden_size) / self.tp
+        wb, h = m.param_bytes("experts", self.weight_dtype), m.hidden_size
+        peak, fixed = self._peak("experts"), self.cal.graph_kernel_fixed_s
+        t = flops = nbytes = compute = 0.0
+        for k, n in ((h, 2 * inter), (inter, h)):
+            f = 2.0 * per_expert * k * n
+            b = k * n * wb + ACT_BYTES * per_expert * (k + n)
+            t += kernel_seconds(f, b, peak, self.gemm_bw, fixed)
+            flops, nbytes, compute = flops + f, nbytes + b, compute + f / peak - b / self.gemm_bw
+        layers = m.num_moe_layers
+        bound = "compute" if compute > 0 else "memory"
+        count = int(round(2 * touched * layers))
+        return Kernel("moe_experts", count, layers * touched * t, bound, layers * touched * flops,
+                      layers * touched * nbytes)  # fmt: skip
+
+    def linear_kernels(self, tokens: int, rows: int) -> list[Kernel]:
+        """GEMMs, MoE experts, element-wise kernels, LM head and all-reduces of a step of `tokens` tokens."""
+        out = [self._gemm(g, tokens) for g in self.gemms]
+        experts = self._experts(tokens)
+        if experts is not None:
+            out.append(experts)
+        eb = self.elem_bytes_token * tokens
+        t_elem = self.elem_kernels * self.cal.elementwise_fixed_s + eb / self.gemm_bw
+        out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
+        out.append(self._gemm(self.head, rows))
+        if self.allreduces:
+            ar = self.ar_fixed + self.ar_per_token * tokens
+            out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
+        return out
+
+    def _linear_time(self, tokens: int) -> float:
+        """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""
+        t = self._linear_memo.get(tokens)
+        if t is None:
+            t = sum(k.seconds for k in self.linear_kernels(tokens, 0) if k.name != "lm_head")
+            self._linear_memo[tokens] = t
+        return t
+
+    def _head_time(self, rows: int) -> float:
+        t = self._head_memo.get(rows)
+        if t is None:
+            t = self._head_memo[rows] = self._gemm(self.head, rows).seconds
+        return t
+
+    def attention(
+        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, layers: int, rows: int = 0
+    ) -> Kernel:
+        """Attention kernels of `layers` layers: `pairs` (query, key) pairs and `kv_tokens` cached tokens read
+        per layer, `query_tokens` prefill queries, `tokens` new KV entries written, `rows` sequences."""
+        cal = self.cal
+        flops = self.attn_flops_pair * pairs
+        nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
+        t = self._attention_time(pairs, kv_tokens, query_tokens, tokens, rows)
+        comp = (
+            flops / (self.peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_tokens * self.heads
+        )
+        mem = nbytes / self.kv_bw + cal.attn_row_head_s * rows * self.kv_heads
+        bound = "compute" if comp > mem else "memory"
+        return Kernel("attention", layers, layers * t, bound, layers * flops, layers * nbytes)
+
+    def _attention_time(
+        self, pairs: float, kv_tokens: float, query_tokens: float, tokens: float, rows: int
+    ) -> float:
+        flops = self.attn_flops_pair * pairs
+        nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
+        # In a replayed step attention saves the same launch cost as a GEMM and keeps the rest of its larger
+        # isolated fixed cost (its prologue: scheduling metadata, split-KV reduction).
+        cal = self.cal
+        fixed = cal.graph_kernel_fixed_s + max(cal.attn_fixed_s - cal.kernel_fixed_s, 0.0)
+        items = rows * self.kv_heads
+        return attention_seconds(
+            cal, flops, query_tokens * self.heads, nbytes, self.peak16, self.hbm, fixed, items
+        )
+
+    # ----------------------------------------------------------------------------------------- steps
+
+    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float, float]:
+        """Per-layer sums: (pairs and KV tokens read on full layers, the same on sliding layers, prefill
+        query tokens). A row adds c·q + c(c+1)/2 pairs, so full layers need only Σc·q and Σc²."""
+        tokens = float(c.sum())
+        cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
+        pairs = cq + 0.5 * (cc + tokens)
+        ctx = float(q.sum())
+        queries = tokens - float(np.count_nonzero(c == 1))
+        if not self.model.num_sliding_layers or float((q + c).max()) <= self.window:
+            return pairs, ctx, pairs, ctx, queries
+        w = self.window
+        end, start = (q + c).astype(np.float64), q.astype(np.float64)
+        s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
+        s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
+        return pairs, ctx, float((s_end - s_start).sum()), float(np.minimum(start, w).sum()), queries
+
+    def _seconds(self, tokens: int, rows: int, sums: tuple[float, float, float, float, float]) -> float:
+        """GPU and host seconds of a step: the definition behind `step`, `step_time`, `step_time_totals`."""
+        pairs, ctx, s_pairs, s_ctx, queries = sums
+        t = self._linear_time(tokens) + self._head_time(rows)
+        if self.full_layers:
+            t += self.full_layers * self._attention_time(pairs, ctx, queries, tokens, rows)
+        ns = self.model.num_sliding_layers
+        if ns:
+            t += ns * self._attention_time(s_pairs, s_ctx, queries, tokens, rows)
+        return float(overlapped(t, host_seconds(self.cal, rows)))
+
+    def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
+        """Full breakdown of one step, kernel by kernel."""
+        c, q = _arrays(new_tokens, context)
+        rows = int(c.size)
+        tokens = int(c.sum()) if rows else 0
+        if tokens <= 0:
+            return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0, ())
+        sums = self._reduce(c, q)
+        pairs, ctx, s_pairs, s_ctx, queries = sums
+        kernels = self.linear_kernels(tokens, rows)
+        if self.full_layers:
+            kernels.append(self.attention(pairs, ctx, queries, tokens, self.full_layers, rows))
+        if self.model.num_sliding_layers:
+            k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers, rows)
+            kernels.append(Kernel("attention_sliding", k.count, k.seconds, k.bound, k.flops, k.bytes))
+        host = float(host_seconds(self.cal, rows))
+        seconds = self._seconds(tokens, rows, sums)  # max(GPU kernels, host): asynchronous scheduling
+        compute = sum(k.seconds for k in kernels if k.bound == "compute")
+        gpu = sum(k.seconds for k in kernels)
+        ar = sum(k.seconds for k in kernels if k.name == "allreduce")
+        m = self.model
+        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        weights = self.weight_bytes_static + m.num_moe_layers * touched * self.expert_bytes_per_layer
+        kv_read = self.kv_layer_bytes * (self.full_layers * ctx + m.num_sliding_layers * s_ctx)
+        return StepCost(
+            seconds=seconds,
+            bound="compute" if compute > (gpu - compute) else "memory",
+            gpu_s=gpu,
+            host_s=host,
+            allreduce_s=ar,
+            compute_s=compute,
+            memory_s=gpu - compute,
+            flops=sum(k.flops for k in kernels),
+            weight_bytes=weights,
+            kv_read_bytes=kv_read,
+            kv_write_bytes=self.kv_token_bytes * tokens,
+            tokens=tokens,
+            rows=rows,
+            experts_touched=touched,
+            kernels=tuple(kernels),
+        )
+
+    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        """(seconds, compute_bound) of one step without the breakdown: the same seconds as `step`.
+
+        compute_bound: the step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
+        c, q = _arrays(new_tokens, context)
+        if c.size == 0:
+            return 0.0, False
+        tokens = int(c.sum())
+        if tokens <= 0:
+            return 0.0, False
+        return self._seconds(tokens, int(c.size), self._reduce(c, q)), self._compute_bound(tokens)
+
+    def step_time_totals(
+        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
+    ) -> tuple[float, bool] | None:
+        """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
+
+        `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
+        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
+        window may be reached: then only the per-row arrays give the answer.
+        """
+        if self.model.num_sliding_layers and max_end > self.window:
+            return None
+        if rows <= 0 or tokens <= 0:
+            return 0.0, False
+        pairs = float(cq) + 0.5 * (float(cc) + float(tokens))
+        c = float(ctx)
+        sums = (pairs, c, pairs, c, float(tokens - ones))
+        return self._seconds(tokens, rows, sums), self._compute_bound(tokens)
+
+    def _compute_bound(self, tokens: int) -> bool:
+        g = self.gemms[0] if self.gemms else self.head
+        return (
+            2.0 * tokens * g.k * g.n / self._peak(g.group)
+            > g.k * g.n * g.weight_bytes_per_param / self.gemm_bw
+        )
+
+
+def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer or float ndarrays as given (no copy); other sequences converted once."""
+    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
+    q = context if isinstance(context, np.ndarray) else np.asarray(context)
+    if c.shape != q.shape:
+        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
+    return c, q
+
+
+def step_summary(cost: KernelCostModel, new_tokens: np.ndarray, context: np.ndarray) -> dict[str, object]:
+    """One step's time and breakdown as plain data (`sim step --json`)."""
+    s = cost.step(new_tokens, context)
+    return {
+        "model": cost.model.name,
+        "gpu": cost.gpu.name,
+        "tp": cost.tp,
+        "weight_dtype": cost.weight_dtype,
+        "kv_dtype": cost.kv_dtype,
+        "rows": s.rows,
+        "tokens": s.tokens,
+        "seconds": s.seconds,
+        "bound": s.bound,
+        "gpu_s": s.gpu_s,
+        "host_s": s.host_s,
+        "allreduce_s": s.allreduce_s,
+        "flops": s.flops,
+        "weight_bytes": s.weight_bytes,
+        "kv_read_bytes": s.kv_read_bytes,
+        "kernels": [
+            {
+                "kernel": k.name,
+                "count": k.count,
+                "bound": k.bound,
+                "seconds": k.seconds,
+                "flops": k.flops,
+                "bytes": k.bytes,
+            }
+            for k in s.kernels
+        ],  # fmt: skip
+        "notes": [n for n in (cost.note,) if n],
+    }

@@ -1,0 +1,278 @@
+"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads.
+
+Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
+(GEMMs and paged attention are separate kernels with different achieved bandwidth).
+
+A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
+(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from sim.catalog.gpus import Gpu
+from sim.catalog.model import ModelSpec, normalize_dtype
+from sim.catalog.quantisation import flop_costs, matmul_rate
+from sim.config.calibration import calibration_table
+from sim.io.errors import SimError
+
+ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
+
+    compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
+    compute_eff_decode: float = 0.7483
+    bandwidth_eff: float = 0.7748  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
+    step_overhead_s: float = 0.0002636
+    layer_overhead_s: float = 1.301e-05
+    per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
+    sampler_s_per_entry: float = 3.034e-10  # logits processing and sampling, per row and vocabulary entry
+    allreduce_eff: float = 0.2668
+    allreduce_latency_s: float = 2.683e-06
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Calibration:
+        """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
+        return cls(**calibration_table("calibration.toml", path, {f.name for f in fields(cls)}))
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Breakdown of one step (per GPU)."""
+
+    seconds: float
+    bound: str  # "compute" or "memory"
+    compute_s: float
+    memory_s: float
+    allreduce_s: float
+    overhead_s: float
+    flops_linear: float
+    flops_attention: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    tokens: int
+    rows: int
+    experts_touched: float  # expected distinct routed experts per MoE layer
+    flops_charged: float = 0.0  # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8)
+
+
+def roofline_seconds(  # type: ignore[no-untyped-def]
+    cal, peak, hbm, layers, vocab, allreduces, ring_s, flops, share, weight_bytes, kv_bytes, tokens, rows
+):
+    """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
+    `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
+
+    `share` is the prefill share of the tokens, `ring_s` the all-reduce seconds per token at
+    allreduce_eff = 1 over the step's `allreduces` all-reduces."""
+    eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
+    compute = flops / (peak * eff)
+    memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
+    extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
+    extra = overhead_seconds(cal, layers, vocab, rows, extra)
+    return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+
+
+def overhead_seconds(cal, layers, vocab, rows, base=0.0):  # type: ignore[no-untyped-def]
+    """`base` plus the step's fixed and per-row costs: per step, per layer, and per row its host work and the
+    sampler's pass over the row's vocabulary. Floats or numpy arrays alike."""
+    per_row = cal.per_row_overhead_s + vocab * cal.sampler_s_per_entry
+    return base + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * per_row
+
+
+def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts hit by `tokens` tokens each routing to `top_k` of `n_experts` uniformly."""
+    if n_experts <= 0 or tokens <= 0:
+        return 0.0
+    return n_experts * (1.0 - ((n_experts - top_k) / n_experts) ** tokens)
+
+
+class CostModel:
+    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: Gpu,
+        tp: int = 1,
+        weight_dtype: str | None = None,
+        kv_dtype: str | None = None,
+        calibration: Calibration | None = None,
+        weight_group_size: int | None = None,
+    ) -> None:
+        if tp < 1:
+            raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
+        self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
+        self.cal = calibration or Calibration()
+        # Matmul rate of the weight format (sim/catalog/quantisation.py): 8-bit peak for W8A8, 16-bit peak with
+        # dequantization for weight-only INT4/INT8.
+        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
+        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
+        m = model
+        # Weights read every step, in the bytes they are stored in (quantization_config or online
+        # quantization, group scales and modules kept in 16-bit included): all but the routed experts and a
+        # gathered (untied) input embedding.
+        wd, gs = self.weight_dtype, weight_group_size
+        groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
+        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups) / tp
+        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd, gs) / tp
+        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
+        self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
+        self.full_layers = m.num_layers - m.num_sliding_layers
+        self.window = float(m.sliding_window or 0)
+        self.lin_flops_tok = m.linear_flops_per_token / tp
+        self.head_flops_row = m.lm_head_flops / tp
+        self.attn_flops_pair = m.attn_flops_per_pair / tp
+        # The same FLOPs as charged at peak_flops (equal to the above for unquantized weights).
+        self.lin_cost_tok = self.lin_flops_tok
+        self.head_cost_row = self.head_flops_row
+        self.attn_cost_pair = self.attn_flops_pair
+        lin_k, head_k, attn_k = flop_costs(m, gpu, wd, gs, self.rate)
+        if (lin_k, head_k, attn_k) != (1.0, 1.0, 1.0):
+            self.lin_cost_tok *= lin_k
+            self.head_cost_row *= head_k
+            self.attn_cost_pair *= attn_k
+        self.hbm = gpu.hbm_bandwidth
+        self.allreduces = 2 * m.num_layers if tp > 1 else 0
+        ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
+        self.ring_s_per_token = self.allreduces * ring / gpu.interconnect_bandwidth  # at allreduce_eff = 1
+
+    def _weights(self, tokens: float) -> tuple[float, float]:
+        m = self.model
+        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        return self.static_weight_bytes + m.num_moe_layers * touched * self.expert_bytes_per_layer, touched
+
+    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
+        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens).
+
+        Full layers: a row adds c·q + c(c+1)/2 pairs, so the sums need only c·q and c·c.
+        """
+        tokens = float(c.sum())
+        cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
+        pairs = self.full_layers * (cq + 0.5 * (cc + tokens))
+        kv_tokens = self.full_layers * float(q.sum())
+        prefill = tokens - float(np.count_nonzero(c == 1))
+        ns = self.model.num_sliding_layers
+        if ns and float((q + c).max()) <= self.window:  # no row reaches the window
+            pairs += ns * (cq + 0.5 * (cc + tokens))
+            kv_tokens += ns * float(q.sum())
+        elif ns:
+            w = self.window
+            end, start = (q + c).astype(np.float64), q.astype(np.float64)
+            s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
+            s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
+            pairs += ns * float((s_end - s_start).sum())
+            kv_tokens += ns * float(np.minimum(start, w).sum())
+        return tokens, pairs, kv_tokens, prefill
+
+    def _seconds(
+        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
+    ) -> tuple[float, bool]:
+        if tokens <= 0:
+            return 0.0, False
+        m = self.model
+        flops = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        seconds, compute_bound = roofline_seconds(
+            self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduces,
+            self.ring_s_per_token, flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
+        )  # fmt: skip
+        return seconds, bool(compute_bound)
+
+    def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
+        """Full breakdown of one step."""
+        c, q = _arrays(new_tokens, context)
+        rows = int(c.size)
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
+        if tokens <= 0:
+            return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
+        cal = self.cal
+        flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
+        flops_attn = self.attn_flops_pair * pairs
+        weight_bytes, touched = self._weights(tokens)
+        kv_read = self.kv_layer_bytes * kv_tokens
+        kv_write = self.kv_token_bytes * tokens
+        share = prefill / tokens
+        eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
+        flops_cost = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        compute_s = flops_cost / (self.peak_flops * eff)
+        memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
+            self.hbm * cal.kv_bandwidth_eff
+        )
+        allreduce_s = (
+            self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
+        )
+        overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
+        seconds, compute_bound = self._seconds(tokens, pairs, kv_tokens, prefill, rows)
+        return StepCost(
+            seconds=seconds,
+            bound="compute" if compute_bound else "memory",
+            compute_s=compute_s,
+            memory_s=memory_s,
+            allreduce_s=allreduce_s,
+            overhead_s=overhead_s,
+            flops_linear=flops_lin,
+            flops_attention=flops_attn,
+            weight_bytes=weight_bytes,
+            kv_read_bytes=kv_read,
+            kv_write_bytes=kv_write,
+            tokens=int(tokens),
+            rows=rows,
+            experts_touched=touched,
+            flops_charged=flops_cost,
+        )
+
+    def sampler_seconds(self, positions: int) -> float:
+        """The sampler at `positions` more sampled positions (a row's own is in the step)."""
+        return positions * self.model.vocab_size * self.cal.sampler_s_per_entry
+
+    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        """(seconds, compute_bound) of one step: the engine's fast path, same seconds as `step`."""
+        c, q = _arrays(new_tokens, context)
+        if c.size == 0:
+            return 0.0, False
+        tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
+        return self._seconds(tokens, pairs, kv_tokens, prefill, c.size)
+
+    def step_time_totals(
+        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
+    ) -> tuple[float, bool] | None:
+        """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
+
+        `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
+        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
+        window may be reached: then only the per-row arrays give the answer.
+        """
+        ns = self.model.num_sliding_layers
+        if ns and max_end > self.window:
+            return None
+        if rows <= 0 or tokens <= 0:
+            return 0.0, False
+        t = float(tokens)
+        q = float(cq) + 0.5 * (float(cc) + t)
+        pairs = self.full_layers * q
+        kv_tokens = self.full_layers * float(ctx)
+        if ns:  # the same sums as `_reduce`, in the same order: identical seconds
+            pairs += ns * q
+            kv_tokens += ns * float(ctx)
+        return self._seconds(t, pairs, kv_tokens, t - float(ones), rows)
+
+
+def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer or float ndarrays as given (no copy); other sequences converted once."""
+    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
+    q = context if isinstance(context, np.ndarray) else np.asarray(context)
+    if c.shape != q.shape:
+        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
+    return c, q

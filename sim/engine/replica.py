@@ -1,0 +1,335 @@
+"""The SimPy engine: one process per replica loops over engine steps.
+
+The engine step is the event: there is no process per request or per token. An idle replica sleeps until the
+next arrival (or the scheduler's own timer, e.g. a batch timeout); it never polls. A step that ends before any
+other scheduled event runs inline, without a SimPy event: the order of events, so every result, is the same.
+
+Open-loop arrivals are read by the replica loop itself, in the order a separate arrival process would have
+delivered them (see `Replica.run_open`); closed-loop users are SimPy processes.
+
+The clock shortcuts use SimPy internals (`_now`, `_queue`, `_eid`, `Event._ok`).
+`tests/test_engine_reference.py` runs a plain-SimPy loop (public API only, `yield env.timeout(step)`) on the
+same requests and requires identical request and step records, so a SimPy release that changes those
+internals fails there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+from simpy.core import NORMAL
+
+from sim.core.request import Request
+from sim.engine.schedulers.base import Scheduler, StepPlan
+from sim.records.recorder import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED, Recorder
+
+StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
+
+
+@dataclass(slots=True)
+class ClosedLoopSource:
+    """N users, each sending its next request a think time after its previous one finished.
+
+    `new_request(now, user)` makes user `user`'s next request (users are numbered 0 .. users - 1).
+    """
+
+    users: int
+    think_time: Callable[[], float]
+    new_request: Callable[[float, int], Request]
+    ramp_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Horizon:
+    duration_s: float | None = None  # arrivals stop here; the run stops here unless `drain`
+    max_requests: int | None = None  # arrivals stop after this many
+    drain: bool = False  # keep serving after the last arrival until every admitted request ends
+    max_waiting: int | None = None  # admission control: reject arrivals when this many already wait
+
+
+@dataclass(slots=True)
+class RunOutput:
+    recorder: Recorder
+    end_time: float
+    overloaded: bool  # requests piled up over the arrival period (`Recorder.backlog_trend`)
+
+
+class Environment(simpy.Environment):
+    """A SimPy environment whose clock a process may advance itself when no event can come first."""
+
+    def advance(self, delay: float) -> bool:
+        """Move the clock `delay` ahead, as `yield timeout(delay)` would, if that timeout would be the next
+        event (every scheduled event comes strictly later); else change nothing and return False."""
+        at = self._now + delay
+        if at < self.peek():
+            self._now = at
+            return True
+        return False
+
+    def jump(self, at: float) -> bool:
+        """Move the clock to exactly `at` if every scheduled event comes strictly later; else return False."""
+        if at < self.peek():
+            self._now = at
+            return True
+        return False
+
+    def at(self, at: float) -> simpy.Event:
+        """An event that fires at exactly `at` (no `now + (at - now)` rounding)."""
+        event = simpy.Event(self)
+        event._ok = True
+        event._value = None
+        heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))  # type: ignore[attr-defined]
+        return event
+
+
+class Replica:
+    """One model replica: a scheduler, a step-time function, and the loop that drives them."""
+
+    def __init__(self, env: Environment, scheduler: Scheduler, step_time: StepTime, recorder: Recorder):
+        self.env = env
+        self.scheduler = scheduler
+        self.step_time = step_time
+        self.recorder = recorder
+        self.on_finish: Callable[[Request], None] | None = None
+        self._wakeup = env.event()
+        self.in_system = 0  # admitted and not finished
+        self.arrivals_open = True
+        self.max_waiting: int | None = None  # admission control: reject arrivals when this many wait
+
+    def close_arrivals(self) -> None:
+        """No more requests will arrive: the loop ends once the replica is empty."""
+        self.arrivals_open = False
+        self._poke()
+
+    def _poke(self) -> None:
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def submit(self, req: Request) -> None:
+        """A request arrives now."""
+        if self._admit(req, self.env.now):
+            self._poke()
+
+    def _admit(self, req: Request, now: float) -> bool:
+        """Record an arrival at `now` and queue it (True) or reject it (False)."""
+        rec = self.recorder
+        rec.arrive(req)
+        if self.max_waiting is not None and self.scheduler.num_waiting >= self.max_waiting:
+            req.reject_reason = QUEUE_FULL
+        elif self.scheduler.add(req, now):
+            self.in_system += 1
+            return True
+        rec.request(req, REJECTED)
+        if self.on_finish is not None:
+            self.on_finish(req)
+        return False
+
+    def _timer(self) -> Callable[[StepPlan], tuple[float, bool]]:
+        """(seconds, compute_bound) of a plan: from its integer sums when the plan has them and the step-time
+        function is a cost model's (`step_time_totals`), else from its row arrays."""
+        step_time = self.step_time
+        plan_time = getattr(step_time, "plan_time", None)  # reads the whole plan (LoRA, speculative decoding)
+        if plan_time is not None:
+            return plan_time  # type: ignore[no-any-return]
+        totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)
+
+        def timer(plan: StepPlan) -> tuple[float, bool]:
+            if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
+                timed = totals_time(*totals)
+                if timed is not None:
+                    return timed
+            return step_time(plan.new_tokens, plan.context)
+
+        return timer
+
+    def _finished(self, finished: list[Request]) -> None:
+        rec, on_finish = self.recorder, self.on_finish
+        for req in finished:
+            self.in_system -= 1
+            rec.request(req, FINISHED)
+            if on_finish is not None:
+                on_finish(req)
+
+    def run(self) -> Iterator[simpy.Event]:
+        env, sched, rec = self.env, self.scheduler, self.recorder
+        timer = self._timer()
+        while True:
+            plan = sched.schedule(env.now)
+            if plan is None:
+                if not self.arrivals_open and self.in_system == 0:
+                    return
+                self._wakeup = env.event()
+                wake = sched.wake_at(env.now)
+                if wake is None:
+                    yield self._wakeup
+                else:
+                    yield self._wakeup | env.timeout(max(wake - env.now, 0.0))
+                continue
+            start = env.now
+            seconds, compute_bound = timer(plan)
+            if not env.advance(seconds):  # run the step inline when nothing else can happen before it ends
+                yield env.timeout(seconds)
+            finished = sched.update(plan, env.now)
+            rec.step(start, seconds, plan, compute_bound, sched.num_waiting)
+            if finished:
+                self._finished(finished)
+
+    def run_open(self, requests: Iterator[Request], stop: float = math.inf) -> Iterator[simpy.Event]:
+        """`run` with open-loop arrivals read inline, delivered exactly as an arrival process would have.
+
+        Such a process wakes at `t + (arrival - t)` after its previous arrival at `t` (at once when the
+        arrival is not later), so arrivals at one instant come together. An arrival during a step, or at its
+        end, is queued before the step is applied, except a timed one at exactly the end whose previous
+        arrival came after the step was scheduled (its timer then fires after the step's). Nothing arrives
+        at or after `stop`, where the run ends.
+        """
+        env, sched, rec = self.env, self.scheduler, self.recorder
+        schedule, update, record, admit = sched.schedule, sched.update, rec.step, self._admit
+        timer = self._timer()
+        queue = env._queue  # type: ignore[attr-defined]
+        inf = math.inf
+        source = iter(requests)
+        clock = 0.0  # the arrival process's clock: when it delivered its latest arrival
+        nxt = next(source, None)
+        nxt_at = inf if nxt is None else max(clock, nxt.arrival)  # its delivery time; inf: none left
+        timed = nxt is not None and nxt.arrival > clock  # delivered by a timer, not with the previous one
+        fresh = False  # an arrival was queued since the latest `schedule`
+        while True:
+            plan = schedule(env._now)
+            fresh = False
+            if plan is None:
+                if nxt is None and self.in_system == 0:
+                    self.arrivals_open = False
+                    return
+                now = env._now
+                wake = sched.wake_at(now)
+                t = nxt_at if wake is None else min(nxt_at, now + max(wake - now, 0.0))
+                if t == inf:
+                    self._wakeup = env.event()
+                    yield self._wakeup  # nothing will ever come
+                if not env.jump(t):
+                    yield env.at(t)
+                end = t
+            else:
+                start = env._now
+                seconds, compute_bound = timer(plan)
+                end = start + seconds
+            # Arrivals up to `end`, queued before the step (if any) is applied.
+            while nxt_at <= end and nxt_at < stop:
+                if timed and fresh and nxt_at == end and plan is not None:
+                    break
+                assert nxt is not None
+                admit(nxt, nxt_at)
+                fresh = True
+                clock = nxt_at
+                nxt = next(source, None)
+                if nxt is None:
+                    nxt_at, timed = inf, False
+                elif nxt.arrival > clock:
+                    nxt_at, timed = clock + (nxt.arrival - clock), True
+                else:
+                    nxt_at, timed = clock, False
+            if plan is None:
+                continue
+            if not queue or end < queue[0][0]:  # `env.advance(seconds)`, inline
+                env._now = end
+            else:
+                yield env.timeout(seconds)
+            finished = update(plan, end)
+            record(start, seconds, plan, compute_bound, sched.num_waiting)
+            if finished:
+                self._finished(finished)
+
+
+def simulate(
+    scheduler: Scheduler,
+    step_time: StepTime,
+    horizon: Horizon,
+    open_loop: Iterator[Request] | None = None,
+    closed_loop: ClosedLoopSource | None = None,
+    recorder: Recorder | None = None,
+    rate_steps: tuple[float, ...] = (),
+) -> RunOutput:
+    """Run one replica to the horizon and return its records (`recorder`: where they go; by default a
+    `Recorder` keeping them in memory). The recording is finished when this returns. `rate_steps`: when
+    the offered rate changes (`Workload.rate_steps`), for the overload test."""
+    if (open_loop is None) == (closed_loop is None):
+        raise ValueError("give exactly one of open_loop and closed_loop")
+    env = Environment()
+    recorder = Recorder() if recorder is None else recorder
+    replica = Replica(env, scheduler, step_time, recorder)
+    replica.max_waiting = horizon.max_waiting
+    if open_loop is not None:
+        stop = horizon.duration_s if horizon.duration_s is not None and not horizon.drain else math.inf
+        engine = env.process(replica.run_open(open_loop, stop))
+    else:
+        assert closed_loop is not None
+        users = ClosedLoopUsers(env, closed_loop, horizon, replica.submit, replica.close_arrivals)
+        replica.on_finish = users.ended
+        users.start()
+        engine = env.process(replica.run())
+    if horizon.duration_s is not None and not horizon.drain:
+        env.run(until=horizon.duration_s)
+    else:
+        env.run(until=engine)
+    end_time = env.now if horizon.duration_s is None or horizon.drain else horizon.duration_s
+    for req in scheduler.in_flight():
+        recorder.request(req, IN_FLIGHT)
+    trend = recorder.backlog_trend(rate_steps)
+    return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
+
+
+class ClosedLoopUsers:
+    """Closed-loop users on `env`: each sends a request (`submit`), and a think time after it ends (`ended`)
+    its next one, until the horizon's duration or request count, when `close` is called."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        source: ClosedLoopSource,
+        horizon: Horizon,
+        submit: Callable[[Request], None],
+        close: Callable[[], None],
+    ) -> None:
+        self.env, self.source, self.horizon = env, source, horizon
+        self.submit, self.close = submit, close
+        self.sent = 0
+        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
+
+    def start(self) -> None:
+        """The users' first requests (spread over `ramp_s`) and the close at the horizon's duration."""
+        env, source = self.env, self.source
+        if self.horizon.duration_s is not None:
+            env.process(self._close_at_horizon())
+        for user in range(source.users):
+            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
+            env.process(self._send_at(user, delay))
+
+    def ended(self, req: Request) -> None:
+        """`req` ended (finished or rejected): its user sends its next request after a think time."""
+        self.env.process(self._send_at(self.user_of.pop(req.id), self.source.think_time()))
+
+    def _close_at_horizon(self) -> Iterator[simpy.Event]:
+        assert self.horizon.duration_s is not None
+        yield self.env.timeout(self.horizon.duration_s)
+        self.close()
+
+    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
+        h, env = self.horizon, self.env
+        if delay > 0:
+            yield env.timeout(delay)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            return
+        if h.duration_s is not None and env.now >= h.duration_s:
+            return
+        self.sent += 1
+        req = self.source.new_request(env.now, user)
+        self.user_of[req.id] = user
+        self.submit(req)
+        if h.max_requests is not None and self.sent >= h.max_requests:
+            self.close()

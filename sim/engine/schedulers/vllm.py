@@ -1,0 +1,781 @@
+"""vLLM v1's scheduler (0.32.0, FCFS, synchronous): one token budget, paged KV, recompute preemption.
+
+Each step (`vllm/v1/core/sched/scheduler.py`):
+
+1. Running sequences, in admission order, get the tokens they still lack, capped by the remaining budget,
+   `long_prefill_token_threshold` (when > 0) and `max_model_len - 1 - computed`. A sequence that cannot get
+   blocks preempts the most recently admitted running one (possibly itself, which ends this pass): it frees
+   its blocks, forgets its computed tokens, keeps its generated ones and goes to the front of the queue.
+2. If nothing was preempted, waiting sequences are admitted FCFS while budget remains and fewer than
+   `max_num_seqs` run. Admission needs free blocks for the whole current sequence (minus prefix-cache hits)
+   plus, while any sequence runs, the watermark, else admission stops (head-of-line blocking); without
+   chunked prefill a prompt that exceeds the remaining budget also stops it.
+
+`long_prefill_token_threshold` applies only in steps that begin with more than one sequence running or
+waiting: a lone sequence may use the whole budget.
+
+A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does; they share
+the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
+its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
+
+With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
+records (see `VllmScheduler.__init__`, and docs/performance.md).
+
+Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
+k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+from operator import add, mul
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.core.request import Request
+from sim.engine.kv import Block, KvManager, cdiv
+from sim.engine.lora import LoraConfig, LoraGate
+from sim.engine.schedulers.base import KvUsage, StepPlan, StepTotals
+from sim.engine.schedulers.registry import KvBudget, register
+from sim.engine.speculative import SpeculativeConfig
+from sim.io.errors import SimError
+
+
+class VllmConfig(BaseModel):
+    """Knobs of the `vllm` policy. Prefix caching is off by default (vLLM v1 turns it on) so that runs
+    without shared prefixes pay no lookups; enable it for workloads with prefix groups."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    async_scheduling: bool = Field(
+        True,
+        description="form each step while the previous one runs, as vLLM does by default since 0.14: a "
+        "request arriving during a step waits for the step after the next (off with draft-model or n-gram "
+        "speculation)",
+    )
+    watermark: float = Field(
+        0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
+    )
+    # --- speculative decoding (sim/engine/speculative.py) and LoRA (sim/engine/lora.py), left out of dumps when absent so
+    # records and manifests without them are unchanged ---
+    speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
+    lora: LoraConfig | None = Field(
+        None, description="serve LoRA adapters (sim/engine/lora.py)", exclude_if=lambda v: v is None
+    )
+
+    @model_validator(mode="after")
+    def _async_with_speculation(self) -> VllmConfig:
+        """vLLM schedules asynchronously only with EAGLE/MTP speculation: it turns its default off for the
+        other methods and refuses them when asked for it."""
+        spec = self.speculative
+        if spec is not None and spec.method not in ("eagle", "mtp") and self.async_scheduling:
+            if "async_scheduling" in self.model_fields_set:
+                raise ValueError(
+                    f"async_scheduling: vLLM schedules asynchronously only with eagle or mtp speculation "
+                    f"(method is {spec.method!r})"
+                )
+            self.async_scheduling = False
+        return self
+
+
+class SarathiConfig(VllmConfig):
+    """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget.
+
+    The vllm rules already give this order: running sequences go first, and without a long-prefill
+    threshold only the most recently admitted one can be mid-prefill, so it comes after every decode.
+    Sarathi is therefore the same scheduler with a small budget and chunked prefill on.
+    """
+
+    max_num_batched_tokens: int = Field(512, ge=1)
+    enable_chunked_prefill: bool = True
+
+
+@dataclass(slots=True, eq=False)
+class Seq:
+    """One sequence of a request (a request with `n > 1` has `n`); the `kv_*` fields are its block table."""
+
+    sid: int
+    req: Request
+    child: int
+    out_len: int
+    num_tokens: int = 0  # prompt plus generated tokens, kept in step with `num_generated`
+    num_computed: int = 0
+    num_generated: int = 0
+    preempted: bool = False  # waiting after a preemption (resumes rather than starts)
+    block_size: int = 16
+    kv_blocks: list[Block] | None = None
+    kv_slots: int = 0
+    kv_cached: int = 0
+    kv_room: int = -1
+    # --- bulk decoding (`VllmScheduler(fast=True)`) ---
+    order: int = 0  # position key in the running list (admissions count up)
+    bulk_since: int = -1  # the step after whose update its fields were last exact; -1: handled row by row
+    bulk_ctx: int = 0  # its context at step j is bulk_ctx + j
+    bulk_phase: int = (
+        -1
+    )  # without prefix caching: it opens a new block at the steps j = bulk_phase (mod size)
+
+    def block_hash(self, j: int) -> Hashable:
+        """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies
+        (every request of a prompt pool's prompt)."""
+        req = self.req
+        end = (j + 1) * self.block_size
+        if req.prefix_group >= 0 and end <= req.prefix_len and end <= req.prompt_len:
+            return ("g", req.prefix_group, j)
+        if end <= req.prompt_len:
+            return ("p", req.id, j) if req.prompt_id < 0 else ("q", req.prompt_id, j)
+        return ("s", req.id, self.child, j)
+
+
+class StepInfo:
+    """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
+
+    __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode", "bulk",
+                 "bulk_ctx", "bulk_max", "step", "sched")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.seqs: list[Seq] = []
+        self.counts: list[int] = []  # new tokens per row
+        self.contexts: list[int] = []  # computed tokens per row before this step
+        self.emit: list[Seq] = []  # rows that reach their length: each emits a token
+        self.new: list[Seq] = []
+        self.resumed: list[Seq] = []
+        self.preempted: list[Seq] = []
+        self.decode = 0  # rows that decode one token
+        # rows advanced in bulk (fast mode), not in the lists above: count, Σ and max of their contexts
+        self.bulk = self.bulk_ctx = self.bulk_max = 0
+        self.step = 0
+        self.sched: VllmScheduler | None = None
+
+    @property
+    def rows(self) -> list[tuple[Seq, int]]:
+        return list(zip(self.seqs, self.counts, strict=True))
+
+
+class VllmPlan(StepPlan):
+    """A step plan with its rows' integer sums (`totals`, for `CostModel.step_time_totals`); the row arrays
+    are built from the step's lists on first access."""
+
+    __slots__ = ("totals", "_arrays")
+
+    def __init__(self, info: StepInfo, totals: StepTotals, kv: KvUsage) -> None:
+        self.totals = totals
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.num_decode_tokens = info.decode
+        self.num_prefill_tokens = totals.tokens - info.decode
+        self.kv = kv
+        self.payload = info
+        self.preempted = len(info.preempted)
+        self.batch_size = totals.rows
+
+    def _rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Built before the step is applied (`update`): rows advanced in bulk are read from the scheduler."""
+        if self._arrays is None:
+            info: StepInfo = self.payload
+            counts, contexts = info.counts, info.contexts
+            if info.bulk:
+                assert info.sched is not None
+                rows = sorted(
+                    [(s.order, 1, s.bulk_ctx + info.step) for s in info.sched.running if s.bulk_since >= 0]
+                    + [(s.order, c, q) for s, c, q in zip(info.seqs, counts, contexts, strict=True)]
+                )
+                counts, contexts = [c for _, c, _ in rows], [q for _, _, q in rows]
+            self._arrays = np.array(counts, dtype=np.int64), np.array(contexts, dtype=np.int64)
+        return self._arrays
+
+    @property  # type: ignore[override]
+    def new_tokens(self) -> np.ndarray:
+        return self._rows()[0]
+
+    @property  # type: ignore[override]
+    def context(self) -> np.ndarray:
+        return self._rows()[1]
+
+
+class VllmScheduler:
+    """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
+
+    Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
+    `schedule` and `update` reads a scheduled sequence's progress, and a preemption never picks a sequence
+    already scheduled in the same step.
+    """
+
+    lora_gate: LoraGate | None = None  # the max_loras rule for waiting requests (sim/engine/lora.py)
+
+    def __init__(
+        self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None, fast: bool = False
+    ) -> None:
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < budget.max_model_len:
+            raise SimError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least max_model_len "
+                f"({budget.max_model_len}) when chunked prefill is off"
+            )
+        self.config = config
+        self.block_size = budget.block_size
+        self.max_model_len = budget.max_model_len
+        self.token_budget = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.chunked = config.enable_chunked_prefill
+        self.threshold = config.long_prefill_token_threshold
+        caching = config.enable_prefix_caching
+        self.kv = KvManager(budget.num_blocks, budget.block_size, budget.max_model_len, caching)
+        self.capacity = self.kv.capacity
+        if watermark_blocks is None:
+            watermark_blocks = int(config.watermark * budget.num_blocks)
+        self.watermark_blocks = watermark_blocks
+        self.running: list[Seq] = []
+        self.waiting: deque[Seq] = deque()
+        # Asynchronous scheduling: vLLM forms step k+1 as soon as step k is launched, so a request that
+        # arrives while step k runs is seen only when step k+2 is formed. Arrivals wait in `_held` (with their
+        # arrival times) until the step being formed could have seen them.
+        self.async_scheduling = config.async_scheduling
+        self._held: deque[tuple[float, list[Seq]]] = deque()
+        self._held_seqs = 0  # sequences in `_held`
+        self._step_start = 0.0  # when the latest planned step started
+        self.last = StepInfo()
+        self._next_sid = 0
+        self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
+        # Bulk decoding: a running sequence of a one-sequence request that will decode one token per step
+        # within its blocks for a while is left alone ("in bulk") and counted in the plans' totals; its
+        # fields are brought up to date (`_wake`) when it next needs a row of its own (a new block, the
+        # length limit), finishes, is preempted, or is read (`in_flight`). `last` then lists only the rows
+        # handled one by one.
+        self.fast = fast
+        self._order = 0
+        self._step = 0  # steps scheduled
+        self._updated = 0  # steps applied
+        self._last_end = 0.0  # when the latest applied step ended (0 before any)
+        self._gaps = array("d")  # step j's end minus step j-1's, for steps from `_gaps_from` on
+        self._gaps_from = 1
+        self._busy: dict[Seq, None] = {}  # running sequences handled row by row (insertion-ordered set)
+        self._bulk_n = self._bulk_ctx = 0  # sequences in bulk, Σ of their `bulk_ctx`
+        self._bulk_max: list[
+            tuple[int, int, int, Seq]
+        ] = []  # heap of (-bulk_ctx, since, order, seq), pruned lazily
+        self._events: list[tuple[int, int, int, Seq]] = []  # (step it needs its own row, order, since, seq)
+        # Without prefix caching a sequence in bulk opens its new blocks lazily: the blocks the sequences of
+        # phase p open at the steps j = p (mod block size) are taken from the pool at those steps into
+        # `_lent`, and handed to each sequence's block table when it is brought up to date (`_wake`).
+        self._lazy = fast and not caching
+        self._phases: list[dict[Seq, None]] = [{} for _ in range(budget.block_size)] if self._lazy else []
+        self._lent: list[Block] = []
+        self._crossed = 0  # the latest step whose new blocks were lent
+        self._finishes: list[tuple[int, int, int, Seq]] = []  # (step of its last token, order, since, seq)
+
+    # ---- arrival -------------------------------------------------------------------------------------
+    def add(self, request: Request, now: float) -> bool:
+        reason = self._reject_reason(request)
+        if reason is not None:
+            request.reject_reason = reason
+            return False
+        request.output_len = min(request.output_len, self.max_model_len - request.prompt_len)
+        seqs = []
+        for child in range(request.n):
+            seq = Seq(
+                self._next_sid,
+                request,
+                child,
+                request.output_len,
+                request.prompt_len,
+                block_size=self.block_size,
+            )
+            self._next_sid += 1
+            seqs.append(seq)
+        if self.async_scheduling:
+            self._held.append((now, seqs))
+            self._held_seqs += len(seqs)
+        else:
+            self.waiting.extend(seqs)
+        self._open[request.id] = seqs
+        return True
+
+    def _reject_reason(self, r: Request) -> str | None:
+        """Why a request can never run, else None. One wording per cause and run (the request's lengths are
+        in its record), so that the summary counts rejections by cause."""
+        if r.prompt_len < 1 or r.output_len < 1 or r.n < 1:
+            return "empty prompt or output"
+        if r.prompt_len >= self.max_model_len:
+            return f"prompt leaves no room for output within max_model_len {self.max_model_len}"
+        usable = self.kv.pool.num_usable
+        if cdiv(r.prompt_len, self.block_size) > usable:
+            return f"prompt needs more than the {usable} KV blocks"
+        longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
+        if cdiv(longest, self.block_size) > usable:
+            return f"prompt and output need more than the {usable} KV blocks"
+        return None
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan | None:
+        if not self._held:
+            plan = self._schedule(now)
+        else:
+            # Formed back to back with the step that just ended, this step was formed when that one started;
+            # had it nothing to run then, it is formed now, seeing every arrival (vLLM's engine loop).
+            self._release(self._step_start if self._step and self._last_end == now else now)
+            plan = self._schedule(now)
+            if plan is None and self._held:
+                self._release(now)
+                plan = self._schedule(now)
+        if plan is not None:
+            self._step_start = now
+        return plan
+
+    def _release(self, seen_by: float) -> None:
+        """Queue the held arrivals that came no later than `seen_by`."""
+        held, waiting = self._held, self.waiting
+        while held and held[0][0] <= seen_by:
+            seqs = held.popleft()[1]
+            waiting.extend(seqs)
+            self._held_seqs -= len(seqs)
+
+    def _schedule(self, now: float) -> StepPlan | None:
+        info = StepInfo()
+        self.last = info
+        # the threshold keeps a long prefill from starving others: with nobody else to starve it is off
+        threshold = self.threshold if len(self.running) + len(self.waiting) > 1 else 0
+        if self.fast:
+            budget = self._schedule_fast(info, threshold)
+        else:
+            budget = self._schedule_running(info, self.running, self.token_budget, threshold)
+        if self.waiting and not info.preempted:
+            self._schedule_waiting(info, budget, now, threshold)
+        if not info.seqs and not info.bulk:
+            return None
+        self._step += 1
+        return self._plan(info)
+
+    def _schedule_fast(self, info: StepInfo, threshold: int) -> int:
+        """The running rows, those in bulk counted only: the rows handled one by one are scheduled as
+        `_schedule_running` would, in running order, the bulk rows each taking one token of the budget."""
+        step = self._step + 1
+        self._crossed = step - 1
+        busy, events = self._busy, self._events
+        due = []  # in bulk, reaching the length limit (with prefix caching, or their next block)
+        while events and events[0][0] <= step:
+            _, _, since, seq = heapq.heappop(events)
+            if seq.bulk_since == since:
+                due.append(seq)
+        need = self._bulk_n
+        for seq in busy:
+            need += seq.num_tokens - seq.num_computed
+        if need >= self.token_budget:  # the budget may bind: every row one by one, in running order
+            for seq in self.running:
+                if seq.bulk_since >= 0:
+                    self._wake(seq)
+                    busy[seq] = None
+            rows = self.running
+        else:
+            for seq in due:  # one by one from this step on (rows of their own after the lending)
+                self._wake(seq)
+            if self._lazy:
+                self._lend_blocks(step)
+            for seq in due:
+                busy[seq] = None
+            rows = sorted(busy, key=_order) if len(busy) > 1 else list(busy)
+        budget = self._schedule_running(info, rows, self.token_budget, threshold)
+        n = self._bulk_n
+        if n:
+            heap = self._bulk_max
+            while heap[0][3].bulk_since != heap[0][1]:
+                heapq.heappop(heap)
+            info.bulk, info.bulk_ctx, info.bulk_max = n, self._bulk_ctx + n * step, step - heap[0][0]
+            info.decode += n
+            self.kv.filled(n)
+            budget -= n
+        info.step, info.sched = step, self
+        return budget
+
+    def _lend_blocks(self, step: int) -> None:
+        """The new blocks the sequences in bulk open at `step`, taken from the pool when no allocation of this
+        step can fail (so none preempts, and without prefix caching which block goes where changes no count);
+        else those sequences get rows of their own."""
+        members = self._phases[step % self.block_size]
+        if members:
+            kv = self.kv
+            bound = len(members)  # most blocks the step can take: one each, and every row's whole length
+            bs, cap = self.block_size, self.max_model_len
+            for seq in self._busy:
+                bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
+            if bound > kv.num_free:
+                for seq in list(members):
+                    self._wake(seq)
+                    self._busy[seq] = None
+            else:
+                self._lent += kv.lend(len(members))
+        self._crossed = step
+
+    def _bulk_until(self, seq: Seq) -> int:
+        """Queue the step a sequence in bulk next needs a row of its own or, if that comes first, the step of
+        its last token; return the last step it decodes in bulk. Without prefix caching the new blocks it
+        opens on the way do not need a row (`_lend_blocks`); with it, the first does."""
+        since = seq.bulk_since
+        # at step j it decodes on bulk_ctx + j tokens, within its room and under the length limit
+        room = self.max_model_len - 1 if self._lazy else min(seq.kv_room, self.max_model_len - 1)
+        last = room - 1 - seq.bulk_ctx
+        finish = since + seq.out_len - seq.num_generated
+        if finish <= last:
+            heapq.heappush(self._finishes, (finish, seq.order, since, seq))
+        else:
+            heapq.heappush(self._events, (last + 1, seq.order, since, seq))
+        return last
+
+    def _wake(self, seq: Seq) -> None:
+        """Bring a sequence in bulk up to date (as after the latest applied step, with the blocks lent to it
+        up to `_crossed`) and take it out of bulk."""
+        since = seq.bulk_since
+        count = self._updated - since
+        if count:
+            seq.num_computed += count
+            seq.kv_slots = seq.num_computed
+            seq.num_tokens += count
+            seq.num_generated += count
+            req = seq.req
+            req.num_computed = seq.num_computed
+            lo = since + 1 - self._gaps_from
+            req.emit_run(count, self._last_end, max(self._gaps[lo : lo + count]))
+        if seq.bulk_phase >= 0:
+            self._phases[seq.bulk_phase].pop(seq, None)
+            seq.bulk_phase = -1
+            blocks = seq.kv_blocks
+            assert blocks is not None
+            more = cdiv(seq.bulk_ctx + self._crossed + 1, self.block_size) - len(blocks)
+            if more > 0:
+                lent = self._lent
+                assert len(lent) >= more, "blocks lent to sequences in bulk went missing"
+                blocks += lent[-more:]
+                del lent[-more:]
+                room = len(blocks) * self.block_size
+                seq.kv_room = room if room <= self.max_model_len else self.max_model_len
+        seq.bulk_since = -1
+        self._bulk_n -= 1
+        self._bulk_ctx -= seq.bulk_ctx
+
+    def _to_bulk(self, seq: Seq) -> bool:
+        """After its update: put a one-sequence request's decoding sequence in bulk while it can stay there
+        for at least one step (True), with the step it needs its own row again and, if first, the step of
+        its last token."""
+        if seq.req.n != 1:
+            return False
+        step = self._updated
+        ctx = seq.num_computed - step - 1
+        if min(seq.kv_room, self.max_model_len - 1) - 1 - ctx <= step:  # a row of its own next step
+            return False
+        seq.bulk_since, seq.bulk_ctx = step, ctx
+        self._bulk_n += 1
+        self._bulk_ctx += ctx
+        heapq.heappush(self._bulk_max, (-ctx, step, seq.order, seq))
+        if self._lazy:
+            seq.bulk_phase = -ctx % self.block_size
+            self._phases[seq.bulk_phase][seq] = None
+        self._bulk_until(seq)
+        return True
+
+    def _schedule_running(self, info: StepInfo, running: list[Seq], budget: int, threshold: int) -> int:
+        if not running:
+            return budget
+        kv, limit = self.kv, self.max_model_len - 1
+        add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
+        add_emit = info.emit.append
+        decode = grown = 0
+        for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
+            if budget <= 0 or seq.preempted:  # (in fast mode `running` may be a copy: popped ones remain)
+                break
+            computed = seq.num_computed
+            length = seq.num_tokens
+            req = seq.req
+            if computed + 1 == length and length <= seq.kv_room and computed < limit:
+                # a decode within its blocks (no cap binds one token): no call into the KV manager
+                grown += length - seq.kv_slots
+                seq.kv_slots = seq.num_computed = length
+                add_seq(seq)
+                add_count(1)
+                add_context(computed)
+                add_emit(seq)
+                if seq.num_generated > 0:
+                    decode += 1
+                budget -= 1
+                if req.n == 1:
+                    req.num_computed = length
+                else:
+                    self._sync(seq)
+                continue
+            n = length - computed
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                n = budget
+            if n > limit - computed:
+                n = limit - computed
+            if n <= 0:
+                continue
+            end = computed + n
+            if end <= seq.kv_room:  # within its blocks, nothing to cache
+                grown += end - seq.kv_slots
+                seq.kv_slots = end
+            elif not self._allocate_or_preempt(seq, n, info):
+                break
+            add_seq(seq)
+            add_count(n)
+            add_context(computed)
+            seq.num_computed = end
+            if req.n == 1:
+                req.num_computed = end
+            else:
+                self._sync(seq)
+            if end >= length:
+                add_emit(seq)
+                if n == 1 and seq.num_generated > 0:
+                    decode += 1
+            budget -= n
+        kv.filled(grown)
+        info.decode += decode
+        return budget
+
+    def _allocate_or_preempt(self, seq: Seq, n: int, info: StepInfo) -> bool:
+        """Blocks for `n` more tokens of a running `seq`, preempting from the back until they fit; False
+        when `seq` itself had to go."""
+        running = self.running
+        while not self.kv.allocate(seq, n):
+            victim = running.pop()
+            self._preempt(victim)
+            info.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Seq) -> None:
+        if seq.bulk_since >= 0:
+            self._wake(seq)
+        self._busy.pop(seq, None)
+        self.kv.free(seq)
+        seq.num_computed = 0
+        self._sync(seq)
+        seq.preempted = True
+        seq.req.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
+        waiting, running, kv = self.waiting, self.running, self.kv
+        max_num_seqs, chunked = self.max_num_seqs, self.chunked
+        gate = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None
+        skipped: list[Seq] = []  # waiting sequences passed over for their adapter (LoRA)
+        while waiting and budget > 0 and len(running) < max_num_seqs:
+            seq = waiting[0]
+            if gate is not None and gate.skip(seq):  # its adapter would pass max_loras: skip, do not block
+                skipped.append(waiting.popleft())
+                continue
+            hits, num_hit = kv.lookup(seq)
+            length = seq.num_tokens
+            n = length - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget if chunked else length)
+            if n > budget:
+                break
+            watermark = self.watermark_blocks if running else 0  # kept free only beside running sequences
+            if kv.blocks_needed(seq, length, hits) + watermark > kv.num_free:
+                break
+            if not kv.allocate(seq, n, hits, num_hit):
+                break
+            waiting.popleft()
+            if gate is not None:
+                gate.admit(seq)
+            running.append(seq)
+            seq.order = self._order
+            self._order += 1
+            if self.fast:
+                self._busy[seq] = None
+            resumed = seq.preempted
+            (info.resumed if resumed else info.new).append(seq)
+            seq.preempted = False
+            req = seq.req
+            if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
+                kv.record_query(seq, num_hit, resumed)
+                if not resumed:  # vLLM reports the lookups of sequences never preempted
+                    req.prefix_query_tokens += length
+                    req.prefix_hit_tokens += num_hit
+            if math.isnan(req.scheduled_at):
+                req.scheduled_at = now
+            end = num_hit + n
+            info.seqs.append(seq)
+            info.counts.append(n)
+            info.contexts.append(num_hit)
+            seq.num_computed = end
+            self._sync(seq)
+            if end >= length:
+                info.emit.append(seq)
+                if n == 1 and seq.num_generated > 0:
+                    info.decode += 1
+            budget -= n
+        if skipped:  # back at the head of the queue, in their order
+            waiting.extendleft(reversed(skipped))
+
+    def _plan(self, info: StepInfo) -> VllmPlan:
+        counts, contexts = info.counts, info.contexts
+        rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
+        if ones == rows:  # one token per row: c·q = q, c² = 1
+            cq, cc, max_end = ctx, rows, max(contexts) + 1 if contexts else 0
+        else:
+            cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
+            max_end = max(map(add, counts, contexts))
+        if info.bulk:  # one token each on their contexts
+            bulk = info.bulk
+            rows, tokens, ones, cc = rows + bulk, tokens + bulk, ones + bulk, cc + bulk
+            ctx, cq = ctx + info.bulk_ctx, cq + info.bulk_ctx
+            max_end = max(max_end, info.bulk_max + 1)
+        kv = self.kv
+        allocated = kv.allocated
+        usage = KvUsage(allocated - kv.waste, allocated, self.capacity)  # used, allocated, capacity
+        return VllmPlan(info, StepTotals(rows, tokens, ones, cq, cc, ctx, max_end), usage)
+
+    def update(self, plan: StepPlan, now: float) -> list[Request]:
+        info: StepInfo = plan.payload
+        if self.fast:
+            return self._update_fast(info, now)
+        self._last_end = now
+        finished: list[Request] = []
+        done_seqs = self._emit_rows(info.emit, now)
+        if done_seqs:
+            gone = set(done_seqs)
+            self.running = [s for s in self.running if s not in gone]
+            for seq in done_seqs:
+                self.kv.free(seq)
+                if self._close(seq):
+                    finished.append(seq.req)
+        return finished
+
+    def _emit_rows(self, rows: list[Seq], now: float) -> list[Seq]:
+        """One token for each sequence of the step's rows that emits; the sequences that are now done."""
+        done: list[Seq] = []
+        for seq in rows:
+            self._emit_token(seq, now)
+            if seq.num_generated >= seq.out_len:
+                done.append(seq)
+        return done
+
+    def _emit_token(self, seq: Seq, now: float) -> None:
+        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has)."""
+        seq.num_generated += 1
+        seq.num_tokens += 1
+        req = seq.req
+        if req.n == 1:
+            req.emit(now)
+        else:
+            self._emit_group(req, now)
+
+    def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
+        """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
+        finish; sequences that can decode alone go into bulk."""
+        step = self._updated = self._step
+        self._gaps.append(now - self._last_end)
+        self._last_end = now
+        done_seqs = self._emit_rows(info.emit, now)
+        finishes, by_row = self._finishes, len(done_seqs)
+        while finishes and finishes[0][0] <= step:
+            _, _, since, seq = heapq.heappop(finishes)
+            if seq.bulk_since == since:
+                self._wake(seq)
+                done_seqs.append(seq)
+        if by_row and len(done_seqs) > by_row:
+            done_seqs.sort(key=_order)
+        busy = self._busy
+        for seq in info.emit:
+            if seq.num_generated < seq.out_len and self._to_bulk(seq):
+                del busy[seq]
+        finished: list[Request] = []
+        if done_seqs:
+            running = self.running
+            for seq in done_seqs:
+                running.remove(seq)
+                busy.pop(seq, None)
+                self.kv.free(seq)
+                if self._close(seq):
+                    finished.append(seq.req)
+        if step % GAPS_KEPT == 0:
+            self._trim_gaps()
+        return finished
+
+    def _trim_gaps(self) -> None:
+        """Drop the step gaps no sequence in bulk can need, and the stale entries of the bulk heap."""
+        self._bulk_max = [e for e in self._bulk_max if e[3].bulk_since == e[1]]
+        heapq.heapify(self._bulk_max)
+        oldest = min((s.bulk_since for s in self.running if s.bulk_since >= 0), default=self._updated)
+        drop = oldest + 1 - self._gaps_from
+        if drop > 0:
+            del self._gaps[:drop]
+            self._gaps_from += drop
+
+    def _sync(self, seq: Seq) -> None:
+        """Mirror progress on the request: its sequences' computed tokens, summed."""
+        req = seq.req
+        if req.n == 1:
+            req.num_computed = seq.num_computed
+        else:
+            req.num_computed = sum(s.num_computed for s in self._open[req.id])
+
+    def _emit_group(self, req: Request, now: float) -> None:
+        """A sequence of `req` emitted a token; the request emits when its slowest open sequence has."""
+        slowest = min(s.num_generated for s in self._open[req.id])
+        while req.num_generated < slowest:
+            req.emit(now)
+
+    def _close(self, seq: Seq) -> bool:
+        """Forget a finished sequence; True when it was its request's last."""
+        seqs = self._open[seq.req.id]
+        if seq.req.n > 1:
+            seqs.remove(seq)
+        else:
+            seqs.clear()
+        if seqs:
+            return False
+        del self._open[seq.req.id]
+        return True
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences queued (new, preempted, or arrived and not yet seen by the scheduler)."""
+        return len(self.waiting) + self._held_seqs
+
+    def wake_at(self, now: float) -> float | None:
+        return None
+
+    def in_flight(self) -> list[Request]:
+        for seq in self.running:
+            if seq.bulk_since >= 0:
+                self._wake(seq)
+                self._busy[seq] = None
+        return [seqs[0].req for seqs in self._open.values()]
+
+
+def _order(seq: Seq) -> int:
+    return seq.order
+
+
+GAPS_KEPT = 4096  # steps between two drops of the step gaps no sequence in bulk needs
+
+
+def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
+    if config.speculative is not None:  # speculative decoding: its own rows, no bulk decoding
+        from sim.engine.schedulers.vllm_spec import build_speculative
+
+        return build_speculative(config, budget)
+    if config.lora is not None:  # LoRA costs each step by its rows' adapters: no bulk decoding
+        scheduler = VllmScheduler(config, budget, fast=False)
+        scheduler.lora_gate = LoraGate(config.lora.max_loras)
+        return scheduler
+    return VllmScheduler(config, budget, fast=True)
+
+
+register("vllm", VllmConfig, build_vllm)
+register("sarathi", SarathiConfig, build_vllm)

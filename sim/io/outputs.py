@@ -1,0 +1,125 @@
+"""Output files and folders: safe names, atomic writes with the normal umask, folders swapped in whole.
+
+A name taken from a scenario (its `name`, a policy table's name) becomes one path component through
+`path_component`, so that nothing is ever written outside the output folder. Files are written to a
+temporary sibling and renamed into place (`atomic_write`); a run's folder is filled beside its target and
+swapped in with two renames (`replace_folder`), so a killed run leaves the previous results or none, never
+a mix. Both create files and folders with the modes the process's umask gives (like `open` and `mkdir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sim.io.errors import SimError
+
+SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+MAX_COMPONENT = 100  # characters kept from a name before its hash suffix
+
+
+def path_component(name: str, reserved: frozenset[str] = frozenset()) -> str:
+    """`name` as one safe file or folder name: itself when it is made of letters, digits, `_ . -` and is
+    not `.`, `..` or a `reserved` name; else those characters kept (others become `-`) plus a short hash
+    of the name, so distinct names never share a folder."""
+    safe = "".join(c if c in SAFE_CHARS else "-" for c in name)[:MAX_COMPONENT]
+    if safe == name and name.strip(".") and name not in reserved:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{safe.replace('.', '-') if not safe.strip('.') else safe}-{digest}"
+
+
+def _temp_name(path: Path, kind: str) -> Path:
+    return path.parent / f".{path.name}.{kind}-{secrets.token_hex(4)}"
+
+
+def create_file(path: Path) -> None:
+    """Create an empty file that must not exist yet, with mode 0666 less the umask (as `open` would)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
+    """Call `write(tmp)` on a temporary sibling of `path`, then rename it into place (normal file mode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_name(path, "tmp")
+    create_file(tmp)
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
+
+
+@contextmanager
+def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside `target`; when the block ends without an error, it becomes
+    `target`. An existing `target` is replaced only when `is_ours(target)` (else SimError, nothing
+    written); on an error or an interrupt the temporary folder is removed and `target` is left as it was."""
+    if target.exists() and not (target.is_dir() and is_ours(target)):
+        raise SimError(f"{target}: exists and is not one of our output folders; give another --out")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_name(target, "new")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists():
+            old = _temp_name(target, "old")
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def exit_on_terminate() -> Iterator[None]:
+    """While the block runs, SIGTERM (`kill PID`) exits through Python (SystemExit 143) instead of stopping
+    the process dead, so that `finally` clauses, such as `replace_folder`'s clean-up, still run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as `{dotted.key: leaf}` (lists are leaves)."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """`(dotted key, value in a, value in b)` for every leaf that differs (None where a side lacks it)."""
+    fa, fb = flatten(a), flatten(b)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]

@@ -1,0 +1,682 @@
+"""Per-request and per-step records, and the run summary.
+
+Records are kept in flat typed columns (`array.array`), never as per-token objects, and handed on in chunks
+of `CHUNK_ROWS` rows as polars frames (to memory, or to Parquet as the run goes: `sim.records.sinks`), so the
+memory a run holds does not grow with its number of requests. The summary reads them back one figure's
+columns at a time (`summarize`, which takes frames or lazy scans of the written files).
+
+Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
+continuous batching every step between a request's first and last token emits one of its tokens, so its gap
+distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
+are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
+
+Rates (throughput, goodput, busy fraction) are per second of one measurement window (`measurement_window`):
+from the first arrival to the last completion, or to the horizon while requests are still in flight.
+Overload is a test of queue growth (`sim.records.overload.backlog_trend`), the same with or without drain.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from sim.core.request import Request
+from sim.engine.schedulers.base import StepPlan
+from sim.records.overload import BacklogTrend, backlog_inputs, backlog_trend
+from sim.records.sinks import MemorySink, RecordSink
+
+FINISHED, REJECTED, IN_FLIGHT = "finished", "rejected", "in_flight"
+QUEUE_FULL = "queue full"  # the reject reason of admission control: load turned away, not a request too big
+LATENCY_METRICS = ("queue_wait", "ttft", "itl", "tpot", "e2e")
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+
+_REQUEST_FLOAT_COLUMNS = (
+    "arrival", "scheduled_at", "first_token_at", "finished_at", "queue_wait", "ttft", "e2e", "tpot",
+    "itl_mean", "itl_p50", "itl_p99", "itl_max", "normalized_latency",
+)  # fmt: skip
+_REQUEST_INT_COLUMNS = (
+    "id", "prompt_len", "output_len", "max_tokens", "n", "generated_tokens", "preemptions", "prefix_group",
+    "prefix_hit_tokens", "prefix_query_tokens",
+)  # fmt: skip
+_STEP_INT_COLUMNS = (
+    "batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated", "kv_capacity", "preempted",
+    "compute_bound",
+)  # fmt: skip
+# What is stored per request (derived columns are computed in bulk by `requests_frame`).
+_REQ_STORED_FLOATS = ("arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at",
+                      "itl_p50", "itl_p99", "itl_max")  # fmt: skip
+_REQ_STORED_INTS = ("prompt_len", "output_len", "max_tokens", "n", "num_generated", "preemptions",
+                    "prefix_group", "prefix_hit_tokens", "prefix_query_tokens")  # fmt: skip
+_STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated",
+                     "preempted", "waiting")  # fmt: skip
+_WAITING = _STEP_STORED_INTS.index("waiting")
+_STATES = (FINISHED, REJECTED, IN_FLIGHT)
+_STATE_CODE = {name: i for i, name in enumerate(_STATES)}
+CHUNK_ROWS = 1 << 16  # rows per chunk of records handed to the sink
+# A recorded request row: stored floats, stored ints, state code, reject reason.
+_RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None", tuple[int, ...]]
+
+
+class _Rows:
+    """Fixed-width integer rows in one flat buffer: 32-bit until a value needs 64."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.data = array("i")
+
+    def extend(self, values: tuple[int, ...]) -> None:
+        size = len(self.data)
+        try:
+            self.data.extend(values)
+        except OverflowError:
+            del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
+            if self.data.typecode == "q":
+                raise
+            self.data = array("q", self.data)
+            self.data.extend(values)
+
+    def columns(self) -> np.ndarray:
+        """A (columns, rows) int64 array."""
+        flat = np.frombuffer(self.data, dtype=np.int32 if self.data.typecode == "i" else np.int64)
+        return flat.reshape(-1, self.width).T.astype(np.int64, order="C")
+
+
+def _quantile(s: np.ndarray, q: float) -> float:
+    """`np.quantile(s, q)` (linear method) of a sorted array, with numpy's exact arithmetic."""
+    v = (len(s) - 1) * q
+    if v >= len(s) - 1:
+        return float(s[-1])
+    i = int(v)
+    t = v - i
+    a, b = float(s[i]), float(s[i + 1])
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
+
+
+class Recorder:
+    """Collects request and step records during a run, in flat typed buffers (no per-record objects), and
+    hands them to `sink` in chunks of `chunk_rows` rows as the run goes (by default kept in memory).
+
+    Request rows go out in id order: a row waits until every request that arrived (`arrive`) with a lower
+    id has been recorded. Requests recorded without `arrive`, or ids that do not rise with arrival, are
+    sorted by id at `finish` instead. Step durations are kept only as far back as a request still in flight
+    needs them (its ITL quantiles are read over the steps since its first token).
+    """
+
+    EXTRA_COLUMNS: tuple[str, ...] = ()  # integer request columns a subclass adds after the standard ones
+
+    def _request_extras(self, req: Request) -> tuple[int, ...]:
+        """The `EXTRA_COLUMNS` of `req`'s row, read when it is recorded."""
+        return ()
+
+    def __init__(self, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS) -> None:
+        if chunk_rows < 1:
+            raise ValueError("chunk_rows must be positive")
+        self.sink: RecordSink = MemorySink() if sink is None else sink
+        self.chunk_rows = chunk_rows
+        self.arrived = 0
+        # requests
+        self._active: dict[int, Request] = {}  # id(request) -> request, arrived and not recorded
+        self._active_ids: list[tuple[int, int]] = []  # heap of (request id, id(request)), lazily pruned
+        self._held: list[tuple[int, int, _RequestRow]] = []  # heap of recorded rows waiting for their turn
+        self._held_seq = 0
+        self._last_id: int | None = None  # the id of the latest row handed on
+        self._unsorted = False
+        self._new_request_chunk()
+        self._request_chunks = 0
+        # steps: durations and ends of steps from `_win_start` on (global step numbers)
+        self._ends = array("d")
+        self._durations = array("d")
+        self._win_start = 0
+        self._flushed_steps = 0  # steps handed to the sink
+        self._prev_end = math.nan  # the end of the step before the current chunk
+        self._last_end = math.nan
+        self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
+        self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
+        self._capacity: int | None = None
+        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_compute = bytearray()
+        self._trim = True  # whether step durations no request in flight needs may be dropped
+        self._finished = False
+
+    # --- steps -------------------------------------------------------------------------------------------
+    def step(self, start: float, duration: float, plan: StepPlan, compute_bound: bool, waiting: int) -> None:
+        end = start + duration
+        index = self._flushed_steps + len(self._step_compute)
+        if start != self._last_end:
+            self._step_starts[index] = start
+        self._last_end = end
+        self._ends.append(end)
+        self._durations.append(duration)
+        kv = plan.kv
+        if kv.capacity != self._capacity:
+            self._capacity = self._step_capacity[index] = kv.capacity
+        rows = self._step_ints
+        values = (
+            plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
+            plan.preempted, waiting,
+        )  # fmt: skip
+        try:
+            rows.data.extend(values)
+        except OverflowError:
+            del rows.data[len(self._step_compute) * rows.width :]  # the part that fitted
+            rows.extend(values)
+        self._step_compute.append(compute_bound)
+        if len(self._step_compute) >= self.chunk_rows:
+            self._flush_steps()
+
+    @property
+    def num_steps(self) -> int:
+        return self._flushed_steps + len(self._step_compute)
+
+    def step_waiting(self, index: int) -> int:
+        """Requests waiting after step `index`."""
+        local = index - self._flushed_steps
+        if local < 0:
+            return int(self.sink.lazy("steps").select(pl.col("waiting").get(index)).collect().item())
+        data = self._step_ints
+        return data.data[local * data.width + _WAITING]
+
+    def _steps_chunk(self) -> pl.DataFrame:
+        """The steps not yet handed on, as a frame (with their global step numbers)."""
+        first = self._flushed_steps
+        n = len(self._step_compute)
+        lo = first - self._win_start
+        ends = np.frombuffer(self._ends, dtype=np.float64, count=n, offset=lo * 8)
+        start = np.empty_like(ends)
+        if n:
+            start[0] = self._prev_end
+            start[1:] = ends[:-1]
+        for step, t in self._step_starts.items():
+            start[step - first] = t
+        cols: dict[str, object] = {
+            "start": start,
+            "duration": np.frombuffer(self._durations, np.float64, count=n, offset=lo * 8).copy(),
+        }
+        stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
+        capacity = np.empty(n, np.int64)
+        changes = list(self._step_capacity.items())
+        for i, (step, cap) in enumerate(changes):
+            capacity[max(step - first, 0) : changes[i + 1][0] - first if i + 1 < len(changes) else n] = cap
+        stored["kv_capacity"] = capacity
+        for name in _STEP_INT_COLUMNS:
+            cols[name] = (
+                stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
+            )
+        cols["waiting"] = stored["waiting"]
+        frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
+        return frame.with_row_index("step", offset=first)
+
+    def _flush_steps(self) -> None:
+        n = len(self._step_compute)
+        if n == 0 and self._flushed_steps:
+            return
+        self.sink.write("steps", self._steps_chunk())
+        self._flushed_steps += n
+        if n:
+            self._prev_end = self._ends[self._flushed_steps - 1 - self._win_start]
+        self._step_starts = {}
+        self._step_capacity = {self._flushed_steps: self._capacity} if self._capacity is not None else {}
+        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_compute = bytearray()
+        self._trim_steps()
+
+    def _trim_steps(self) -> None:
+        """Drop the step durations no request in flight can need any more."""
+        if not self._trim:
+            return
+        keep = self._flushed_steps
+        firsts = [r.first_token_at for r in self._active.values() if r.num_generated > 0]
+        if firsts:
+            keep = min(keep, self._win_start + bisect_right(self._ends, min(firsts)))
+        drop = keep - self._win_start
+        if drop > 0:
+            # New arrays rather than resizing: a numpy view of the old ones may still be alive (a frame held
+            # by a profiler, as dask's workers keep), and an array exporting its buffer cannot be resized.
+            self._ends = self._ends[drop:]
+            self._durations = self._durations[drop:]
+            self._win_start = keep
+
+    # --- requests ----------------------------------------------------------------------------------------
+    def arrive(self, req: Request) -> None:
+        """A request arrived: its record, and those of later ids, wait until it is recorded."""
+        self.arrived += 1
+        key = id(req)
+        self._active[key] = req
+        heapq.heappush(self._active_ids, (req.id, key))
+        if self._last_id is not None and req.id < self._last_id:
+            self._unsorted = True
+
+    def request(self, req: Request, state: str) -> None:
+        """Record a request once, when it finishes, is rejected, or is still in flight at the horizon.
+
+        Its ITL p50/p99 are those of the step durations over its token range, read now (see the module doc).
+        """
+        nan = math.nan
+        itl_p50 = itl_p99 = itl_max = nan
+        if req.num_generated > 1:
+            itl_max = req.itl_max
+            ends = self._ends
+            lo = bisect_right(ends, req.first_token_at)
+            hi = bisect_right(ends, req.last_token_at)
+            if hi > lo:
+                window = np.sort(np.frombuffer(self._durations, np.float64, hi - lo, lo * 8))
+                itl_p50, itl_p99 = _quantile(window, 0.5), _quantile(window, 0.99)
+                itl_max = max(itl_max, float(window[-1]))
+        finished_at = req.finished_at if state == FINISHED else nan
+        row = (
+            (req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, itl_p50,
+             itl_p99, itl_max),
+            (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
+             req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens),
+            _STATE_CODE[state],
+            req.reject_reason,
+            self._request_extras(req),
+        )  # fmt: skip
+        if self._active.pop(id(req), None) is None:
+            self._trim = False  # recorded without `arrive`: its steps cannot be told apart; keep them all
+        self._held_seq += 1
+        heapq.heappush(self._held, (req.id, self._held_seq, row))
+        self._release()
+
+    def _release(self) -> None:
+        """Hand on the held rows whose ids come before every request still in flight."""
+        active, ids, held = self._active, self._active_ids, self._held
+        while ids:
+            rid, key = ids[0]
+            r = active.get(key)
+            if r is not None and r.id == rid:
+                break
+            heapq.heappop(ids)  # recorded already
+        bound = ids[0][0] if ids else None
+        while held and (bound is None or held[0][0] < bound):
+            rid, _, row = heapq.heappop(held)
+            self._append_request(rid, row)
+
+    def _append_request(self, rid: int, row: _RequestRow) -> None:
+        if self._last_id is not None and rid < self._last_id:
+            self._unsorted = True
+        self._last_id = rid
+        floats, ints, state, reason, extras = row
+        self._req_floats.extend(floats)
+        if extras:
+            self._req_extra.extend(extras)
+        self._req_ids.append(rid)
+        self._req_ints.extend(ints)
+        if reason is not None:
+            self._req_reason[len(self._req_state)] = reason
+        self._req_state.append(state)
+        if len(self._req_state) >= self.chunk_rows:
+            self._flush_requests()
+
+    def _new_request_chunk(self) -> None:
+        self._req_ids = array("q")
+        self._req_ints = _Rows(len(_REQ_STORED_INTS))
+        self._req_floats = array("d")
+        self._req_state = bytearray()
+        self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
+        self._req_extra = array("q")  # the rows' EXTRA_COLUMNS, row after row
+
+    def _flush_requests(self) -> None:
+        if not self._req_state and self._request_chunks:
+            return
+        self.sink.write("requests", self._requests_chunk())
+        self._request_chunks += 1
+        self._new_request_chunk()
+
+    def _requests_chunk(self) -> pl.DataFrame:
+        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS)).T
+        arrival, scheduled, first, last, finished, p50, p99, itl_max = f
+        i = dict(zip(_REQ_STORED_INTS, self._req_ints.columns(), strict=True))
+        generated, n = i["num_generated"], i["n"]
+        gaps = generated - 1
+        has_gaps = gaps > 0
+        nan = np.full(len(gaps), np.nan)
+        ttft = first - arrival
+        e2e = finished - arrival  # NaN unless finished
+        emitted = generated * n
+        cols: dict[str, object] = {
+            "id": np.frombuffer(self._req_ids, dtype=np.int64),
+            "prompt_len": i["prompt_len"],
+            "output_len": i["output_len"],
+            "max_tokens": i["max_tokens"],
+            "n": n,
+            "generated_tokens": emitted,
+            "preemptions": i["preemptions"],
+            "prefix_group": i["prefix_group"],
+            "prefix_hit_tokens": i["prefix_hit_tokens"],
+            "prefix_query_tokens": i["prefix_query_tokens"],
+            "arrival": arrival,
+            "scheduled_at": scheduled,
+            "first_token_at": first,
+            "finished_at": finished,
+            "queue_wait": scheduled - arrival,
+            "ttft": ttft,
+            "e2e": e2e,
+            "tpot": np.divide(e2e - ttft, gaps, out=nan.copy(), where=has_gaps),
+            "itl_mean": np.divide(last - first, gaps, out=nan.copy(), where=has_gaps),
+            "itl_p50": p50,
+            "itl_p99": p99,
+            "itl_max": itl_max,
+            "normalized_latency": np.divide(e2e, emitted, out=nan.copy(), where=emitted != 0),
+        }
+        cols["state"] = pl.Series([_STATES[c] for c in self._req_state], dtype=pl.Categorical)
+        reasons = self._req_reason
+        cols["reject_reason"] = pl.Series(
+            [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
+        )
+        frame = pl.DataFrame(cols).with_columns(pl.col(pl.Float64).fill_nan(None))
+        if self.EXTRA_COLUMNS:
+            names, rows = self.EXTRA_COLUMNS, frame.height
+            shape = (rows, len(names))
+            extra = np.frombuffer(self._req_extra, np.int64, count=rows * len(names)).reshape(shape).T
+            frame = frame.with_columns(pl.Series(name, extra[j].copy()) for j, name in enumerate(names))
+        return frame
+
+    # --- the end -----------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Hand on every record still held (the run is over); later calls do nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        self._active.clear()
+        self._active_ids.clear()
+        self._release()
+        self._flush_requests()
+        self._flush_steps()
+        self.sink.finish("requests", sort_by="id" if self._unsorted else None)
+        self.sink.finish("steps")
+
+    def requests_lazy(self) -> pl.LazyFrame:
+        self.finish()
+        return self.sink.lazy("requests")
+
+    def steps_lazy(self) -> pl.LazyFrame:
+        self.finish()
+        return self.sink.lazy("steps")
+
+    def requests_frame(self) -> pl.DataFrame:
+        return self.requests_lazy().collect()
+
+    def steps_frame(self) -> pl.DataFrame:
+        return self.steps_lazy().collect()
+
+    def backlog_trend(self, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
+        """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
+        cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
+        return requests_backlog_trend(cols, rate_steps)
+
+
+def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
+    """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
+    (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""
+    if requests.is_empty():
+        return 0.0, max(end_time, 0.0)
+    start = float(requests["arrival"].min())  # type: ignore[arg-type]
+    if (requests["state"].cast(pl.String) == IN_FLIGHT).any():
+        return start, max(end_time, start)
+    end = float(requests["arrival"].max())  # type: ignore[arg-type]
+    last_finish = requests["finished_at"].max()
+    if last_finish is not None and float(last_finish) > end:  # type: ignore[arg-type]
+        end = float(last_finish)  # type: ignore[arg-type]
+    return start, end
+
+
+def requests_backlog_trend(requests: pl.DataFrame, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
+    """`backlog_trend` of a requests frame."""
+    state = requests["state"].cast(pl.String)
+    rejected = (state == REJECTED).to_numpy()
+    turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
+    finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    arrival = requests["arrival"].to_numpy()
+    return backlog_trend(*backlog_inputs(arrival, finished_at, rejected, turned_away), rate_steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+def _stats(values: pl.Series) -> dict[str, float | None]:
+    values = values.drop_nulls()
+    if values.is_empty():
+        return {"mean": None, **{k: None for k in QUANTILES}, "max": None}
+    arr = values.to_numpy()
+    out: dict[str, float | None] = {"mean": float(arr.mean())}
+    for key, q in zip(QUANTILES, np.quantile(arr, list(QUANTILES.values())), strict=True):
+        out[key] = float(q)
+    out["max"] = float(arr.max())
+    return out
+
+
+Records = pl.DataFrame | pl.LazyFrame  # in memory, or scanned from the written Parquet files
+
+
+def _columns(records: Records, *names: str, finished: bool = False) -> pl.DataFrame:
+    """Only `names` of `records` (of the finished requests when `finished`), as one contiguous frame: a
+    summary over files never loads more than the columns one figure needs."""
+    lazy = records.lazy()
+    if finished:
+        lazy = lazy.filter(pl.col("state").cast(pl.String) == FINISHED)
+    return lazy.select(names).collect().rechunk()
+
+
+def _sums(steps: Records, exprs: dict[str, pl.Expr]) -> dict[str, object]:
+    """One row of exact step aggregates (counts, integer sums, maxima), streamed over files."""
+    engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
+    return steps.lazy().select(**exprs).collect(engine=engine).row(0, named=True)
+
+
+def _float_agg(
+    steps: Records, values: pl.Expr, names: tuple[str, ...], count: int, mean: bool = False
+) -> float:
+    """The sum (or mean) of the float `values` computed from the columns `names` of `count` steps.
+
+    Up to `CHUNK_ROWS` steps (every shipped scenario), over the whole contiguous column, exactly as over a
+    frame in memory; beyond, summed in slices of `CHUNK_ROWS` rows added in order, so that memory stays
+    flat: the result may then differ from a one-piece sum in its last digits (summation order)."""
+    agg = values.mean() if mean else values.sum()
+    lazy = steps.lazy().select(names)
+    if count <= CHUNK_ROWS:
+        return float(lazy.collect().rechunk().select(agg).item())
+    total = 0.0
+    for offset in range(0, count, CHUNK_ROWS):
+        total += float(lazy.slice(offset, CHUNK_ROWS).collect().rechunk().select(values.sum()).item())
+    return total / count if mean else total
+
+
+QUANTILE_BINS = 4096  # bins of the first pass of `_weighted_quantiles`
+
+
+def _weighted_quantiles(steps: Records) -> dict[str, float | None]:
+    """Quantiles of the decode steps' durations, each weighted by its decode tokens: for quantile q, the
+    shortest duration whose cumulative weight (steps sorted by duration) reaches q times the total.
+
+    Exact, in streamed passes that never hold every step: the weights summed in `QUANTILE_BINS` equal bins
+    of duration (the bin of a duration never decreases with it, so the bins keep the steps' order); then,
+    per quantile, only the steps of the bin it falls in, summed per distinct duration and sorted."""
+    engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
+    dec = steps.lazy().filter(pl.col("decode_tokens") > 0).select("duration", "decode_tokens")
+    lo, hi, count = (
+        dec.select(lo=pl.col("duration").min(), hi=pl.col("duration").max(), n=pl.len())
+        .collect(engine=engine)
+        .row(0)
+    )
+    if not count:
+        return {k: None for k in QUANTILES}
+    width = (hi - lo) / QUANTILE_BINS
+    if width <= 0:
+        return {k: float(lo) for k in QUANTILES}
+    binned = ((pl.col("duration") - lo) / width).floor().cast(pl.Int64).clip(0, QUANTILE_BINS - 1)
+    bins = (
+        dec.group_by(binned.alias("bin"))
+        .agg(pl.col("decode_tokens").sum())
+        .sort("bin")
+        .collect(engine=engine)
+    )
+    cum = bins["decode_tokens"].cum_sum().to_numpy()
+    out: dict[str, float | None] = {}
+    for key, q in QUANTILES.items():
+        target = q * float(cum[-1])
+        j = int(np.searchsorted(cum.astype(np.float64), target, side="left"))
+        below = int(cum[j - 1]) if j else 0
+        rows = (
+            dec.filter(binned == int(bins["bin"][j]))
+            .group_by("duration")
+            .agg(pl.col("decode_tokens").sum())
+            .sort("duration")
+            .collect()
+        )
+        weights = (rows["decode_tokens"].cum_sum() + below).to_numpy().astype(np.float64)
+        i = int(np.searchsorted(weights, target, side="left"))
+        out[key] = float(rows["duration"][min(i, rows.height - 1)])
+    return out
+
+
+def _itl_stats(requests: Records, steps: Records) -> dict[str, float | None]:
+    """ITL over every gap of every finished request: the step durations weighted by the decode tokens
+    each step emitted (see the module docstring); mean and max from the exact per-request figures.
+
+    The weighted quantiles are exact (`_weighted_quantiles`)."""
+    fin = _columns(requests, "generated_tokens", "n", "itl_mean", "itl_max", finished=True)
+    num_steps = _step_count(steps)
+    if fin.is_empty() or not num_steps:
+        return _stats(pl.Series([], dtype=pl.Float64))
+    gaps = (fin["generated_tokens"] - fin["n"]).sum()
+    total = (fin["itl_mean"].fill_null(0.0) * (fin["generated_tokens"] - fin["n"])).sum()
+    out: dict[str, float | None] = {"mean": float(total / gaps) if gaps else None}
+    out.update(_weighted_quantiles(steps))
+    out["max"] = fin["itl_max"].max()  # type: ignore[assignment]
+    return out
+
+
+def _kv_used_held(steps: Records, busy: float, count: int) -> tuple[float, float]:
+    cap = pl.col("kv_capacity").cast(pl.Float64)
+    w = pl.col("duration") / busy
+    used = _float_agg(steps, w * pl.col("kv_used") / cap, ("duration", "kv_used", "kv_capacity"), count)
+    held = w * pl.col("kv_allocated") / cap
+    return used, _float_agg(steps, held, ("duration", "kv_allocated", "kv_capacity"), count)
+
+
+def _kv_shares(busy: float, used: float, held: float) -> dict[str, float]:
+    if busy <= 0:
+        return {"token_states": 0.0, "held_unused": 0.0, "free": 1.0}
+    return {"token_states": used, "held_unused": held - used, "free": 1.0 - held}
+
+
+def _step_count(steps: Records) -> int:
+    return int(_sums(steps, {"n": pl.len()})["n"])  # type: ignore[call-overload]
+
+
+def _busy(steps: Records, count: int) -> float:
+    return _float_agg(steps, pl.col("duration"), ("duration",), count) if count else 0.0
+
+
+def kv_breakdown(steps: Records) -> dict[str, float]:
+    """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
+    but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
+    count = _step_count(steps)
+    busy = _busy(steps, count)
+    return _kv_shares(busy, *(_kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)))
+
+
+def summarize(
+    requests: Records,
+    steps: Records,
+    horizon_s: float,
+    slo: Slo,
+    overloaded: bool,
+    rate_steps: tuple[float, ...] = (),
+) -> dict[str, object]:
+    """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
+
+    `horizon_s` is where the run ended (its horizon, or the end of the drain); every rate is per second of
+    `measurement_window`. `overloaded` is the engine's verdict (`RunOutput.overloaded`), from the same
+    `backlog_trend` whose figures are `overload_test`. The records may be frames or scans of the written
+    files: each figure reads only its own columns, and quantiles are exact (numpy's linear method over the
+    column's values).
+    """
+    base = _columns(requests, "state", "reject_reason", "arrival", "finished_at")
+    state = base["state"].cast(pl.String)
+    finished = int((state == FINISHED).sum())
+    counts = {
+        "arrived": base.height,
+        "finished": finished,
+        "rejected": int((state == REJECTED).sum()),
+        "in_flight": int((state == IN_FLIGHT).sum()),
+    }
+    reasons = base.filter(state == REJECTED).group_by("reject_reason").len().sort("reject_reason").rows()
+    window_start, window_end = measurement_window(base, horizon_s)
+    trend = requests_backlog_trend(base, rate_steps)
+    del base, state
+    window = window_end - window_start
+    span = window if window > 0 else math.inf  # no window: every rate is 0
+    tokens = _columns(requests, "generated_tokens", "prompt_len", "prefix_hit_tokens", "prefix_query_tokens",
+                      finished=True)  # fmt: skip
+    out_tokens = float(tokens["generated_tokens"].sum())
+    all_tokens = out_tokens + float(tokens["prompt_len"].sum())
+    # vLLM's prefix-cache hit rate: tokens found / tokens looked up, over the same lookups (one per sequence,
+    # at its first admission), so it lies in [0, 1]
+    lookups = int(tokens["prefix_query_tokens"].sum()) if finished else 0
+    hit_rate = float(tokens["prefix_hit_tokens"].sum() / lookups) if lookups else 0.0
+    del tokens
+    latency = {
+        name: _stats(_columns(requests, name, finished=True)[name]) for name in ("ttft", "tpot", "e2e")
+    }
+    latency["queue_wait"] = _stats(_columns(requests, "queue_wait")["queue_wait"])
+    latency["itl"] = _itl_stats(requests, steps)
+    good = _columns(requests, "ttft", "tpot", "e2e", finished=True)
+    if slo.ttft_s is not None:
+        good = good.filter(pl.col("ttft") <= slo.ttft_s)
+    if slo.tpot_s is not None:
+        good = good.filter(pl.col("tpot").fill_null(0.0) <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        good = good.filter(pl.col("e2e") <= slo.e2e_s)
+    s = _sums(steps, {
+        "count": pl.len(),
+        "mean_batch": pl.col("batch_size").mean(),
+        "compute_bound": pl.col("compute_bound").mean(),
+        "preemptions": pl.col("preempted").sum(),
+        "max_batch": pl.col("batch_size").max(),
+    })  # fmt: skip
+    count = int(s["count"])  # type: ignore[call-overload]
+    busy = _busy(steps, count)
+    util = pl.col("kv_used") / pl.col("kv_capacity")
+    kv_util = _float_agg(steps, util, ("kv_used", "kv_capacity"), count, mean=True) if count else 0.0
+    used, held = _kv_used_held(steps, busy, count) if busy > 0 else (0.0, 0.0)
+    return {
+        "requests": counts,
+        "rejected_reasons": {str(reason): n for reason, n in reasons},
+        "overloaded": overloaded,
+        "overload_test": None if trend is None else trend.as_dict(),
+        "horizon_s": horizon_s,
+        "window_s": window,
+        "window": {"start_s": window_start, "end_s": window_end},
+        "throughput": {
+            "requests_per_s": finished / span,
+            "output_tokens_per_s": out_tokens / span,
+            "total_tokens_per_s": all_tokens / span,
+        },
+        "latency": {name: latency[name] for name in LATENCY_METRICS},
+        "goodput_per_s": good.height / span,
+        "slo_attainment": good.height / finished if finished else None,
+        "steps": {
+            "count": count,
+            "busy_fraction": busy / span,
+            "mean_batch_size": float(s["mean_batch"]) if count else 0.0,  # type: ignore[arg-type]
+            "compute_bound_fraction": float(s["compute_bound"]) if count else 0.0,  # type: ignore[arg-type]
+            "preemptions": int(s["preemptions"] or 0),  # type: ignore[call-overload]
+            "mean_kv_utilization": kv_util,
+            "max_batch_size": int(s["max_batch"]) if count else 0,  # type: ignore[call-overload]
+        },
+        "kv_memory": _kv_shares(busy, used, held),
+        "prefix_cache_hit_rate": hit_rate,
+    }

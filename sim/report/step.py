@@ -1,0 +1,97 @@
+"""`sim step`: one step's time and kernel breakdown from the kernel-level cost model, as a table or JSON.
+
+The step takes the longer of its GPU kernels and its host time (asynchronous scheduling overlaps them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sim.io.errors import SimError
+from sim.io.limits import MAX_COUNT, MAX_TOKENS
+
+
+def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(new tokens, cached tokens) per row: B decodes at context C, or one prefill of L tokens."""
+    if prefill is not None:
+        if batch is not None or context is not None:
+            raise SimError("step: give either --prefill L or --batch B --context C, not both")
+        if not 1 <= prefill <= MAX_TOKENS:
+            raise SimError(f"step: --prefill: expected a token count in [1, {MAX_TOKENS}], got {prefill}")
+        return np.array([prefill]), np.array([0])
+    if batch is None or context is None:
+        raise SimError("step: give --prefill L, or --batch B with --context C")
+    if not (1 <= batch <= MAX_COUNT and 0 <= context <= MAX_TOKENS):
+        raise SimError(
+            f"step: expected --batch in [1, {MAX_COUNT}] and --context in [0, {MAX_TOKENS}], "
+            f"got {batch} and {context}"
+        )
+    return np.ones(batch, dtype=np.int64), np.full(batch, context, dtype=np.int64)
+
+
+def print_step(
+    model: str,
+    gpu: str,
+    tp: int,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    batch: int | None,
+    context: int | None,
+    prefill: int | None,
+    calibration: Path | None,
+    as_json: bool,
+    weight_group_size: int | None = None,
+) -> dict[str, object]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.catalog.gpus import get_gpu
+    from sim.catalog.model import load_model
+    from sim.cost.kernel_model import KernelCalibration, KernelCostModel, step_summary
+    from sim.cost.memory import check_tp
+
+    c, q = step_rows(batch, context, prefill)
+    spec = load_model(model)
+    check_tp(spec, tp)
+    cost = KernelCostModel(
+        spec, get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
+        weight_group_size,
+    )  # fmt: skip
+    summary = step_summary(cost, c, q)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return summary
+    kind = (
+        f"prefill of {prefill} tokens"
+        if prefill is not None
+        else f"decode of {batch} x 1 token at context {context}"
+    )
+    table = Table(
+        title=f"{cost.model.name} on {cost.gpu.name} x{tp} "
+        f"({cost.weight_dtype} weights, {cost.kv_dtype} KV): {kind}"
+    )
+    for col in ("kernel", "count", "bound", "ms", "share"):
+        table.add_column(col, justify="left" if col in ("kernel", "bound") else "right")
+    total = float(summary["seconds"])  # type: ignore[arg-type]
+    for k in summary["kernels"]:  # type: ignore[attr-defined]
+        table.add_row(
+            k["kernel"],
+            str(k["count"]),
+            k["bound"],
+            f"{k['seconds'] * 1e3:.3f}",
+            f"{k['seconds'] / total:.0%}",
+        )
+    host = float(summary["host_s"])  # type: ignore[arg-type]
+    table.add_row("host (overlapped)", "", "", f"{host * 1e3:.3f}", f"{host / total:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(
+        f"step: {total * 1e3:.3f} ms = max(GPU {float(summary['gpu_s']) * 1e3:.3f}, host {host * 1e3:.3f}) "
+        f"({summary['bound']}-bound kernels), "
+        f"all-reduce {float(summary['allreduce_s']) * 1e3:.3f} ms"
+    )  # type: ignore[arg-type]
+    for note in summary["notes"]:  # type: ignore[attr-defined]
+        console.print(f"note: {note}")
+    return summary

@@ -1,0 +1,536 @@
+"""`sim plan`: the cheapest fleet that serves a rate within the scenario's SLO.
+
+The search space is GPU type x TP degree x policy knobs (`max_num_seqs`, `max_num_batched_tokens`) x
+colocated replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
+A configuration meets the SLO when its run at the rate is not overloaded and its goodput (requests per
+second meeting every [slo] bound) is at least `attainment` x the rate (DistServe's rule: 90% of requests
+meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound instead. Its cost is
+GPUs x $/GPU-hour (`sim/catalog/prices.toml`, or the scenario's [prices]).
+
+Pruning, before and during the search:
+- theory: a replica is busy at least `prefill(mean prompt) + mean output x per-token decode time at its
+  largest batch` seconds per request, so c replicas cannot keep up below c = rate x that (prefill and
+  decode replicas likewise for their own part); counts under THEORY_SLACK x the bound are never run;
+- single-replica capacity: one replica of each colocated kind is run saturated (`single_capacity`); c such
+  replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
+- dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
+  failed is not run;
+- cost order: candidates are run cheapest first, `jobs` at a time on the sweep's process pool, and the
+  search stops at the first cost above the cheapest configuration that met the SLO (plus `explore` more,
+  for the cost-latency front).
+Prefill/decode candidates move KV over the scenario's `cluster.link`, else InfiniBand NDR (different nodes).
+Every figure comes from a full fleet run of the same scenario (its seed): `sim run` with the chosen
+configuration's `--set` overrides reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from sim.config.scenario import Scenario, load_scenario, validate_scenario
+from sim.io.errors import SimError
+
+THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
+DEFAULT_TPS = (1, 2, 4, 8)
+DEFAULT_ROUTER = "least_outstanding"
+DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
+FIGURES = (
+    "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
+    "overloaded", "arrived", "finished", "e2e_p99",
+)  # fmt: skip
+
+
+# --- prices -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    usd_per_gpu_hour: float
+    source: str
+    date: str
+
+
+def price_table(scenario: Scenario) -> dict[str, Price]:
+    """The catalogue's prices with the scenario's [prices] over them (keys: canonical GPU names)."""
+    from sim.catalog.gpus import get_gpu
+
+    text = (resources.files("sim") / "catalog" / "prices.toml").read_text()
+    table = {
+        name: Price(float(p["usd_per_gpu_hour"]), str(p["source"]), str(p["date"]))
+        for name, p in tomllib.loads(text)["prices"].items()
+    }
+    for name, usd in scenario.prices.items():
+        try:
+            canonical = get_gpu(name).name
+        except SimError as err:
+            raise SimError(f"prices.{name}: {err}") from None
+        table[canonical] = Price(usd, "scenario [prices]", "")
+    return table
+
+
+# --- candidates ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Candidate:
+    """One configuration. `counts` is (replicas,) colocated or (prefill, decode) disaggregated."""
+
+    cost: float  # $/hour
+    gpus: int
+    mode: str  # colocated or pd
+    gpu: str
+    tp: int
+    knobs: tuple[tuple[str, int], ...]
+    counts: tuple[int, ...]
+
+    @property
+    def family(self) -> tuple[str, str, int, tuple[tuple[str, int], ...]]:
+        return self.mode, self.gpu, self.tp, self.knobs
+
+    def label(self) -> str:
+        knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
+        shape = f"{self.counts[0]}x" if self.mode == "colocated" else f"{self.counts[0]}P+{self.counts[1]}D x"
+        return f"{shape} {self.gpu} TP{self.tp}" + (f" [{knobs}]" if knobs else "")
+
+    def overrides(self, scenario: Scenario, policy: str) -> dict[str, Any]:
+        """The dotted `--set` overrides that turn the scenario into this configuration."""
+        out: dict[str, Any] = {"model.gpu": self.gpu, "model.tp": self.tp}
+        for key, value in self.knobs:
+            out[f"policies.{policy}.{key}"] = value
+        if self.mode == "colocated":
+            out["cluster.groups"] = [{"count": self.counts[0]}]
+        else:
+            out["cluster.groups"] = [
+                {"name": "prefill", "count": self.counts[0], "role": "prefill"},
+                {"name": "decode", "count": self.counts[1], "role": "decode"},
+            ]
+        if scenario.cluster is None:
+            out["cluster.router"] = DEFAULT_ROUTER
+        if self.mode == "pd" and "link" not in (scenario.raw.get("cluster") or {}):
+            out["cluster.link"] = DEFAULT_LINK
+        return out
+
+
+def knob_grid(
+    scenario: Scenario, policy: str, grid: dict[str, Sequence[int]]
+) -> list[tuple[tuple[str, int], ...]]:
+    """The knob combinations the policy's scheduler accepts (its own values when the grid gives none)."""
+    _, config = scenario.policy(policy)
+    axes: list[list[tuple[str, int]]] = []
+    for key, values in sorted(grid.items()):
+        if key in type(config).model_fields and values:
+            axes.append([(key, int(v)) for v in values])
+    combos: list[tuple[tuple[str, int], ...]] = [()]
+    for axis in axes:
+        combos = [(*c, kv) for c in combos for kv in axis]
+    return combos
+
+
+def _mean_lengths(scenario: Scenario, base_dir: Path) -> tuple[float, float]:
+    from sim.studies.run_size import _lengths
+
+    return _lengths(scenario.workload, None, base_dir)
+
+
+def work_bounds(
+    scenario: Scenario,
+    policy: str,
+    family: tuple[str, str, int, tuple[tuple[str, int], ...]],
+    rate: float,
+    base_dir: Path,
+) -> tuple[int, int, int] | None:
+    """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
+    not fit this GPU and TP."""
+    from sim.fleet.run import group_scenario
+    from sim.studies.run import build_cost_and_memory
+
+    _, gpu, tp, knobs = family
+    try:
+        cost, budget, _ = build_cost_and_memory(group_scenario(scenario, gpu, tp))
+    except SimError:
+        return None
+    prompt, output = _mean_lengths(scenario, base_dir)
+    p, o = max(1, round(prompt)), max(1.0, output)
+    t_pre = cost.step_time(np.array([p], np.int64), np.array([0], np.int64))[0]
+    seqs = dict(knobs).get("max_num_seqs", int(getattr(scenario.policy(policy)[1], "max_num_seqs", 256)))
+    batch = max(1, min(seqs, budget.num_tokens // max(1, int(p + o))))
+    t_step = cost.step_time(np.ones(batch, np.int64), np.full(batch, int(p + o / 2), np.int64))[0]
+    t_tok = t_step / batch
+    bound = lambda work: max(1, math.ceil(THEORY_SLACK * rate * work))  # noqa: E731
+    return bound(t_pre + o * t_tok), bound(t_pre), bound(o * t_tok)
+
+
+def candidates(
+    scenario: Scenario,
+    policy: str,
+    rate: float,
+    base_dir: Path,
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    knobs: dict[str, Sequence[int]],
+    max_gpus: int,
+    modes: Sequence[str],
+) -> tuple[list[Candidate], int, int]:
+    """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
+    grid (what brute force would run); and how many of its configurations the model does not fit."""
+    from sim.catalog.gpus import get_gpu
+
+    prices = price_table(scenario)
+    out: list[Candidate] = []
+    total = unfit = 0
+    for name in gpus:
+        gpu = get_gpu(name).name
+        if gpu not in prices:
+            raise SimError(
+                f"--gpus: no price for {gpu}: give one in the scenario, e.g. prices = {{ {gpu!r} = 2.5 }}"
+            )
+        usd = prices[gpu].usd_per_gpu_hour
+        for tp in tps:
+            per = max_gpus // tp
+            for combo in knob_grid(scenario, policy, knobs):
+                shapes: list[tuple[str, tuple[int, ...]]] = []
+                if "colocated" in modes:
+                    shapes += [("colocated", (c,)) for c in range(1, per + 1)]
+                if "pd" in modes:
+                    shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
+                total += len(shapes)
+                bounds = (
+                    work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir) if shapes else None
+                )
+                if bounds is None:
+                    unfit += len(shapes)
+                    continue
+                c_min, p_min, d_min = bounds
+                for mode, counts in shapes:
+                    if mode == "colocated" and counts[0] < c_min:
+                        continue
+                    if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
+                        continue
+                    n = sum(counts) * tp
+                    out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
+    return sorted(out), total, unfit
+
+
+# --- runs ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTask:
+    """One configuration's run (picklable: the sweep pool's workers run it)."""
+
+    raw: dict[str, Any]
+    source: str
+    base_dir: str
+    policy: str
+    overrides: dict[str, Any]
+
+
+def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
+    """The validated scenario of one configuration: the sweep's point without a rate axis."""
+    from sim.studies.sweep import point_scenario
+
+    return point_scenario(raw, None, overrides, source)
+
+
+def evaluate(task: PlanTask) -> dict[str, Any]:
+    """The figures of one configuration's run (the worker function)."""
+    from sim.studies.run import run_policy
+    from sim.studies.sweep import flatten_summary
+
+    scenario = configured(task.raw, task.overrides, task.source)
+    result = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source)
+    row = flatten_summary(result.summary)
+    return {k: row[k] for k in FIGURES}
+
+
+RULES = ("goodput", "p99")
+
+
+SATURATION_SEQS = 2  # a single-replica capacity run offers this many x max_num_seqs requests at once
+CAPACITY_SLACK = 0.9  # c replicas serve at most c x one replica's saturated throughput
+
+
+def single_capacity(task: PlanTask) -> float:
+    """One replica's saturated throughput (requests/s): `SATURATION_SEQS` x max_num_seqs requests arrive at
+    once and the completion rate is read between the 10th and 90th percentile finish times (the worker)."""
+
+    from sim.studies.run import run_policy
+
+    raw = {k: v for k, v in task.raw.items() if k not in ("cluster", "sweep")}
+    scenario = configured(
+        raw, {k: v for k, v in task.overrides.items() if not k.startswith("cluster")}, task.source
+    )
+    seqs = int(getattr(scenario.policy(task.policy)[1], "max_num_seqs", 256))
+    n = max(40, SATURATION_SEQS * seqs)
+    scenario = configured(
+        scenario.raw,
+        {
+            "workload.arrival": {"kind": "deterministic", "rate": 1e6},
+            "horizon": {"max_requests": n, "drain": True},
+        },
+        task.source,
+    )
+    req = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source).requests
+    done = req["finished_at"].drop_nulls().sort()
+    if done.len() < 10:
+        return 0.0
+    lo, hi = done.quantile(0.1), done.quantile(0.9)
+    assert lo is not None and hi is not None
+    between = int(((done >= lo) & (done <= hi)).sum())
+    return between / (hi - lo) if hi > lo else math.inf
+
+
+def meets(
+    figures: dict[str, Any], rate: float, attainment: float, rule: str = "goodput", slo: Any = None
+) -> bool:
+    """`goodput`: not overloaded and goodput >= attainment x rate. `p99`: not overloaded and every p99
+    latency within its [slo] bound (`slo` is the scenario's [slo] table)."""
+    if figures["overloaded"] or not figures["finished"]:
+        return False
+    if rule == "goodput":
+        return bool(figures["goodput_per_s"] >= attainment * rate)
+    bounds = (("ttft_p99", slo.ttft_s), ("tpot_p99", slo.tpot_s), ("e2e_p99", slo.e2e_s))
+    return all(bound is None or (figures.get(k) or 0.0) <= bound for k, bound in bounds)
+
+
+def _dominated(c: Candidate, failed: dict[Any, list[tuple[int, ...]]]) -> bool:
+    return any(all(a <= b for a, b in zip(c.counts, f, strict=True)) for f in failed.get(c.family, []))
+
+
+@dataclass(slots=True)
+class PlanResult:
+    rate: float
+    attainment: float
+    grid_size: int
+    theory_pruned: int
+    dominance_pruned: int
+    rows: list[dict[str, Any]] = field(default_factory=list)  # one per simulated configuration
+    best: dict[str, Any] | None = None
+    capacity_pruned: int = 0
+    unfit: int = 0  # configurations whose GPU and TP cannot hold the model
+    rate_set: dict[str, Any] = field(default_factory=dict)  # the override that sets the rate
+
+    def reproduce(self, row: dict[str, Any]) -> list[str]:
+        """`--set` arguments that make `sim run` run `row`'s configuration at the planned rate."""
+        return set_args({**self.rate_set, **json.loads(row["overrides"])})
+
+    def ranked(self) -> list[dict[str, Any]]:
+        """Rows meeting the SLO first, then in the search's order (cost, GPUs, mode, GPU, TP, ...)."""
+        return sorted(
+            self.rows,
+            key=lambda r: (not r["meets_slo"], r["cost_per_hour"], r["gpus"], r["mode"], r["gpu"], r["tp"],
+                           r["knobs"], r["counts"]),
+        )  # fmt: skip
+
+    capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
+
+    @property
+    def simulated(self) -> int:
+        return len(self.rows)
+
+
+def search(
+    scenario_path: Path,
+    set_: Sequence[str],
+    rate: float,
+    gpus: Sequence[str] | None = None,
+    max_gpus: int = 16,
+    jobs: int = 2,
+    policy: str | None = None,
+    tps: Sequence[int] = DEFAULT_TPS,
+    knobs: dict[str, Sequence[int]] | None = None,
+    modes: Sequence[str] = ("colocated", "pd"),
+    attainment: float = 0.9,
+    explore: int = 0,
+    rule: str = "goodput",
+) -> PlanResult:
+    """Search the grid (see the module docstring); `explore` more configurations past the answer."""
+    from sim.studies.sweep import apply_rate, open_executor, rate_key
+
+    source = str(scenario_path)
+    base = load_scenario(scenario_path, list(set_))
+    if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
+        raise SimError(f"{source}: workload.arrival: plan needs an arrival rate (poisson, gamma, ...)")
+    if rule not in RULES:
+        raise SimError(f"--rule: {rule!r} is not one of {', '.join(RULES)}")
+    if rule == "goodput" and base.slo.ttft_s is None and base.slo.tpot_s is None and base.slo.e2e_s is None:
+        raise SimError(f"{source}: slo: plan needs at least one bound (ttft_s, tpot_s or e2e_s)")
+    policy = policy or next(iter(base.policies))
+    if policy not in base.policies:
+        raise SimError(f"{source}: no policy {policy!r} (have: {', '.join(base.policies)})")
+    raw = apply_rate(base.raw, base, rate, source)
+    key = rate_key(base)
+    node: Any = raw
+    for part in key.split("."):
+        node = node[part]
+    rate_set = {key: node}
+    scenario = validate_scenario(raw, source)
+    base_dir = scenario_path.parent
+    cands, total, unfit = candidates(
+        scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
+    )
+    result = PlanResult(
+        rate, attainment, total, total - unfit - len(cands), 0, unfit=unfit, rate_set=rate_set
+    )
+    failed: dict[Any, list[tuple[int, ...]]] = {}
+    best: Candidate | None = None
+    extra = explore
+    i = 0
+    with open_executor("process", jobs, None) as pool:
+        # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
+        families = sorted({c.family for c in cands if c.mode == "colocated"})
+        sat_tasks = [
+            PlanTask(
+                raw, source, str(base_dir), policy, Candidate(0, 0, *f, (1,)).overrides(scenario, policy)
+            )
+            for f in families
+        ]
+        sats = (
+            list(pool.map(single_capacity, sat_tasks))
+            if pool is not None
+            else [single_capacity(t) for t in sat_tasks]
+        )
+        floor = {
+            f: max(1, math.ceil(CAPACITY_SLACK * rate / mu)) if mu > 0 else 10**9
+            for f, mu in zip(families, sats, strict=True)
+        }
+        result.capacity = {
+            Candidate(0, 0, *f, (1,)).label().split(" ", 1)[1]: mu
+            for f, mu in zip(families, sats, strict=True)
+        }
+        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        result.capacity_pruned = len(cands) - len(kept)
+        cands = kept
+        while i < len(cands):
+            batch: list[Candidate] = []
+            while i < len(cands) and len(batch) < jobs:
+                c = cands[i]
+                if best is not None and c.cost > best.cost and extra <= 0:
+                    break
+                i += 1
+                if _dominated(c, failed):
+                    result.dominance_pruned += 1
+                    continue
+                if best is not None and c.cost > best.cost:
+                    extra -= 1
+                batch.append(c)
+            if not batch:
+                break
+            tasks = [
+                PlanTask(raw, source, str(base_dir), policy, c.overrides(scenario, policy)) for c in batch
+            ]
+            figures = list(pool.map(evaluate, tasks)) if pool is not None else [evaluate(t) for t in tasks]
+            for c, task, fig in zip(batch, tasks, figures, strict=True):
+                ok = meets(fig, rate, attainment, rule, scenario.slo)
+                result.rows.append(_row(c, task, fig, ok))
+                if ok and (best is None or c < best):
+                    best = c
+                    result.best = result.rows[-1]
+                elif not ok:
+                    failed.setdefault(c.family, []).append(c.counts)
+    return result
+
+
+def _row(c: Candidate, task: PlanTask, fig: dict[str, Any], ok: bool) -> dict[str, Any]:
+    return {
+        "config": c.label(), "cost_per_hour": c.cost, "gpus": c.gpus, "mode": c.mode, "gpu": c.gpu,
+        "tp": c.tp, "knobs": json.dumps(dict(c.knobs)), "counts": list(c.counts), "meets_slo": ok,
+        "overrides": json.dumps(task.overrides, sort_keys=True), **fig,
+    }  # fmt: skip
+
+
+# --- outputs ------------------------------------------------------------------------------------------
+
+
+def pareto(rows: pl.DataFrame, metric: str = "ttft_p99") -> pl.DataFrame:
+    """The configurations meeting the SLO that no cheaper (or equally cheap) one beats on `metric`."""
+    ok = rows.filter(pl.col("meets_slo") & pl.col(metric).is_not_null()).sort(["cost_per_hour", metric])
+    keep, best = [], math.inf
+    for i, value in enumerate(ok[metric].to_list()):
+        if value < best:
+            keep.append(i)
+            best = value
+    return ok[keep]
+
+
+def set_args(overrides: dict[str, Any]) -> list[str]:
+    """`--set` arguments for `sim run` (values as TOML)."""
+    from sim.io.tomltext import toml_value
+
+    return [f"{k}={toml_value(v)}" for k, v in sorted(overrides.items())]
+
+
+def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[Path]:
+    """plan.parquet (every simulated configuration), plan.json (the answer and the search's counts) and
+    index.html (the ranked table and the cost-latency front)."""
+    from sim.io.outputs import atomic_write
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pl.DataFrame(result.rows) if result.rows else pl.DataFrame()
+    paths = [out_dir / "plan.parquet", out_dir / "plan.json", out_dir / "index.html"]
+    atomic_write(paths[0], lambda p: frame.write_parquet(p))
+    best = result.best
+    info = {
+        "scenario": str(scenario_path),
+        "rate": result.rate,
+        "attainment": result.attainment,
+        "grid_size": result.grid_size,
+        "theory_pruned": result.theory_pruned,
+        "does_not_fit": result.unfit,
+        "capacity_pruned": result.capacity_pruned,
+        "single_replica_capacity_req_per_s": result.capacity,
+        "dominance_pruned": result.dominance_pruned,
+        "simulated": result.simulated,
+        "brute_force_runs_avoided": result.grid_size - result.simulated,
+        "best": None if best is None else {**best, "set": result.reproduce(best)},
+    }
+    text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
+    atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
+    from sim.report.plan import plan_page
+
+    html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
+    atomic_write(paths[2], lambda p: Path(p).write_text(html, encoding="utf-8"))
+    return paths
+
+
+def print_plan(result: PlanResult, out_dir: Path) -> None:
+    """The ranked table (configurations meeting the SLO first, cheapest first) and the answer."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"sim plan at {result.rate:g} req/s")
+    for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "SLO"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for i, r in enumerate(result.ranked(), 1):
+        ttft, tpot = r["ttft_p99"], r["tpot_p99"]
+        table.add_row(
+            str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
+            "-" if ttft is None else f"{ttft:.3f} s", "-" if tpot is None else f"{tpot * 1000:.1f} ms",
+            f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"grid {result.grid_size} configurations: {result.unfit} do not fit the model in memory, "
+        f"{result.theory_pruned} ruled out by theory, "
+        f"{result.capacity_pruned} by single-replica capacity ({len(result.capacity)} capacity runs), "
+        f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
+        f"({result.grid_size - result.simulated} brute-force runs avoided)"
+    )
+    if result.best is None:
+        console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
+    else:
+        b = result.best
+        console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
+        console.print("reproduce: sim run SCENARIO " + " ".join(f"--set '{a}'" for a in result.reproduce(b)))
+    console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")
