@@ -29,14 +29,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.catalog.gpus import get_gpu  # noqa: E402
-from sim.catalog.model import load_model  # noqa: E402
+from sim.catalog.models import load_model
+from sim.config.policies import ContinuousConfig
 from sim.core.request import Request  # noqa: E402
-from sim.cost.memory import kv_memory  # noqa: E402
+from sim.cost.memory import (
+    KvBudget,
+    kv_memory,  # noqa: E402
+)
 from sim.cost.roofline import CostModel  # noqa: E402
 from sim.engine.replica import Horizon, simulate  # noqa: E402
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler  # noqa: E402
-from sim.engine.schedulers.registry import KvBudget  # noqa: E402
-from sim.records.recorder import Slo, summarize  # noqa: E402
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.records.summary import Slo, summarize
 
 MODEL, GPU = "llama-2-7b", "A100-80GB"
 PROMPT_MEAN, OUTPUT_MEAN, CV, MAX_LEN = 160.0, 340.0, 1.0, 2048

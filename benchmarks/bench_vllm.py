@@ -22,10 +22,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sim.config.scenario import Scenario, validate_scenario  # noqa: E402
+from sim.cost.replica import build_cost_and_memory
 from sim.engine.replica import Horizon, simulate  # noqa: E402
 from sim.engine.schedulers.registry import load_all  # noqa: E402
-from sim.records.recorder import Slo, summarize  # noqa: E402
-from sim.studies.run import build_cost_and_memory  # noqa: E402
+from sim.records.summary import Slo, summarize
 from sim.workload.generator import Workload  # noqa: E402
 
 

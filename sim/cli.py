@@ -298,7 +298,7 @@ def capacity(
     ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
-    from sim.cost.memory import capacity_report
+    from sim.report.capacity import capacity_report
 
     _check_formats(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
     if len(models) > 1 and not compare:
@@ -308,7 +308,8 @@ def capacity(
     if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):
         raise SimError("--quantisation and --weight-group-size go without --draft-model and --max-loras")
     if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/engine/speculative.py)
-        from sim.engine.speculative import draft_capacity, print_draft_capacity
+        from sim.report.capacity import print_draft_capacity
+        from sim.studies.capacity import draft_capacity
 
         if len(models) > 1:
             raise SimError("--draft-model takes one model")
@@ -316,7 +317,7 @@ def capacity(
         print_draft_capacity(draft_capacity(*args, typical_len), as_json)
         return
     if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/engine/lora.py)
-        from sim.engine.lora_records import lora_capacity_report
+        from sim.report.capacity import lora_capacity_report
 
         if len(models) > 1:
             raise SimError("--max-loras: give one model")
@@ -360,8 +361,9 @@ def sweep(
     ),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
+    from sim.report.console import print_sweep
     from sim.studies.run_size import check_sweep_size
-    from sim.studies.sweep import print_sweep, run_sweep
+    from sim.studies.sweep import run_sweep
 
     check_sweep_size(scenario, set_, force)
     print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))

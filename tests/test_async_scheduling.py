@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from sim.config.policies import VllmConfig
+from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon, simulate
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
-from sim.engine.speculative import SpeculativeConfig
+from sim.engine.schedulers.vllm import VllmScheduler
 
 STEP_S = 1.0
 

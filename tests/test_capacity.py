@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
 from sim.cli import app
 from sim.cost.memory import kv_memory, reserve_bytes
 from sim.io.errors import SimError

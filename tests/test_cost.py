@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
-from sim.cost.roofline import Calibration, CostModel, expected_distinct_experts
+from sim.catalog.models import load_model
+from sim.config.calibration import Calibration
+from sim.cost.roofline import CostModel, expected_distinct_experts
 from sim.io.errors import SimError
 
 
@@ -176,7 +177,7 @@ def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:
     (the rows' prompts come mostly from the prefix cache), the KV efficiency its decode-attention efficiency
     (one model only has KV traffic enough to identify it), and a row costs nothing beyond its bytes and FLOPs
     (vLLM prepares rows on the host while the previous step runs), as `sim calibrate` holds them."""
-    from sim.cost.kernel_model import KernelCalibration
+    from sim.config.calibration import KernelCalibration
     from sim.studies.calibrate import BOUNDS, HELD, held
 
     kernel = KernelCalibration.load()

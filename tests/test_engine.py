@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.config.policies import ContinuousConfig, StaticConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.static import StaticConfig, StaticScheduler
-from sim.records.recorder import Slo, summarize
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.engine.schedulers.static import StaticScheduler
+from sim.records.summary import Slo, summarize
 
 DT = 0.01  # every step takes 10 ms
 MEMORY = KvBudget(num_blocks=100_000, block_size=16, max_model_len=1_000_000)
@@ -219,7 +220,7 @@ def test_request_admitted_into_a_step_cut_by_the_horizon_is_in_flight() -> None:
 
 def test_step_records_keep_capacity_changes_and_widen_to_64_bits() -> None:
     """KV capacity is stored where it changes; a value past 32 bits widens the rows without a stray part."""
-    from sim.engine.schedulers.base import KvUsage, StepPlan
+    from sim.core.step import KvUsage, StepPlan
     from sim.records.recorder import Recorder
 
     rec = Recorder()

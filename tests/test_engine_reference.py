@@ -19,15 +19,16 @@ import simpy
 from polars.testing import assert_frame_equal
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
+from sim.config.policies import ContinuousConfig, StaticConfig, VllmConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
 from sim.engine.schedulers.base import Scheduler
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.static import StaticConfig, StaticScheduler
-from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.engine.schedulers.static import StaticScheduler
+from sim.engine.schedulers.vllm import VllmScheduler
 from sim.records.recorder import FINISHED, IN_FLIGHT, REJECTED, Recorder
 
 COST = CostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from sim.cost.roofline import Calibration
+from sim.config.calibration import Calibration
 from sim.studies.validate import FRONTEND_KEY, errors, load_frontend, load_rows, predict
 
 SCALE = 0.05

@@ -13,14 +13,15 @@ from typer.testing import CliRunner
 
 from sim.catalog.links import get_link
 from sim.cli import app
+from sim.config.policies import ContinuousConfig
 from sim.config.scenario import load_scenario
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.fleet.decode import DecodeScheduler
 from sim.fleet.engine import Fleet, ReplicaSpec
-from sim.fleet.registry import load_all
+from sim.fleet.routers import load_all
 from sim.io.errors import SimError
 from sim.studies.run import run_policy, write_result
 

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from sim.config.policies import ContinuousConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
+from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.fleet.engine import Fleet, ReplicaSpec
-from sim.fleet.registry import load_all
+from sim.fleet.routers import load_all
 
 UNIT = 1e-3  # seconds per prompt token: a request of P tokens is served in P ms
 

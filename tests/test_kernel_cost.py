@@ -12,15 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import from_config, load_model
+from sim.catalog.hf_config import from_config
+from sim.catalog.models import load_model
 from sim.cli import app
+from sim.config.calibration import Calibration, KernelCalibration
 from sim.cost.kernel_fit import fit_kernels, hbm_read_eff, profile_dir
-from sim.cost.kernel_model import (
-    KernelCalibration,
-    KernelCostModel,
-    expected_distinct_experts,
-)
-from sim.cost.roofline import Calibration
+from sim.cost.kernel_model import KernelCostModel, expected_distinct_experts
 from sim.io.errors import SimError
 
 PROFILE = profile_dir()

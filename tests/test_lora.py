@@ -11,27 +11,21 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
 from sim.cli import app
+from sim.config.lora import LoraConfig
+from sim.config.policies import VllmConfig
 from sim.config.scenario import validate_scenario
+from sim.config.workload import parse_workload
 from sim.core.request import Request
-from sim.cost.memory import kv_memory
+from sim.cost.lora import LoraCost, adapter_bytes, lora_memory, slot_bytes
+from sim.cost.memory import KvBudget, kv_memory
 from sim.cost.roofline import CostModel
-from sim.engine.lora import (
-    LoraCache,
-    LoraConfig,
-    LoraCost,
-    LoraGate,
-    adapter_bytes,
-    lora_memory,
-    setup_lora,
-    slot_bytes,
-)
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler, build_vllm
+from sim.engine.lora import LoraCache, LoraGate, setup_lora
+from sim.engine.schedulers.vllm import VllmScheduler, build_vllm
 from sim.io.errors import SimError
 from sim.studies.run import run_policy
-from sim.workload.generator import Workload, parse_workload
+from sim.workload.generator import Workload
 
 # Llama-2-7B: hidden 4096, 32 layers, 32 heads of 128 (no GQA), MLP width 11008.
 H, L, INTER = 4096, 32, 11008
@@ -373,7 +367,7 @@ def test_slots_come_out_of_the_replicas_own_kv_memory_with_group_scales() -> Non
     """INT4 weights with 32-weight groups: the KV memory the slots are taken from is the one `kv_memory` gives
     for those weights, scales included (not the memory of another weight format)."""
     from sim.catalog.gpus import get_gpu
-    from sim.catalog.model import load_model
+    from sim.catalog.models import load_model
     from sim.cost.memory import kv_memory
 
     data = _scenario(max_cpu_loras=8)

@@ -8,14 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.catalog.model import (
-    catalog_names,
-    causal_pairs,
-    dtype_bytes,
-    from_config,
-    load_model,
-    position_limit,
-)
+from sim.catalog.dtypes import dtype_bytes
+from sim.catalog.hf_config import from_config, position_limit
+from sim.catalog.model import causal_pairs
+from sim.catalog.models import catalog_names, load_model
 from sim.io.errors import SimError
 
 KV_16BIT = {

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.config.policies import ContinuousConfig, StaticConfig
 from sim.config.scenario import load_scenario
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.base import Scheduler
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.static import StaticConfig, StaticScheduler
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.engine.schedulers.static import StaticScheduler
 from sim.records.overload import RISE_Z, backlog_trend
-from sim.records.recorder import Slo, summarize
+from sim.records.summary import Slo, summarize
 from sim.studies import sweep
 from sim.studies.run import run_policy
 

@@ -12,15 +12,18 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import from_config, load_model
+from sim.catalog.hf_config import from_config
+from sim.catalog.models import load_model
 from sim.catalog.quantisation import DEQUANT_COMPUTE_EFF
 from sim.cli import app
+from sim.config.calibration import Calibration, KernelCalibration
 from sim.config.scenario import load_scenario
-from sim.cost.kernel_model import KernelCalibration, KernelCostModel
-from sim.cost.memory import capacity_report, kv_memory
-from sim.cost.roofline import Calibration, CostModel
+from sim.config.sweep import parse_sweep
+from sim.cost.kernel_model import KernelCostModel
+from sim.cost.memory import kv_memory
+from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
-from sim.studies.sweep import parse_sweep
+from sim.report.capacity import capacity_report
 
 runner = CliRunner()
 LLAMA_8B = Path("sim/catalog/models/llama-3.1-8b.json")
@@ -447,10 +450,11 @@ def test_bulk_decoding_stays_exact_under_quantised_costs() -> None:
     it must still give the step-by-step records (KV pressure included: 400 blocks)."""
     from polars.testing import assert_frame_equal
 
+    from sim.config.policies import VllmConfig
     from sim.core.request import Request
+    from sim.cost.memory import KvBudget
     from sim.engine.replica import Horizon, simulate
-    from sim.engine.schedulers.registry import KvBudget
-    from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+    from sim.engine.schedulers.vllm import VllmScheduler
 
     m, g = load_model("llama-3.1-8b"), get_gpu("L4")
     cost = CostModel(m, g, weight_dtype="int4", kv_dtype="fp8", weight_group_size=128)

@@ -16,8 +16,9 @@ from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _sc
 
 from sim.core.request import Request
 from sim.engine.replica import Horizon, simulate
-from sim.records.recorder import FINISHED, Recorder, Slo, summarize
+from sim.records.recorder import FINISHED, Recorder
 from sim.records.sinks import PARTS, ParquetSink
+from sim.records.summary import Slo, summarize
 
 
 def _streamed(policy: str, h: Horizon, reqs: list[Request], recorder: Recorder) -> Recorder:
@@ -143,7 +144,8 @@ def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, 
     """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
     whose cumulative decode tokens reach q times the total."""
     import sim.records.recorder
-    from sim.records.recorder import QUANTILES, _weighted_quantiles
+    from sim.records.recorder import QUANTILES
+    from sim.records.summary import _weighted_quantiles
 
     monkeypatch.setattr(sim.records.recorder, "QUANTILE_BINS", bins)
     rng = np.random.default_rng(5)

@@ -20,8 +20,8 @@ from sim.report import build_report, frames, grid
 from sim.report.build import capacities, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
 from sim.report.inputs import PolicyRun, load_inputs
+from sim.studies.points import POINT_SCHEMA
 from sim.studies.run import run_policy, write_result
-from sim.studies.sweep import POINT_SCHEMA
 
 SCENARIO = """
 name = "mini"

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from sim.core.request import Request
-from sim.fleet.registry import Snapshot, load_all
+from sim.fleet.routers import load_all
+from sim.fleet.routing import Snapshot
 
 
 def _router(name: str, n: int, seed: int = 0, **knobs: object):  # type: ignore[no-untyped-def]

@@ -15,23 +15,19 @@ import polars as pl
 import pytest
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
+from sim.config.calibration import Calibration
+from sim.config.policies import VllmConfig
 from sim.config.scenario import validate_scenario
+from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
-from sim.cost.roofline import Calibration, CostModel
-from sim.engine.schedulers.base import KvUsage, StepPlan
-from sim.engine.schedulers.registry import KvBudget, load_all
-from sim.engine.schedulers.vllm import VllmConfig
+from sim.core.step import KvUsage, StepPlan
+from sim.cost.draft import build_drafter, kv_blocks_with_draft
+from sim.cost.memory import KvBudget
+from sim.cost.roofline import CostModel
+from sim.engine.schedulers.registry import load_all
 from sim.engine.schedulers.vllm_spec import SpeculativeScheduler
-from sim.engine.speculative import (
-    Acceptance,
-    DraftWork,
-    SpeculativeConfig,
-    SpeculativeTiming,
-    accepted_drafts,
-    build_drafter,
-    kv_blocks_with_draft,
-)
+from sim.engine.speculative import Acceptance, DraftWork, SpeculativeTiming, accepted_drafts
 from sim.io.errors import SimError
 from sim.studies.run import run_manifest, run_policy
 
@@ -409,7 +405,7 @@ def test_trace_acceptance_needs_a_trace_arrival() -> None:
 
 
 def _point(policy: str, rate: float, e2e: float, tpot: float) -> dict[str, Any]:
-    from sim.studies.sweep import POINT_SCHEMA
+    from sim.studies.points import POINT_SCHEMA
 
     row: dict[str, Any] = {name: None for name in POINT_SCHEMA}
     row.update(point_key=f"{policy}-{rate}", policy=policy, scheduler="vllm", rate=rate, replication=0,
@@ -419,7 +415,7 @@ def _point(policy: str, rate: float, e2e: float, tpot: float) -> dict[str, Any]:
 
 def test_report_speedup_is_the_plain_policys_latency_over_the_speculating_ones() -> None:
     from sim.report.speculative import latency_ratios
-    from sim.studies.sweep import POINT_SCHEMA
+    from sim.studies.points import POINT_SCHEMA
 
     rows = [_point("vllm", 1.0, 3.0, 0.02), _point("spec", 1.0, 2.0, 0.01),
             _point("vllm", 8.0, 3.0, 0.02), _point("spec", 8.0, 6.0, 0.05)]  # fmt: skip

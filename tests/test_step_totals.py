@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.config.policies import ContinuousConfig, VllmConfig
 from sim.core.request import Request
+from sim.core.step import StepTotals
+from sim.cost.memory import KvBudget
 from sim.engine.kv import BlockPool
-from sim.engine.schedulers.base import StepTotals
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.engine.schedulers.vllm import VllmScheduler
 
 MEMORY = KvBudget(num_blocks=60, block_size=16, max_model_len=1024)
 

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.cli import app
+from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
-from sim.cost.roofline import Calibration
 from sim.io.errors import SimError
 from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
 from sim.studies.validate import (

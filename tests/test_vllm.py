@@ -7,11 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.config.policies import SarathiConfig, VllmConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon, simulate
-from sim.engine.schedulers.registry import KvBudget, load_all
-from sim.engine.schedulers.vllm import SarathiConfig, VllmConfig, VllmScheduler
-from sim.records.recorder import Slo, summarize
+from sim.engine.schedulers.registry import load_all
+from sim.engine.schedulers.vllm import VllmScheduler
+from sim.records.summary import Slo, summarize
 
 
 def make(num_blocks: int = 100, max_model_len: int = 4096, **knobs: object) -> VllmScheduler:

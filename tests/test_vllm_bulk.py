@@ -14,12 +14,14 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
+from sim.config.policies import VllmConfig
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import Horizon, simulate
-from sim.engine.schedulers.registry import KvBudget, load_all
-from sim.engine.schedulers.vllm import VllmConfig, VllmScheduler
+from sim.engine.schedulers.registry import load_all
+from sim.engine.schedulers.vllm import VllmScheduler
 from sim.records.recorder import Recorder
 from sim.studies.replay import build, config_from, load_trace, read_steps
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.config.policies import ContinuousConfig
 from sim.config.scenario import validate_scenario
 from sim.core.request import Request
+from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon, simulate
-from sim.engine.schedulers.continuous import ContinuousConfig, ContinuousScheduler
-from sim.engine.schedulers.registry import KvBudget
-from sim.records.recorder import Slo, summarize
+from sim.engine.schedulers.continuous import ContinuousScheduler
+from sim.records.summary import Slo, summarize
 from sim.studies.run import run_policy
 
 DT = 0.01

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sim.config.lengths import LengthSampler, TimeSampler
+from sim.config.workload import WorkloadConfig, parse_workload
 from sim.core.request import Request
 from sim.io.errors import SimError
-from sim.workload.generator import Workload, WorkloadConfig, parse_workload
+from sim.workload.generator import Workload
+from sim.workload.lengths import LengthSampler, TimeSampler
 
 AZURE_CONV = Path(__file__).parent / "data" / "traces" / "splitwise_conv_head200.csv"
 FIXED_LENGTHS = {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from sim.catalog.model import normalize_dtype
+from sim.catalog.dtypes import normalize_dtype
 from sim.io.errors import SimError
 
 

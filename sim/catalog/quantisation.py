@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sim.catalog.dtypes import DTYPE_BYTES, KV_DTYPES, normalize_dtype
 from sim.catalog.gpus import Gpu
-from sim.catalog.model import DTYPE_BYTES, KV_DTYPES, ModelSpec, normalize_dtype
+from sim.catalog.model import ModelSpec
 from sim.io.errors import SimError
 
 # Share of the 16-bit GEMM rate a weight-only kernel keeps in the compute-bound regime: a prior, from Marlin

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
@@ -53,3 +54,52 @@ def calibration_table(shipped: str, path: str | Path | None, known: set[str]) ->
         if why is not None:
             raise SimError(f"{path or shipped}: calibration.{key}: {why}")
     return {k: float(v) for k, v in table.items()}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
+
+    compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
+    compute_eff_decode: float = 0.7483
+    bandwidth_eff: float = 0.7748  # weight reads (GEMM/GEMV)
+    kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
+    step_overhead_s: float = 0.0002636
+    layer_overhead_s: float = 1.301e-05
+    per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
+    sampler_s_per_entry: float = 3.034e-10  # logits processing and sampling, per row and vocabulary entry
+    allreduce_eff: float = 0.2668
+    allreduce_latency_s: float = 2.683e-06
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Calibration:
+        """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
+        return cls(**calibration_table("calibration.toml", path, {f.name for f in fields(cls)}))
+
+
+@dataclass(frozen=True)
+class KernelCalibration:
+    """Kernel efficiencies, fixed costs and host overheads; defaults: sim/catalog/kernel_calibration.toml."""
+
+    gemm_compute_eff: float = 0.7483  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
+    gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
+    gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
+    kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
+    dequant_compute_eff: float = 0.9  # weight-only INT4/INT8: share of 16-bit rate left (prior; Marlin)
+    attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
+    attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
+    kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
+    attn_fixed_s: float = 1.191e-05  # per attention kernel (H200 profile)
+    attn_row_head_s: float = 8.218e-09  # per (sequence x KV head) decode work item (H200 profile)
+    graph_kernel_fixed_s: float = 3.068e-06  # per kernel in a replayed serving step (end-to-end fit)
+    elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
+    allreduce_latency_s: float = 2e-06  # per all-reduce over NVLink (end-to-end fit)
+    allreduce_latency_pcie_s: float = 3e-05  # per all-reduce over PCIe (prior)
+    allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
+    step_overhead_s: float = 0.0001034  # host per step: scheduling, inputs, sampling (end-to-end fit)
+    per_row_overhead_s: float = 1.008e-07  # host: per sequence in the step (end-to-end fit)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> KernelCalibration:
+        """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors."""
+        return cls(**calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)}))

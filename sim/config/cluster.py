@@ -83,11 +83,10 @@ def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str
 
     from sim.catalog.gpus import get_gpu
     from sim.catalog.links import link_names
-    from sim.fleet.registry import load_all
+    from sim.config.validation import format_validation_error
     from sim.io.errors import SimError
-    from sim.workload.generator import format_validation_error
 
-    routers = load_all()
+    routers = ROUTERS
     name, knobs = cluster.router_kind()
     where = "cluster.router" if isinstance(cluster.router, str) else "cluster.router.kind"
     if name not in routers:
@@ -95,7 +94,7 @@ def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str
             f"{source}: {where}: unknown router {name[:40]!r} (one of {', '.join(sorted(routers))})"
         )
     try:
-        config = routers[name].config.model_validate(knobs)
+        config = routers[name].model_validate(knobs)
     except ValidationError as err:
         raise SimError(format_validation_error(err, knobs, source, root="cluster.router")) from None
     if cluster.link not in link_names():
@@ -114,3 +113,31 @@ def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str
             except SimError as err:
                 raise SimError(f"{source}: cluster.groups[{i}].gpu: {err}") from None
     return config
+
+
+class _NoKnobs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PowerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    choices: int = Field(2, ge=1, le=64, description="Replicas sampled per request.")
+
+
+class AffinityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    load_factor: float = Field(
+        1.25, ge=1.0, le=100.0, description="Bound on a replica's load, as a multiple of the mean."
+    )
+    virtual_nodes: int = Field(64, ge=1, le=4096, description="Ring points per replica.")
+
+
+# The knobs of each router, by name (`cluster.router = { kind = NAME, ... }`); the routers: sim.fleet.routers.
+ROUTERS: dict[str, type[BaseModel]] = {
+    "round_robin": _NoKnobs,
+    "random": _NoKnobs,
+    "least_outstanding": _NoKnobs,
+    "power_of_two": PowerConfig,
+    "least_kv": _NoKnobs,
+    "prefix_affinity": AffinityConfig,
+}

@@ -10,101 +10,20 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.quantisation import check_dtype, check_group_size
 from sim.config.calibration import calibration_problem
 from sim.config.cluster import ClusterSection, check_cluster
-from sim.engine.lora import check_lora
-from sim.engine.schedulers.registry import load_all
+from sim.config.lora import check_lora
+from sim.config.policies import POLICIES
+from sim.config.sections import HorizonSection, ModelSection, SloSection, _Section
+from sim.config.validation import format_validation_error
+from sim.config.workload import WorkloadConfig
 from sim.io.errors import SimError
-from sim.io.limits import (
-    MAX_BLOCK_SIZE,
-    MAX_COUNT,
-    MAX_KV_BLOCKS,
-    MAX_REQUESTS_CAP,
-    MAX_SECONDS,
-    MAX_TOKENS,
-)
-from sim.workload.generator import WorkloadConfig, format_validation_error
 
 MAX_SCENARIO_BYTES = 16 * 2**20
 POLICY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class ModelSection(_Section):
-    """What runs, on what: the model, the GPU and the memory knobs of one replica."""
-
-    name: str = Field(description="Catalog name, Hugging Face id, or path to a config.json.")
-    gpu: str = Field(description="GPU catalog name, e.g. A100-80GB, H100-SXM.")
-    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel degree.")
-    weight_dtype: str | None = Field(
-        None, description="fp32, bf16, fp16, fp8, int8, int4 (default: config's)."
-    )
-    kv_dtype: str | None = Field(None, description="KV-cache dtype (default: the 16-bit activation dtype).")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int = Field(4096, ge=16, le=MAX_TOKENS)
-    block_size: int = Field(16, ge=1, le=MAX_BLOCK_SIZE)
-    num_kv_blocks: int | None = Field(
-        None, ge=2, le=MAX_KV_BLOCKS, description="Override the KV blocks derived from memory."
-    )
-    weight_group_size: int | None = Field(
-        None, description="int4/int8 weights per 16-bit scale: 32-1024, a power of two; 0: per channel."
-    )
-
-    @field_validator("weight_dtype", "kv_dtype")
-    @classmethod
-    def _known_dtype(cls, value: str | None, info: Any) -> str | None:
-        return check_dtype(info.field_name, value)
-
-    @model_validator(mode="after")
-    def _group_size(self) -> ModelSection:
-        check_group_size(self.weight_dtype, self.weight_group_size)
-        return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_cpu_offload(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "cpu_offload_blocks" in data:
-            raise ValueError(
-                "cpu_offload_blocks: host-memory KV offloading is not modelled (in vLLM it is a second "
-                "prefix-cache tier, not more GPU KV blocks); remove the key"
-            )
-        return data
-
-
-class HorizonSection(_Section):
-    """When arrivals stop. `sim run` and `sim sweep` estimate a run's size before it starts (requests =
-    rate x duration_s, or max_requests; tokens = requests x mean prompt and output) and refuse, unless
-    --force, one expected to exceed 1,000,000 requests or 1,000,000,000 tokens."""
-
-    duration_s: float | None = Field(
-        None, gt=0, le=MAX_SECONDS, description="Arrivals stop here; so does the run unless drain."
-    )
-    max_requests: int | None = Field(
-        None, ge=1, le=MAX_REQUESTS_CAP, description="Arrivals stop after this many requests."
-    )
-    drain: bool = Field(False, description="After arrivals stop, serve every admitted request to the end.")
-    max_waiting: int | None = Field(
-        None, ge=1, le=MAX_COUNT, description="Reject arrivals while this many wait (queue full)."
-    )
-
-    @model_validator(mode="after")
-    def _bounded(self) -> HorizonSection:
-        if self.duration_s is None and self.max_requests is None:
-            raise ValueError("give duration_s, max_requests or both")
-        return self
-
-
-class SloSection(_Section):
-    ttft_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
-    tpot_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
-    e2e_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
 
 
 class Scenario(_Section):
@@ -130,7 +49,7 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _calibration_in_range(self) -> Scenario:
-        from sim.cost.roofline import Calibration
+        from sim.config.calibration import Calibration
 
         known = {f.name for f in fields(Calibration)}
         for key, value in self.calibration.items():
@@ -217,7 +136,7 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
         raise SimError(format_validation_error(err, data, source, root="")) from None
-    registry = load_all()
+    registry = POLICIES
     configs: dict[str, BaseModel] = {}
     for name, table in scenario.policies.items():
         if not POLICY_NAME.match(name):
@@ -237,7 +156,7 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             )
         knobs = {k: v for k, v in table.items() if k != "scheduler"}
         try:
-            configs[name] = registry[kind].config.model_validate(knobs)
+            configs[name] = registry[kind].model_validate(knobs)
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
         if getattr(configs[name], "enable_chunked_prefill", True) is False:
@@ -297,5 +216,5 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 def schema() -> dict[str, Any]:
     """The JSON schema of a scenario file, with each registered policy's knobs."""
     out = Scenario.model_json_schema()
-    out["x-policies"] = {name: p.config.model_json_schema() for name, p in sorted(load_all().items())}
+    out["x-policies"] = {name: config.model_json_schema() for name, config in sorted(POLICIES.items())}
     return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from sim.cost.kernel_model import KernelCalibration
+from sim.config.calibration import KernelCalibration
 
 Params = dict[str, float]
 
@@ -61,7 +61,7 @@ def _read(path: Path) -> list[dict[str, str]]:
 
 def _profile_models() -> dict[str, tuple[int, int, int]]:
     """(query heads, KV heads, head dim) of the profiled models, from the catalog configs."""
-    from sim.catalog.model import load_model
+    from sim.catalog.models import load_model
 
     out = {}
     for name in ("llama-3.1-8b", "qwen3-14b", "llama-3.1-70b"):
@@ -125,7 +125,7 @@ def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[s
     """Kernel parameters fitted to a GPU profile (soft-L1 least squares on log(predicted / measured)),
     and per kernel kind the median and 90th-percentile |error| and the share predicted below measurement."""
     from sim.catalog.gpus import get_gpu
-    from sim.cost.kernel_model import attention_seconds, kernel_seconds
+    from sim.cost.kernels import attention_seconds, kernel_seconds
 
     gpu = get_gpu(PROFILE_GPU)
     data = kernel_data(directory)

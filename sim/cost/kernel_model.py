@@ -35,119 +35,26 @@ count), so it is computed once per distinct count and reused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from pathlib import Path
-
 import numpy as np
 
+from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
-from sim.catalog.model import ModelSpec, normalize_dtype
+from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import matmul_rate
-from sim.config.calibration import calibration_table
+from sim.config.calibration import KernelCalibration
+from sim.cost.kernels import (
+    ACT_BYTES,
+    ELEMENTWISE_KERNELS,
+    Kernel,
+    StepCost,
+    _Gemm,
+    attention_seconds,
+    host_seconds,
+    kernel_seconds,
+    overlapped,
+)
 from sim.cost.roofline import expected_distinct_experts
 from sim.io.errors import SimError
-
-ACT_BYTES = 2  # activations are 16-bit
-# Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
-# the KV-cache write.
-ELEMENTWISE_KERNELS = 5
-
-
-@dataclass(frozen=True)
-class KernelCalibration:
-    """Kernel efficiencies, fixed costs and host overheads; defaults: sim/catalog/kernel_calibration.toml."""
-
-    gemm_compute_eff: float = 0.7483  # large-M 16-bit GEMM, fraction of dense peak (H200 profile)
-    gemm_compute_eff_fp8: float = 0.7372  # large-M FP8 W8A8 GEMM, fraction of the FP8 peak (H200 profile)
-    gemm_bandwidth_eff: float = 0.8688  # small-M GEMM weight streaming, fraction of HBM peak (H200 profile)
-    kernel_fixed_s: float = 1.117e-05  # per GEMM kernel: launch, ramp and tail (H200 profile)
-    dequant_compute_eff: float = 0.9  # weight-only INT4/INT8: share of 16-bit rate left (prior; Marlin)
-    attn_compute_eff: float = 0.6395  # causal flash-attention prefill, fraction of 16-bit peak (H200 profile)
-    attn_query_head_s: float = 1.952e-10  # prefill attention time per (query token x head) (H200 profile)
-    kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
-    attn_fixed_s: float = 1.191e-05  # per attention kernel (H200 profile)
-    attn_row_head_s: float = 8.218e-09  # per (sequence x KV head) decode work item (H200 profile)
-    graph_kernel_fixed_s: float = 3.068e-06  # per kernel in a replayed serving step (end-to-end fit)
-    elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
-    allreduce_latency_s: float = 2e-06  # per all-reduce over NVLink (end-to-end fit)
-    allreduce_latency_pcie_s: float = 3e-05  # per all-reduce over PCIe (prior)
-    allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
-    step_overhead_s: float = 0.0001034  # host per step: scheduling, inputs, sampling (end-to-end fit)
-    per_row_overhead_s: float = 1.008e-07  # host: per sequence in the step (end-to-end fit)
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> KernelCalibration:
-        """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors."""
-        return cls(**calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)}))
-
-
-def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]
-    """max(compute, memory) + fixed cost of a kernel; floats or numpy arrays alike (the fit uses it)."""
-    comp, mem = flops / flops_per_s, nbytes / bytes_per_s
-    return 0.5 * (comp + mem + abs(comp - mem)) + fixed_s
-
-
-def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]
-    """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes
-    streamed plus the per-(sequence x KV head) work items of a decode kernel (each loads its queries,
-    combines its split-KV partial results and writes its output)."""
-    comp = flops / (peak16 * cal.attn_compute_eff) + cal.attn_query_head_s * query_heads
-    mem = nbytes / (hbm * cal.kv_bandwidth_eff) + cal.attn_row_head_s * items
-    return kernel_seconds(comp, mem, 1.0, 1.0, fixed_s)
-
-
-def host_seconds(cal: KernelCalibration, rows: float | np.ndarray) -> float | np.ndarray:
-    """Host-side time of a step with `rows` sequences."""
-    return cal.step_overhead_s + cal.per_row_overhead_s * rows
-
-
-def overlapped(gpu_s, host_s):  # type: ignore[no-untyped-def]
-    """A step's wall time: vLLM's asynchronous scheduling prepares step n + 1 on the host while the GPU runs
-    step n, so the slower of the two sets the pace. Floats or numpy arrays alike."""
-    return 0.5 * (gpu_s + host_s + abs(gpu_s - host_s))
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One kernel kind of a step: how many run, their total time, and what bounds them."""
-
-    name: str
-    count: int
-    seconds: float
-    bound: str  # "compute", "memory" or "latency"
-    flops: float
-    bytes: float
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """Breakdown of one step (per GPU)."""
-
-    seconds: float
-    bound: str  # of the kernels: "compute" when compute-bound kernels take most of the GPU time
-    gpu_s: float  # kernels and all-reduces
-    host_s: float
-    allreduce_s: float
-    compute_s: float  # time of compute-bound kernels
-    memory_s: float  # time of memory- and latency-bound kernels
-    flops: float
-    weight_bytes: float
-    kv_read_bytes: float
-    kv_write_bytes: float
-    tokens: int
-    rows: int
-    experts_touched: float  # expected distinct routed experts per MoE layer
-    kernels: tuple[Kernel, ...]
-
-
-@dataclass(frozen=True)
-class _Gemm:
-    name: str
-    count: int  # per step (layers)
-    k: float
-    n: float
-    weight_bytes_per_param: float
-    group: str
 
 
 class KernelCostModel:

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sim.catalog.dtypes import dtype_bytes, normalize_dtype
 from sim.catalog.gpus import Gpu
-from sim.catalog.model import ModelSpec, dtype_bytes, normalize_dtype
+from sim.catalog.model import ModelSpec
 from sim.io.errors import SimError
 
 if TYPE_CHECKING:
-    from sim.config.scenario import ModelSection
+    from sim.config.sections import ModelSection
 
 GB = 1e9
 FIXED_RESERVE = int(0.15 * 2**30)
@@ -179,251 +180,14 @@ def kv_memory(
 # ----------------------------------------------------------------------------- report (`sim capacity`)
 
 
-def _gb(x: float) -> str:
-    return f"{x / GB:,.2f} GB"
+@dataclass(frozen=True, slots=True)
+class KvBudget:
+    """The KV memory a replica gives its scheduler, in blocks of `block_size` token slots."""
 
+    num_blocks: int
+    block_size: int
+    max_model_len: int
 
-def capacity_summary(
-    model: ModelSpec, kv: KvMemory, max_model_len: int | None, typical_len: int
-) -> dict[str, object]:
-    """JSON-ready capacity figures for one model (bytes as integers)."""
-    max_len = max_model_len or model.max_position_embeddings
-    if max_len < 1 or typical_len < 1:
-        raise SimError("--max-model-len and --typical-len must be positive")
-    return {
-        **kv.to_dict(),
-        "hf_id": model.hf_id,
-        "attention": model.attention,
-        "num_heads": model.num_heads,
-        "num_kv_heads": model.num_kv_heads,
-        "params_total": model.params_total,
-        "max_model_len": max_len,
-        "typical_len": typical_len,
-        "max_seqs_at_max_model_len": kv.max_seqs(max_len),
-        "max_seqs_at_typical_len": kv.max_seqs(typical_len),
-    }
-
-
-def _kv_formula(model: ModelSpec, kv: KvMemory) -> str:
-    b = dtype_bytes(kv.kv_dtype)
-    if model.attention == "MLA":
-        latent = f"({model.kv_lora_rank} latent + {model.qk_rope_head_dim} rope)"
-        return f"{model.num_layers} layers x {latent} x {b:g} B"
-    heads = max(1, model.num_kv_heads // kv.tp)
-    return f"{model.num_layers} layers x 2 (K,V) x {heads} KV heads x {model.head_dim} x {b:g} B"
-
-
-def _single_table(model: ModelSpec, kv: KvMemory, s: dict[str, object]) -> object:
-    from rich.table import Table
-
-    t = Table(title=f"{model.name} on {kv.gpu} x{kv.tp} ({kv.weight_dtype} weights, {kv.kv_dtype} KV)")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("arithmetic")
-    max_len, typ = int(s["max_model_len"]), int(s["typical_len"])  # type: ignore[call-overload]
-    t.add_row("GPU memory", _gb(kv.memory_bytes), "driver-reported total")
-    t.add_row("budget", _gb(kv.budget_bytes), f"{kv.gpu_memory_utilization:g} x {_gb(kv.memory_bytes)}")
-    t.add_row(
-        "weights / GPU",
-        _gb(kv.weight_bytes),
-        f"{model.params_total / 1e9:.2f}e9 params x "
-        f"{model.weight_bytes(kv.weight_dtype) / model.params_total:.3g} B / {kv.tp}"
-        + _mixed_note(model, kv.weight_dtype),
-    )
-    t.add_row("reserve / GPU", _gb(kv.reserve_bytes), "context + activation peak + sampler")
-    t.add_row("KV available", _gb(kv.kv_bytes_available), "budget - weights - reserve")
-    t.add_row("KV bytes / token", f"{kv.kv_bytes_per_token:,} B", _kv_formula(model, kv))
-    t.add_row(
-        "KV blocks",
-        f"{kv.num_blocks:,}",
-        f"{_gb(kv.kv_bytes_available)} / ({kv.block_size} x {kv.kv_bytes_per_token:,} B)",
-    )
-    t.add_row("KV tokens", f"{kv.token_capacity:,}", f"{kv.num_blocks:,} x {kv.block_size}")
-    for label, n in (("max_model_len", max_len), ("typical length", typ)):
-        t.add_row(
-            f"max seqs @ {label} {n:,}",
-            f"{kv.max_seqs(n):,}",
-            f"{kv.num_blocks:,} blocks / {kv.blocks_per_seq(n):,} blocks per seq",
-        )
-    return t
-
-
-def _attention_line(models: list[ModelSpec], kvs: list[KvMemory]) -> str:
-    parts = []
-    for m in models:
-        if m.attention == "MLA":
-            parts.append(f"{m.name} caches one compressed latent per layer (MLA)")
-        else:
-            share = m.num_heads // m.num_kv_heads
-            kind = "every query head has its own" if share == 1 else f"{share} query heads share each"
-            parts.append(f"{m.name}: {m.attention}, {m.num_heads} query / {m.num_kv_heads} KV heads ({kind})")
-    per_tok = [k.kv_bytes_per_token for k in kvs]
-    ratio = max(per_tok) / min(per_tok)
-    return (
-        "; ".join(parts) + f". KV bytes per token differ by {ratio:.1f}x, and so do the sequences that fit."
-    )
-
-
-def _compare_table(models: list[ModelSpec], kvs: list[KvMemory], sums: list[dict[str, object]]) -> object:
-    from rich.table import Table
-
-    t = Table(title=f"KV capacity on {kvs[0].gpu} x{kvs[0].tp}")
-    t.add_column("")
-    for m in models:
-        t.add_column(m.name, justify="right")
-    rows: list[tuple[str, list[str]]] = [
-        ("attention", [f"{m.attention} {m.num_heads}Q/{m.num_kv_heads}KV" for m in models]),
-        ("weights / GPU", [f"{_gb(k.weight_bytes)} ({k.weight_dtype})" for k in kvs]),
-        ("reserve / GPU", [_gb(k.reserve_bytes) for k in kvs]),
-        ("KV available", [_gb(k.kv_bytes_available) for k in kvs]),
-        ("KV bytes / token", [f"{k.kv_bytes_per_token:,} B" for k in kvs]),
-        ("KV blocks", [f"{k.num_blocks:,}" for k in kvs]),
-        ("KV tokens", [f"{k.token_capacity:,}" for k in kvs]),
-        ("max_model_len", [f"{s['max_model_len']:,}" for s in sums]),
-        ("max seqs @ max_model_len", [f"{s['max_seqs_at_max_model_len']:,}" for s in sums]),
-        (f"max seqs @ {sums[0]['typical_len']:,}", [f"{s['max_seqs_at_typical_len']:,}" for s in sums]),
-    ]
-    for label, vals in rows:
-        t.add_row(label, *vals)
-    return t
-
-
-def capacity_report(
-    models: list[str],
-    gpu: str,
-    tp: int = 1,
-    gpu_memory_utilization: float = 0.9,
-    weight_dtype: str | None = None,
-    kv_dtype: str | None = None,
-    max_model_len: int | None = None,
-    typical_len: int = 1024,
-    as_json: bool = False,
-    weight_group_size: int | None = None,
-    quantisation: bool = False,
-) -> None:
-    """Print the capacity of one model, or of several side by side, as rich tables or one JSON object.
-
-    `quantisation`: one model under each weight and KV-cache format instead (sim/studies/capacity.py)."""
-    import json
-
-    from rich.console import Console
-
-    from sim.catalog.gpus import get_gpu
-    from sim.catalog.model import load_model
-
-    if not models:
-        raise SimError("give at least one model")
-    g = get_gpu(gpu)
-    specs = [load_model(m) for m in models]
-    if quantisation:
-        _quantisation_report(specs, g, tp, gpu_memory_utilization, max_model_len, typical_len, as_json,
-                             weight_group_size)  # fmt: skip
-        return
-    kvs = [
-        kv_memory(m, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype, 16, weight_group_size)
-        for m in specs
-    ]
-    if max_model_len is None and len(specs) > 1:  # compare at one length: the shortest model limit
-        max_model_len = min(m.max_position_embeddings or 2**31 for m in specs)
-    sums = [capacity_summary(m, k, max_model_len, typical_len) for m, k in zip(specs, kvs, strict=True)]
-    console = Console(width=140)
-    if len(specs) == 1:
-        quantised = bool(weight_dtype or kv_dtype or specs[0].quant.dtype)
-        if quantised:  # the format's FLOP rate and decode-step bytes (16-bit output unchanged)
-            sums[0].update(_format_figures(specs[0], g, tp, kvs[0], max_model_len, typical_len))
-        if as_json:
-            print(json.dumps(sums[0]))
-        else:
-            table = _single_table(specs[0], kvs[0], sums[0])
-            if quantised:
-                _add_format_rows(table, sums[0])
-            console.print(table)
-        return
-    note = _attention_line(specs, kvs)
-    if as_json:
-        print(json.dumps({"gpu": g.name, "tp": tp, "models": sums, "note": note}))
-        return
-    console.print(_compare_table(specs, kvs, sums))
-    console.print(note, soft_wrap=True)
-
-
-def _mixed_note(model: ModelSpec, weight_dtype: str) -> str:
-    """How the mean bytes per parameter arise when not every parameter has the weight dtype's width."""
-    if model.weight_bytes(weight_dtype) == model.params_total * dtype_bytes(weight_dtype):
-        return ""
-    return f" ({weight_dtype} matmuls; embeddings, norms, modules quantization_config keeps: 16-bit)"
-
-
-def _quantisation_report(
-    specs: list[ModelSpec],
-    gpu: Gpu,
-    tp: int,
-    util: float,
-    max_model_len: int | None,
-    typical_len: int,
-    as_json: bool,
-    group_size: int | None,
-) -> None:
-    import json
-
-    from rich.console import Console
-
-    from sim.studies.capacity import (
-        DECODE_BATCH,
-        PREFILL_TOKENS,
-        baseline,
-        quantisation_table,
-        variant_figures,
-        variants,
-    )
-
-    if len(specs) != 1:
-        raise SimError("--quantisation compares the formats of one model: give one model")
-    m = specs[0]
-    check_tp(m, tp)
-    rows = [variant_figures(m, gpu, v, tp, util, max_model_len, typical_len) for v in variants(m, group_size)]
-    if as_json:
-        print(json.dumps({"model": m.name, "gpu": gpu.name, "tp": tp, "variants": rows}))
-        return
-    console = Console(width=160)
-    title = (
-        f"{m.name} on {gpu.name} x{tp}: weight and KV-cache formats (decode step: {DECODE_BATCH} sequences "
-        f"at {typical_len:,} tokens; prefill chunk: {PREFILL_TOKENS:,} tokens)"
-    )
-    console.print(quantisation_table(rows, title))
-    base = baseline(rows)
-    console.print(
-        "TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only formats "
-        "dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with the "
-        f"speed-up over {base['variant'] if base else '16-bit'} in brackets. *: more sequences than the KV "
-        "cache holds at that length (the step's cost, not one the engine would run).",
-        soft_wrap=True,
-    )
-
-
-def _format_figures(
-    model: ModelSpec, gpu: Gpu, tp: int, kv: KvMemory, max_model_len: int | None, typical_len: int
-) -> dict[str, object]:
-    from sim.studies.capacity import Variant, variant_figures
-
-    v = Variant("", kv.weight_dtype, kv.kv_dtype, kv.weight_group_size)
-    fig = variant_figures(model, gpu, v, tp, kv.gpu_memory_utilization, max_model_len, typical_len)
-    keys = ("weight_format", "matmul_peak_flops", "matmul_effective_flops", "decode_batch", "decode_context",
-            "decode_step_bytes", "decode_step_s", "prefill_tokens", "prefill_step_s", "note")  # fmt: skip
-    return {k: fig[k] for k in keys}
-
-
-def _add_format_rows(table: Any, s: dict[str, Any]) -> None:
-    table.add_row("weight format", str(s["weight_format"]), str(s["note"]))
-    table.add_row(
-        "matmul FLOP rate",
-        f"{s['matmul_effective_flops'] / 1e12:,.1f} TFLOP/s",
-        f"peak {s['matmul_peak_flops'] / 1e12:,.1f} TFLOP/s"
-        + ("" if s["matmul_effective_flops"] == s["matmul_peak_flops"] else " x dequantization share"),
-    )
-    table.add_row(
-        "bytes / decode step",
-        f"{s['decode_step_bytes'] / GB:,.2f} GB",
-        f"weights + KV of {s['decode_batch']} sequences at {s['decode_context']:,} tokens "
-        f"({s['decode_step_s'] * 1e3:.2f} ms)",
-    )
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size

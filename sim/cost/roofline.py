@@ -9,39 +9,18 @@ A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
+from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
-from sim.catalog.model import ModelSpec, normalize_dtype
+from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs, matmul_rate
-from sim.config.calibration import calibration_table
+from sim.config.calibration import Calibration
 from sim.io.errors import SimError
 
 ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Efficiencies and overheads; defaults are the fitted values of sim/catalog/calibration.toml."""
-
-    compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
-    compute_eff_decode: float = 0.7483
-    bandwidth_eff: float = 0.7748  # weight reads (GEMM/GEMV)
-    kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
-    step_overhead_s: float = 0.0002636
-    layer_overhead_s: float = 1.301e-05
-    per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
-    sampler_s_per_entry: float = 3.034e-10  # logits processing and sampling, per row and vocabulary entry
-    allreduce_eff: float = 0.2668
-    allreduce_latency_s: float = 2.683e-06
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> Calibration:
-        """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
-        return cls(**calibration_table("calibration.toml", path, {f.name for f in fields(cls)}))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ import simpy
 from simpy.core import NORMAL
 
 from sim.core.request import Request
-from sim.engine.schedulers.base import Scheduler, StepPlan
+from sim.core.step import StepPlan
+from sim.engine.schedulers.base import Scheduler
 from sim.records.recorder import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED, Recorder
 
 StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]

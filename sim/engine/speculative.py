@@ -25,88 +25,22 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel
 
-from sim.catalog.model import ModelSpec, load_model
+from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
-from sim.cost.memory import kv_bytes_per_token_per_gpu, kv_memory, replica_kv_memory
+from sim.core.step import StepPlan
+from sim.cost.draft import Drafter, build_drafter, kv_blocks_with_draft
+from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.roofline import CostModel
-from sim.engine.schedulers.base import StepPlan
-from sim.engine.schedulers.registry import KvBudget
 from sim.io.errors import SimError
 from sim.records.recorder import Recorder
 from sim.records.sinks import RecordSink
-
-MAX_SPEC_TOKENS = 16
-# Host time of an n-gram lookup per sampling sequence and step: vLLM's proposer matches the last n tokens
-# against the context on the CPU (numba); a few microseconds per sequence. An assumption, not a measurement.
-NGRAM_S_PER_ROW = 5e-6
-
-
-class SpeculativeConfig(BaseModel):
-    """The `speculative` table of a `vllm` / `sarathi` policy."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    method: Literal["draft", "ngram", "eagle", "mtp"]
-    num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS, description="Draft tokens k per step.")
-    draft_model: str | None = Field(None, description="Catalogue name of the draft model (method = draft).")
-    draft_tensor_parallel_size: int | None = Field(
-        None, ge=1, le=64, description="GPUs the draft model is sharded over (default: the target's tp)."
-    )
-    head_layers: int | None = Field(
-        None, ge=1, le=8, description="Decoder layers of the drafting head (method = eagle or mtp)."
-    )
-    acceptance: Literal["fixed", "beta", "trace"] = Field(
-        "fixed", description="fixed alpha, alpha ~ Beta per request, or the trace's acceptance_rate column."
-    )
-    acceptance_rate: float | None = Field(
-        None, ge=0.0, le=1.0, description="alpha (fixed), or the mean of the Beta distribution."
-    )
-    acceptance_concentration: float | None = Field(
-        None, gt=0.0, le=1e6, description="Beta concentration a + b (acceptance = beta)."
-    )
-    ngram_s_per_row: float = Field(
-        NGRAM_S_PER_ROW, ge=0.0, le=1e-2, description="Host seconds of an n-gram lookup per sequence."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SpeculativeConfig:
-        m = self.method
-        if m == "draft":
-            if self.draft_model is None:
-                raise ValueError("draft_model: required when method = 'draft' (a catalogue model name)")
-            try:
-                load_model(self.draft_model)
-            except SimError as err:
-                raise ValueError(f"draft_model: {err}") from None
-        else:
-            for key in ("draft_model", "draft_tensor_parallel_size"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"{key}: only with method = 'draft' (method is {m!r})")
-        if m in ("eagle", "mtp"):
-            if self.head_layers is None:
-                raise ValueError(f"head_layers: required when method = {m!r} (decoder layers of the head)")
-        elif self.head_layers is not None:
-            raise ValueError(f"head_layers: only with method = 'eagle' or 'mtp' (method is {m!r})")
-        if self.acceptance in ("fixed", "beta") and self.acceptance_rate is None:
-            raise ValueError(f"acceptance_rate: required when acceptance = {self.acceptance!r}")
-        if self.acceptance == "beta":
-            if self.acceptance_concentration is None:
-                raise ValueError("acceptance_concentration: required when acceptance = 'beta'")
-            assert self.acceptance_rate is not None
-            if not 0.0 < self.acceptance_rate < 1.0:
-                raise ValueError("acceptance_rate: the Beta mean must lie strictly between 0 and 1")
-        elif self.acceptance_concentration is not None:
-            raise ValueError("acceptance_concentration: only with acceptance = 'beta'")
-        if self.acceptance == "trace" and self.acceptance_rate is not None:
-            raise ValueError("acceptance_rate: not used with acceptance = 'trace' (the trace gives it)")
-        return self
 
 
 def tokens_per_step(alpha: float, k: int) -> float:
@@ -183,8 +117,10 @@ def run_seed(seed: int | np.random.SeedSequence) -> int:
 
 def trace_acceptance(arrival: Any, base_dir: Path, source: str) -> np.ndarray:
     """The trace's `acceptance_rate` column in request order (arrival order, ties in file order)."""
+    from sim.config.workload import TraceArrival
     from sim.io.tables import read_table
-    from sim.workload.generator import TRACE_COLUMNS, TraceArrival, resolve
+    from sim.workload.generator import resolve
+    from sim.workload.traces import TRACE_COLUMNS
 
     if not isinstance(arrival, TraceArrival):
         raise SimError(f"{source}: speculative.acceptance = 'trace' needs workload.arrival kind = 'trace'")
@@ -203,79 +139,6 @@ def trace_acceptance(arrival: Any, base_dir: Path, source: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the draft's cost and memory
-
-
-def head_spec(target: ModelSpec, layers: int) -> ModelSpec:
-    """A drafting head: `layers` decoder layers of the target's shape, its LM head (shared weights), no
-    embedding of its own."""
-    f = layers / target.num_layers
-    moe = round(target.num_moe_layers * f)
-    return replace(
-        target,
-        name=f"{target.name} head ({layers} layers)",
-        num_layers=layers,
-        num_sliding_layers=min(layers, round(target.num_sliding_layers * f)),
-        num_moe_layers=moe,
-        attention_params=round(target.attention_params * f),
-        dense_params=round(target.dense_params * f),
-        routed_expert_params=moe * target.num_experts * target.expert_params,
-        norm_params=round(target.norm_params * f),
-    )
-
-
-@dataclass(slots=True)
-class Drafter:
-    """The proposer's cost model (None for n-gram) and the memory it takes on the GPU holding most of it (a
-    draft sharded over fewer GPUs than the target sits whole on the first ones, which then bind the KV
-    blocks every GPU gets)."""
-
-    method: str
-    k: int
-    cost: CostModel | None
-    weight_bytes: int  # per GPU, beside the target's
-    kv_bytes_per_token: int  # per GPU, beside the target's
-    host_s_per_row: float
-    name: str
-
-
-def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
-    """The proposer of a `speculative` table, on the target's GPU type and tensor parallelism."""
-    k, tp = config.num_speculative_tokens, target.tp
-    # Proposers draft greedily (argmax): no sort over the vocabulary, so no sampler term.
-    greedy = replace(target.cal, sampler_s_per_entry=0.0)
-    if config.method == "ngram":
-        return Drafter("ngram", k, None, 0, 0, config.ngram_s_per_row, "n-gram")
-    kv_dtype = target.kv_dtype
-    if config.method == "draft":
-        assert config.draft_model is not None
-        spec = load_model(config.draft_model)
-        tp = config.draft_tensor_parallel_size or tp
-        if spec.num_heads % tp:
-            raise SimError(
-                f"speculative.draft_tensor_parallel_size: {spec.name} has {spec.num_heads} attention heads, "
-                f"not divisible by {tp}; set draft_tensor_parallel_size (sim capacity: --draft-tp; 1 runs "
-                "the draft on one GPU)"
-            )
-        cost = CostModel(spec, target.gpu, tp, None, kv_dtype, greedy)
-        weights = int(spec.weight_bytes() / tp)
-        name = spec.name
-    else:
-        assert config.head_layers is not None
-        spec = head_spec(target.model, config.head_layers)
-        cost = CostModel(spec, target.gpu, tp, target.weight_dtype, kv_dtype, greedy)
-        groups = ("attention", "dense", "experts", "norm")
-        wd = target.weight_dtype
-        weights = int(sum(spec.group_params(g) * spec.param_bytes(g, wd) for g in groups) / tp)
-        name = f"{config.method} head, {config.head_layers} layers"
-    kv = kv_bytes_per_token_per_gpu(spec, tp, kv_dtype)
-    return Drafter(config.method, k, cost, weights, kv, 0.0, name)
-
-
-def kv_blocks_with_draft(available: int, target_per_token: int, drafter: Drafter, block_size: int) -> int:
-    """KV blocks when the draft's weights come out of the KV memory and every block also holds the draft's
-    KV for its tokens (one block table for both, as vLLM allocates them)."""
-    per_block = (target_per_token + drafter.kv_bytes_per_token) * block_size
-    return max(0, (available - drafter.weight_bytes) // per_block)
 
 
 # ----------------------------------------------------------------------------- step time
@@ -500,79 +363,3 @@ def speculative_setup(
 # ----------------------------------------------------------------------------- `sim capacity --draft-model`
 
 
-def draft_capacity(
-    model: str,
-    gpu: str,
-    tp: int,
-    gpu_memory_utilization: float,
-    weight_dtype: str | None,
-    kv_dtype: str | None,
-    draft_model: str,
-    draft_tp: int | None,
-    typical_len: int,
-) -> dict[str, Any]:
-    """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
-    from sim.catalog.gpus import get_gpu
-
-    g = get_gpu(gpu)
-    target = load_model(model)
-    mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
-    cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
-    try:
-        cfg = SpeculativeConfig(
-            method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
-            num_speculative_tokens=1, acceptance_rate=0.5,
-        )  # fmt: skip
-    except ValidationError as err:  # an unknown or malformed draft model
-        message = err.errors()[0]["msg"].removeprefix("Value error, ").removeprefix("draft_model: ")
-        raise SimError(f"--draft-model: {message}") from None
-    drafter = build_drafter(cfg, cost)
-    blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
-    per_seq = math.ceil(typical_len / mem.block_size)
-    return {
-        "model": target.name,
-        "draft_model": drafter.name,
-        "gpu": g.name,
-        "tp": tp,
-        "draft_tp": draft_tp or tp,
-        "kv_bytes_available": mem.kv_bytes_available,
-        "draft_weight_bytes": drafter.weight_bytes,
-        "kv_bytes_per_token": mem.kv_bytes_per_token,
-        "draft_kv_bytes_per_token": drafter.kv_bytes_per_token,
-        "block_size": mem.block_size,
-        "kv_blocks": mem.num_blocks,
-        "kv_blocks_with_draft": blocks,
-        "typical_len": typical_len,
-        "max_seqs_at_typical_len": mem.num_blocks // per_seq,
-        "max_seqs_at_typical_len_with_draft": blocks // per_seq,
-    }
-
-
-def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
-    """`sim capacity MODEL --draft-model DRAFT`: the KV blocks the draft's weights and KV take."""
-    import json
-
-    from rich.console import Console
-    from rich.table import Table
-
-    if as_json:
-        print(json.dumps(figures))
-        return
-    f, gb = figures, 1e9
-    t = Table(title=f"{f['model']} on {f['gpu']} x{f['tp']} with draft {f['draft_model']} (x{f['draft_tp']})")
-    t.add_column("quantity")
-    t.add_column("without draft", justify="right")
-    t.add_column("with draft", justify="right")
-    t.add_column("arithmetic")
-    t.add_row("draft weights / GPU", "0", f"{f['draft_weight_bytes'] / gb:,.2f} GB", "on the draft's GPUs")
-    per, dper = f["kv_bytes_per_token"], f["draft_kv_bytes_per_token"]
-    t.add_row("KV bytes / token", f"{per:,} B", f"{per + dper:,} B", f"target {per:,} + draft {dper:,}")
-    t.add_row(
-        "KV blocks", f"{f['kv_blocks']:,}", f"{f['kv_blocks_with_draft']:,}",
-        f"({f['kv_bytes_available'] / gb:,.2f} GB - draft weights) / ({f['block_size']} x KV bytes / token)",
-    )  # fmt: skip
-    t.add_row(
-        f"max seqs @ {f['typical_len']:,} tokens", f"{f['max_seqs_at_typical_len']:,}",
-        f"{f['max_seqs_at_typical_len_with_draft']:,}", "blocks / blocks per sequence",
-    )  # fmt: skip
-    Console(width=140).print(t)

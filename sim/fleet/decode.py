@@ -16,8 +16,8 @@ from collections import deque
 import numpy as np
 
 from sim.core.request import Request
-from sim.engine.schedulers.base import KvUsage, StepPlan
-from sim.engine.schedulers.registry import KvBudget
+from sim.core.step import KvUsage, StepPlan
+from sim.cost.memory import KvBudget
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -24,9 +24,10 @@ import simpy
 
 from sim.catalog.links import Link
 from sim.core.request import Request
+from sim.core.step import StepPlan
 from sim.engine.replica import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
-from sim.engine.schedulers.base import Scheduler, StepPlan
-from sim.fleet.registry import ReplicaReport, Router, Snapshot
+from sim.engine.schedulers.base import Scheduler
+from sim.fleet.routing import ReplicaReport, Router, Snapshot
 from sim.records.recorder import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
 from sim.records.sinks import RecordSink
 

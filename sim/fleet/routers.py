@@ -20,14 +20,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
+from sim.config.cluster import ROUTERS as KNOBS
+from sim.config.cluster import AffinityConfig, PowerConfig
 from sim.core.request import Request
-from sim.fleet.registry import ReplicaReport, register
-
-
-class _NoKnobs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from sim.fleet.routing import ReplicaReport, RouterKind
 
 
 class RoundRobin:
@@ -65,11 +63,6 @@ class LeastOutstanding:
         return best
 
 
-class PowerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    choices: int = Field(2, ge=1, le=64, description="Replicas sampled per request.")
-
-
 class PowerOfChoices:
     def __init__(self, config: PowerConfig, n: int, rng: np.random.Generator) -> None:
         self.d = config.choices
@@ -92,14 +85,6 @@ class LeastKv:
 
     def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
         return min(range(len(reports)), key=lambda i: (reports[i].kv_fraction, reports[i].outstanding, i))
-
-
-class AffinityConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    load_factor: float = Field(
-        1.25, ge=1.0, le=100.0, description="Bound on a replica's load, as a multiple of the mean."
-    )
-    virtual_nodes: int = Field(64, ge=1, le=4096, description="Ring points per replica.")
 
 
 def _hash64(text: str) -> int:
@@ -131,9 +116,17 @@ class PrefixAffinity:
         return owner[start % len(ring)]  # unreachable: some replica is below the mean
 
 
-register("round_robin", _NoKnobs, RoundRobin)
-register("random", _NoKnobs, RandomRouter)
-register("least_outstanding", _NoKnobs, LeastOutstanding)
-register("power_of_two", PowerConfig, PowerOfChoices)
-register("least_kv", _NoKnobs, LeastKv)
-register("prefix_affinity", AffinityConfig, PrefixAffinity)
+BUILDERS = {
+    "round_robin": RoundRobin,
+    "random": RandomRouter,
+    "least_outstanding": LeastOutstanding,
+    "power_of_two": PowerOfChoices,
+    "least_kv": LeastKv,
+    "prefix_affinity": PrefixAffinity,
+}
+ROUTERS = {name: RouterKind(name, KNOBS[name], build) for name, build in BUILDERS.items()}
+
+
+def load_all() -> dict[str, RouterKind]:
+    """Every router by name: its knobs' config and its factory `build(config, replicas, rng)`."""
+    return ROUTERS

@@ -25,11 +25,12 @@ from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import DecodeScheduler
 from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, seeded
-from sim.fleet.registry import Router
-from sim.fleet.registry import load_all as load_routers
+from sim.fleet.routers import load_all as load_routers
+from sim.fleet.routing import Router
 from sim.io.errors import SimError
-from sim.records.recorder import CHUNK_ROWS, Records, Slo, summarize
+from sim.records.recorder import CHUNK_ROWS
 from sim.records.sinks import ParquetSink
+from sim.records.summary import Records, Slo, summarize
 from sim.workload.generator import Workload, rate_steps
 
 PD_COLUMNS = ("prefill_replica", "prefill_s", "transfer_s", "decode_wait_s", "decode_s")
@@ -53,7 +54,7 @@ def build_specs(
     scenario: Scenario, cluster: ClusterSection, policy: str, source: str
 ) -> tuple[list[ReplicaSpec], dict[str, Any]]:
     """One `ReplicaSpec` per replica, and each group's figures for the summary."""
-    from sim.studies.run import build_cost_and_memory
+    from sim.cost.replica import build_cost_and_memory
 
     specs: list[ReplicaSpec] = []
     groups: dict[str, Any] = {}

@@ -16,13 +16,13 @@ import altair as alt
 import polars as pl
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
+from sim.catalog.models import load_model
+from sim.config.sweep import parse_sweep
 from sim.cost.memory import kv_memory
 from sim.io.errors import SimError
 from sim.report.grid import CapacityMark, params_label, with_series
 from sim.report.inputs import ReportInputs
 from sim.report.page import Section
-from sim.studies.sweep import parse_sweep
 
 QUANT_KEYS = ("model.weight_dtype", "model.kv_dtype", "model.weight_group_size")
 LATENCIES = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")

@@ -48,8 +48,9 @@ def print_step(
     from rich.table import Table
 
     from sim.catalog.gpus import get_gpu
-    from sim.catalog.model import load_model
-    from sim.cost.kernel_model import KernelCalibration, KernelCostModel, step_summary
+    from sim.catalog.models import load_model
+    from sim.config.calibration import KernelCalibration
+    from sim.cost.kernel_model import KernelCostModel, step_summary
     from sim.cost.memory import check_tp
 
     c, q = step_rows(batch, context, prefill)

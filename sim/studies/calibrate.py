@@ -33,8 +33,8 @@ import numpy as np
 import polars as pl
 from scipy.optimize import least_squares
 
-from sim.cost.kernel_model import KernelCalibration
-from sim.cost.roofline import Calibration, roofline_seconds
+from sim.config.calibration import Calibration, KernelCalibration
+from sim.cost.roofline import roofline_seconds
 from sim.io.errors import SimError
 from sim.studies.validate import (
     FRONTEND_KEY,
@@ -143,9 +143,9 @@ class Trace:
 def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) -> Trace:
     """Simulate a row with the vllm policy, recording what re-costing needs."""
     from sim.config.scenario import validate_scenario
+    from sim.cost.replica import build_cost_and_memory
     from sim.engine.replica import Horizon, simulate
     from sim.engine.schedulers.registry import load_all
-    from sim.studies.run import build_cost_and_memory
     from sim.workload.generator import Workload
 
     source = f"ground truth row {row.exp_key}"
@@ -308,7 +308,7 @@ def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:
 
 
 def trace_all(rows: Sequence[GroundTruthRow], scale: float, params: Params, jobs: int) -> list[Trace]:
-    from sim.studies.sweep import open_executor
+    from sim.studies.executor import open_executor
 
     tasks = [(r, scale, params) for r in rows]
     with open_executor("process", jobs, None) as executor:

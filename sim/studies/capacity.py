@@ -8,17 +8,29 @@ rate), and the engine's cost (sim/cost/roofline.py) of one decode step of `batch
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
+from sim.catalog.models import load_model
 from sim.catalog.quantisation import weight_format
-from sim.cost.memory import GB, kv_memory
+from sim.config.speculative import SpeculativeConfig
+from sim.cost.draft import build_drafter, kv_blocks_with_draft
+from sim.cost.memory import kv_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
+
+if TYPE_CHECKING:
+    pass
+
+from sim.config.lora import LoraConfig
+from sim.cost.lora import lora_memory, slot_bytes
+from sim.cost.memory import KvMemory
 
 DEFAULT_GROUP_SIZE = 128  # GPTQ/AWQ's usual group
 DECODE_BATCH = 32  # sequences in the decode step costed
@@ -104,35 +116,87 @@ def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((r for r in fits if r["variant"] == "16-bit"), fits[0] if fits else None)
 
 
-def quantisation_table(rows: list[dict[str, Any]], title: str) -> object:
-    """A rich table of `variant_figures` rows, one variant per row (speed-ups over `baseline`)."""
-    from rich.table import Table
+def draft_capacity(
+    model: str,
+    gpu: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    draft_model: str,
+    draft_tp: int | None,
+    typical_len: int,
+) -> dict[str, Any]:
+    """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
+    from sim.catalog.gpus import get_gpu
 
-    t = Table(title=title)
-    names = ("format", "weights/GPU", "KV B/token", "KV tokens", "seqs@max", "seqs@typical", "TFLOP/s",
-             "decode GB", "decode ms", "prefill ms")  # fmt: skip
-    for name in names:
-        t.add_column(name, justify="left" if name == "format" else "right", no_wrap=name == "format")
-    base = baseline(rows)
-    for r in rows:
-        if not r["fits"]:
-            t.add_row(str(r["variant"]), "does not fit", *[""] * (len(names) - 2))
-            continue
-        dec = pre = ""
-        if base is not None and r is not base:
-            dec = f" ({base['decode_step_s'] / r['decode_step_s']:.2f}x)"
-            pre = f" ({base['prefill_step_s'] / r['prefill_step_s']:.2f}x)"
-        t.add_row(
-            str(r["variant"]),
-            f"{r['weight_bytes'] / GB:,.2f} GB",
-            f"{r['kv_bytes_per_token']:,}",
-            f"{r['kv_tokens']:,}",
-            f"{r['max_seqs_at_max_model_len']:,}",
-            f"{r['max_seqs_at_typical_len']:,}",
-            f"{r['matmul_effective_flops'] / 1e12:,.0f}",
-            f"{r['decode_step_bytes'] / GB:.2f}"
-            + ("*" if r["max_seqs_at_typical_len"] < r["decode_batch"] else ""),
-            f"{r['decode_step_s'] * 1e3:.2f}{dec}",
-            f"{r['prefill_step_s'] * 1e3:.1f}{pre}",
-        )
-    return t
+    g = get_gpu(gpu)
+    target = load_model(model)
+    mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
+    cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
+    try:
+        cfg = SpeculativeConfig(
+            method="draft", draft_model=draft_model, draft_tensor_parallel_size=draft_tp,
+            num_speculative_tokens=1, acceptance_rate=0.5,
+        )  # fmt: skip
+    except ValidationError as err:  # an unknown or malformed draft model
+        message = err.errors()[0]["msg"].removeprefix("Value error, ").removeprefix("draft_model: ")
+        raise SimError(f"--draft-model: {message}") from None
+    drafter = build_drafter(cfg, cost)
+    blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
+    per_seq = math.ceil(typical_len / mem.block_size)
+    return {
+        "model": target.name,
+        "draft_model": drafter.name,
+        "gpu": g.name,
+        "tp": tp,
+        "draft_tp": draft_tp or tp,
+        "kv_bytes_available": mem.kv_bytes_available,
+        "draft_weight_bytes": drafter.weight_bytes,
+        "kv_bytes_per_token": mem.kv_bytes_per_token,
+        "draft_kv_bytes_per_token": drafter.kv_bytes_per_token,
+        "block_size": mem.block_size,
+        "kv_blocks": mem.num_blocks,
+        "kv_blocks_with_draft": blocks,
+        "typical_len": typical_len,
+        "max_seqs_at_typical_len": mem.num_blocks // per_seq,
+        "max_seqs_at_typical_len_with_draft": blocks // per_seq,
+    }
+
+
+def capacity_summary(
+    model: ModelSpec, kv: KvMemory, max_model_len: int | None, typical_len: int
+) -> dict[str, object]:
+    """JSON-ready capacity figures for one model (bytes as integers)."""
+    max_len = max_model_len or model.max_position_embeddings
+    if max_len < 1 or typical_len < 1:
+        raise SimError("--max-model-len and --typical-len must be positive")
+    return {
+        **kv.to_dict(),
+        "hf_id": model.hf_id,
+        "attention": model.attention,
+        "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "params_total": model.params_total,
+        "max_model_len": max_len,
+        "typical_len": typical_len,
+        "max_seqs_at_max_model_len": kv.max_seqs(max_len),
+        "max_seqs_at_typical_len": kv.max_seqs(typical_len),
+    }
+
+
+def lora_capacity(model: ModelSpec, kv: KvMemory, config: LoraConfig, typical_len: int) -> dict[str, Any]:
+    """KV blocks and concurrent sequences without and with `max_loras` slots (JSON-ready)."""
+    reduced = lora_memory(kv, model, config)
+    slot = slot_bytes(model, config.max_lora_rank, kv.tp)
+    return {
+        "max_loras": config.max_loras,
+        "max_lora_rank": config.max_lora_rank,
+        "slot_bytes": slot,
+        "slots_bytes": slot * config.max_loras,
+        "kv_blocks_without_slots": kv.num_blocks,
+        "kv_blocks_with_slots": reduced.num_blocks,
+        "typical_len": typical_len,
+        "max_seqs_without_slots": kv.max_seqs(typical_len),
+        "max_seqs_with_slots": reduced.max_seqs(typical_len),
+    }

@@ -151,8 +151,8 @@ def work_bounds(
 ) -> tuple[int, int, int] | None:
     """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
     not fit this GPU and TP."""
+    from sim.cost.replica import build_cost_and_memory
     from sim.fleet.run import group_scenario
-    from sim.studies.run import build_cost_and_memory
 
     _, gpu, tp, knobs = family
     try:
@@ -237,15 +237,15 @@ class PlanTask:
 
 def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
     """The validated scenario of one configuration: the sweep's point without a rate axis."""
-    from sim.studies.sweep import point_scenario
+    from sim.studies.points import point_scenario
 
     return point_scenario(raw, None, overrides, source)
 
 
 def evaluate(task: PlanTask) -> dict[str, Any]:
     """The figures of one configuration's run (the worker function)."""
+    from sim.studies.points import flatten_summary
     from sim.studies.run import run_policy
-    from sim.studies.sweep import flatten_summary
 
     scenario = configured(task.raw, task.overrides, task.source)
     result = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source)
@@ -355,7 +355,8 @@ def search(
     rule: str = "goodput",
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer."""
-    from sim.studies.sweep import apply_rate, open_executor, rate_key
+    from sim.studies.executor import open_executor
+    from sim.studies.points import apply_rate, rate_key
 
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.config.policies import VllmConfig
 from sim.core.request import Request
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.vllm import Seq, VllmConfig, VllmScheduler
+from sim.cost.memory import KvBudget
+from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm_plan import Seq
 from sim.io.errors import SimError
 from sim.io.limits import MAX_ID, MAX_PARALLEL_SAMPLES, MAX_TOKENS
 from sim.report import console

@@ -7,7 +7,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +15,21 @@ import numpy as np
 import polars as pl
 
 from sim import __version__
-from sim.catalog.gpus import get_gpu
-from sim.catalog.model import load_model
-from sim.catalog.quantisation import quantisation_info
 from sim.config.scenario import Scenario
 from sim.core.request import Request
-from sim.cost.memory import replica_kv_memory
-from sim.cost.roofline import Calibration, CostModel
+from sim.cost.memory import KvBudget, replica_kv_memory
+from sim.cost.replica import build_cost_and_memory
+from sim.cost.roofline import CostModel
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_recorder, lora_summary
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
-from sim.engine.schedulers.registry import KvBudget, load_all
+from sim.engine.schedulers.registry import load_all
 from sim.engine.speculative import speculative_setup
 from sim.io.errors import SimError
 from sim.io.outputs import differences, path_component, replace_folder
-from sim.records.recorder import Recorder, Records, Slo, summarize
+from sim.records.recorder import Recorder
 from sim.records.sinks import ParquetSink
+from sim.records.summary import Records, Slo, summarize
 from sim.workload.generator import Workload, rate_steps
 
 RUN_FILES = ("requests.parquet", "steps.parquet", "summary.json")
@@ -120,48 +119,6 @@ def policy_folder(out_dir: Path, policy: str) -> Path:
 def is_run_folder(path: Path) -> bool:
     """Whether `path` holds a run's records (so `sim run` may replace it)."""
     return any((path / name).is_file() for name in (MANIFEST, *RUN_FILES))
-
-
-def calibration_for(scenario: Scenario) -> Calibration:
-    """The shipped calibration with the scenario's overrides (keys and ranges checked when it was read)."""
-    return replace(Calibration.load(), **scenario.calibration)
-
-
-def build_cost_and_memory(
-    scenario: Scenario, source: str = "scenario"
-) -> tuple[CostModel, KvBudget, dict[str, Any]]:
-    """The replica's cost model and KV budget, and the memory figures for the summary."""
-    m = scenario.model
-    try:
-        model = load_model(m.name)
-    except SimError as err:
-        raise SimError(f"{source}: model.name: {err}") from None
-    try:
-        gpu = get_gpu(m.gpu)
-    except SimError as err:
-        raise SimError(f"{source}: model.gpu: {err}") from None
-    limit = model.position_limit
-    if limit and m.max_model_len > limit:
-        raise SimError(
-            f"{source}: model.max_model_len: {m.max_model_len} is longer than {model.name} serves ({limit} "
-            "positions, from its config's max_position_embeddings and rope_scaling; vLLM refuses it too)"
-        )
-    gs = m.weight_group_size
-    cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
-    mem = replica_kv_memory(m, model, gpu, source)
-    blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
-    info = {
-        "model": m.name,
-        "gpu": gpu.name,
-        "tp": m.tp,
-        "kv_blocks": blocks,
-        "block_size": m.block_size,
-        "kv_tokens": blocks * m.block_size,
-        "kv_bytes_per_token": mem.kv_bytes_per_token,
-    }
-    if m.weight_dtype or m.kv_dtype or model.quant.dtype:  # quantized: the formats (16-bit runs unchanged)
-        info.update(quantisation_info(cost, mem))
-    return cost, KvBudget(blocks, m.block_size, m.max_model_len), info
 
 
 def run_policy(

@@ -1,452 +1,36 @@
-"""The `[workload]` table: arrival processes, length distributions, shared prefixes, trace replay.
+"""A run's requests, drawn from a validated `[workload]` table (`sim.config.workload`) and a seed.
 
-Configs are pydantic models tagged by `kind`; each arrival kind is one class plus one `ARRIVALS` entry
-(length kinds live in `sim.config.lengths.DISTRIBUTIONS`). `Workload` turns a validated config and a seed into
-requests: `open_loop()` yields them lazily in numpy chunks; `closed_loop` serves a fixed user population.
-
-Random streams are independent children of the seed (arrivals, prompt, output, prefix, think time), so
-changing one distribution does not shift the draws of the others.
-
-Example::
-
-    [workload]
-    max_tokens = 512                 # cap on generated tokens (default 1024; traces: the trace's own)
-    arrival = { kind = "poisson", rate = 12.0 }
-    prompt = { kind = "lognormal", mean = 450, cv = 0.8, max = 4000 }   # the question after any prefix
-    output = { kind = "exponential", mean = 200 }                       # stop length, capped at max_tokens
-    prefix = { groups = 9, prefix_len = 100, users_per_group = 5 }
-
-`prefix = {groups, prefix_len, prompts_per_group}` makes the prompts a fixed pool instead, as load
-generators' shared-prefix datasets are: `groups` system prompts, each followed by `prompts_per_group`
-questions drawn once; requests take the pool's prompts in one shuffled order, cycling, so each whole
-prompt recurs every `groups * prompts_per_group` requests (and the prefix cache may hold all of it).
-
-Other arrivals: `gamma {rate, cv}`, `deterministic {rate}`, `staged {stages = [[rate, s], ...],
-exact_count}`, `closed_loop {users, think_time_s, ramp_s}`, `trace {path, format, time_scale}`.
-`shared_prefix = {system_prompt_len, question_len, output_len, num_unique_system_prompts,
-num_users_per_system_prompt}` replaces prompt, output and prefix with the load generator's profile of the
-calibration runs: a pool of `num_unique_system_prompts` x `num_users_per_system_prompt` fixed prompts.
+`Workload.open_loop()` yields them lazily in numpy chunks, from the arrival process of the table's kind
+(`ARRIVALS`); `closed_loop` serves a fixed user population. Random streams are independent children of the
+seed (arrivals, prompt, output, prefix, think time), so changing one distribution does not shift the draws
+of the others.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel
 
-from sim.config.lengths import MAX_CV, MIN_CV, DistConfig, FixedDist, LengthSampler, TimeSampler, resolve
+from sim.config.workload import DEFAULT_MAX_TOKENS, ClosedLoopArrival, StagedArrival, WorkloadConfig
 from sim.core.request import Request
-from sim.engine.lora import AdapterSampler, LoraWorkload
 from sim.io.errors import SimError
-from sim.io.limits import (
-    MAX_COUNT,
-    MAX_ID,
-    MAX_PARALLEL_SAMPLES,
-    MAX_RATE,
-    MAX_SECONDS,
-    MAX_TOKENS,
-)
-from sim.io.tables import Table, read_table
-
-CHUNK = 8192  # requests generated per numpy batch
-DEFAULT_MAX_TOKENS = 1024
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
+from sim.workload.adapters import AdapterSampler
+from sim.workload.arrivals import ArrivalProcess, _Deterministic, _Renewal, _Staged
+from sim.workload.lengths import LengthSampler, TimeSampler
+from sim.workload.traces import TRACE_COLUMNS, _Trace
 
 # --- arrival configs ----------------------------------------------------------------------------------
-
-
-class PoissonArrival(_Config):
-    """Exponential gaps at `rate` requests per second."""
-
-    kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, le=MAX_RATE)
-
-
-class GammaArrival(_Config):
-    """Gamma-distributed gaps: mean 1/rate, coefficient of variation `cv` (> 1 is bursty)."""
-
-    kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0, le=MAX_RATE)
-    cv: float = Field(ge=MIN_CV, le=MAX_CV)
-
-
-class DeterministicArrival(_Config):
-    """One request every 1/rate seconds, the first at t = 0."""
-
-    kind: Literal["deterministic"] = "deterministic"
-    rate: float = Field(gt=0, le=MAX_RATE)
-
-
-Stage = tuple[Annotated[float, Field(ge=0, le=MAX_RATE)], Annotated[float, Field(gt=0, le=MAX_SECONDS)]]
-
-
-class StagedArrival(_Config):
-    """Poisson stages `[[rate, duration_s], ...]` run back to back; finite.
-
-    With `exact_count`, each stage holds exactly round(rate × duration) requests: exponential gaps
-    rescaled to span the stage (the inference-perf load shape of the calibration runs).
-    """
-
-    kind: Literal["staged"] = "staged"
-    stages: list[Stage] = Field(min_length=1)
-    exact_count: bool = False
-
-
-def _number_as_fixed(v: Any) -> Any:
-    if isinstance(v, int | float) and not isinstance(v, bool):
-        return {"kind": "fixed", "value": v}
-    return v
-
-
-class ClosedLoopArrival(_Config):
-    """`users` clients, each sending its next request `think_time_s` after the previous one finished.
-
-    `think_time_s = 0` with `ramp_s = 0` is an offline batch: every user sends at t = 0.
-    """
-
-    kind: Literal["closed_loop"] = "closed_loop"
-    users: int = Field(gt=0, le=MAX_COUNT)
-    think_time_s: Annotated[DistConfig, BeforeValidator(_number_as_fixed)] = FixedDist(value=0.0)
-    ramp_s: float = Field(0.0, ge=0, le=MAX_SECONDS)
-
-
-class TraceArrival(_Config):
-    """Replay a CSV / JSON-lines trace: `arrival_s, prompt_tokens, output_tokens[, prefix_group, prefix_len]`.
-
-    The Azure trace names `arrived_at, num_prefill_tokens, num_decode_tokens` are accepted too.
-    Arrival times are multiplied by `time_scale` (0.5 replays twice as fast).
-    """
-
-    kind: Literal["trace"] = "trace"
-    path: str = Field(min_length=1)
-    format: Literal["csv", "jsonl"] | None = None
-    time_scale: float = Field(1.0, gt=0, le=1e6)
 
 
 # --- arrival processes --------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Chunk:
-    """Arrival times (sorted, seconds) and, for traces, per-request columns that override sampling."""
-
-    times: np.ndarray
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-class ArrivalProcess:
-    """An open-loop arrival process: `chunks(rng)` yields sorted arrival times in batches."""
-
-    finite: bool = False
-    columns: frozenset[str] = frozenset()  # per-request columns a trace provides
-
-    def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
-        raise NotImplementedError
-
-
-class _Renewal(ArrivalProcess):
-    """Independent gaps drawn by `gaps(rng, n)`, starting from t = 0."""
-
-    def __init__(self, gaps: Callable[[np.random.Generator, int], np.ndarray]) -> None:
-        self._gaps = gaps
-
-    def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
-        t = 0.0
-        while True:
-            times = t + np.cumsum(self._gaps(rng, CHUNK))
-            t = float(times[-1])
-            yield Chunk(times)
-
-
-class _Deterministic(ArrivalProcess):
-    def __init__(self, rate: float) -> None:
-        self._rate = rate
-
-    def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
-        start = 0
-        while True:
-            yield Chunk(np.arange(start, start + CHUNK, dtype=np.float64) / self._rate)
-            start += CHUNK
-
-
-class _Staged(ArrivalProcess):
-    finite = True
-
-    def __init__(self, config: StagedArrival) -> None:
-        self._c = config
-
-    def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
-        t0 = 0.0
-        for rate, duration in self._c.stages:
-            end = t0 + duration
-            if rate > 0 and self._c.exact_count:
-                n = round(rate * duration)
-                if n > 0:
-                    cum = np.cumsum(rng.exponential(1.0, n + 1))
-                    times = t0 + cum[:-1] * (duration / cum[-1])
-                    for i in range(0, n, CHUNK):
-                        yield Chunk(times[i : i + CHUNK])
-            elif rate > 0:
-                t = t0
-                while t < end:
-                    times = t + np.cumsum(rng.exponential(1.0 / rate, CHUNK))
-                    t = float(times[-1])
-                    keep = times[times < end]
-                    if keep.size:
-                        yield Chunk(keep)
-            t0 = end
-
-
-# Column names accepted for each trace field, in order of preference.
-TRACE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "arrival": ("arrival_s", "arrived_at"),
-    "prompt": ("prompt_tokens", "num_prefill_tokens"),
-    "output": ("output_tokens", "num_decode_tokens"),
-    "prefix_group": ("prefix_group",),
-    "prefix_len": ("prefix_len",),
-    "adapter": ("adapter",),
-}
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-# Each trace column's bounds: token counts within what a request can hold, group ids exact in float64.
-TRACE_BOUNDS: tuple[tuple[str, int, int], ...] = (
-    ("prompt", 1, MAX_TOKENS),
-    ("output", 1, MAX_TOKENS),
-    ("prefix_group", -1, MAX_ID),
-    ("prefix_len", 0, MAX_TOKENS),
-    ("adapter", -1, MAX_ID),
-)
-
-
-class _Trace(ArrivalProcess):
-    finite = True
-
-    def __init__(self, config: TraceArrival, base_dir: Path) -> None:
-        path = resolve(config.path, base_dir)
-        table = read_table(path, config.format)
-        found = {
-            k: next((n for n in names if n in table.columns), None) for k, names in TRACE_COLUMNS.items()
-        }
-        if found["arrival"] is None:
-            raise SimError(
-                f"{path}: no arrival column (expected one of {', '.join(TRACE_COLUMNS['arrival'])})"
-            )
-        if len(table) == 0:
-            raise SimError(f"{path}: trace has no rows")
-        times = self._bounded(table, found["arrival"], 0, MAX_SECONDS / config.time_scale, whole=False)
-        order = np.argsort(times, kind="stable")
-        self._times = times[order] * config.time_scale
-        self._cols: dict[str, np.ndarray] = {}
-        for key, low, high in TRACE_BOUNDS:
-            name = found[key]
-            if name is not None:
-                self._cols[key] = self._bounded(table, name, low, high, whole=True)[order].astype(np.int64)
-        cols = self._cols
-        if "prompt" in cols and "prefix_len" in cols:
-            over = np.flatnonzero(cols["prefix_len"] > cols["prompt"])
-            if over.size:
-                line = int(table.lines[order[over[0]]])
-                raise SimError(
-                    f"{path}: line {line}: column {found['prefix_len']!r}: exceeds the prompt length"
-                )
-        self.columns = frozenset(self._cols)
-        self.lines = table.lines[order]  # each request's line in the file
-        self.path = path
-        self.column_names = {k: v for k, v in found.items() if v is not None}
-
-    @staticmethod
-    def _bounded(table: Table, name: str, low: float, high: float, whole: bool) -> np.ndarray:
-        """A column's values, each a number in [low, high] (a whole number if `whole`)."""
-        v = table.numbers(name)
-        bad = (v < low) | (v > high)
-        if whole:
-            bad |= v != np.rint(v)
-        if bad.any():
-            line = int(table.lines[int(np.argmax(bad))])
-            kind = "a whole number" if whole else "a number"
-            raise SimError(
-                f"{table.path}: line {line}: column {name!r}: expected {kind} in [{_num(low)}, {_num(high)}]"
-            )
-        return v
-
-    def __len__(self) -> int:
-        return int(self._times.size)
-
-    def count_before(self, horizon_s: float) -> int:
-        """Requests arriving before `horizon_s` (scaled time)."""
-        return int(np.searchsorted(self._times, horizon_s, side="left"))
-
-    def column_mean(self, key: str) -> float | None:
-        """Mean of a per-request column (`prompt`, `output`, ...), None if the trace has none."""
-        values = self._cols.get(key)
-        return None if values is None else float(values.mean())
-
-    def chunks(self, rng: np.random.Generator) -> Iterator[Chunk]:
-        for i in range(0, self._times.size, CHUNK):
-            yield Chunk(self._times[i : i + CHUNK], {k: v[i : i + CHUNK] for k, v in self._cols.items()})
-
-
-@dataclass(frozen=True, slots=True)
-class ArrivalKind:
-    config: type[_Config]
-    build: Callable[[Any, Path], ArrivalProcess] | None  # None: not an open-loop process
-
-
-ARRIVALS: dict[str, ArrivalKind] = {
-    "poisson": ArrivalKind(
-        PoissonArrival, lambda c, _: _Renewal(lambda r, n: r.exponential(1.0 / c.rate, n))
-    ),
-    "gamma": ArrivalKind(
-        GammaArrival,
-        lambda c, _: _Renewal(lambda r, n: r.gamma(1.0 / c.cv**2, c.cv**2 / c.rate, n)),
-    ),
-    "deterministic": ArrivalKind(DeterministicArrival, lambda c, _: _Deterministic(c.rate)),
-    "staged": ArrivalKind(StagedArrival, lambda c, _: _Staged(c)),
-    "closed_loop": ArrivalKind(ClosedLoopArrival, None),
-    "trace": ArrivalKind(TraceArrival, lambda c, base: _Trace(c, base)),
-}
-
-ArrivalConfig = Annotated[
-    Union[tuple(k.config for k in ARRIVALS.values())],  # type: ignore[valid-type]  # noqa: UP007
-    Field(discriminator="kind"),
-]
-
-
 # --- prefixes and the workload table ------------------------------------------------------------------
-
-
-class PrefixConfig(_Config):
-    """`groups` system prompts of `prefix_len` tokens; each request picks a group uniformly at random.
-
-    `users_per_group` records how many users share a prompt; a closed-loop user `u` belongs to group
-    `u % groups`. With `prompts_per_group` the prompts are a fixed pool of `groups * prompts_per_group`
-    whole prompts (a group's system prompt, then one of its questions, each drawn once) taken in one
-    shuffled order, cycling: request k sends the pool's prompt at position k mod the pool's size.
-    """
-
-    groups: int = Field(gt=0, le=MAX_COUNT)
-    prefix_len: int = Field(gt=0, le=MAX_TOKENS)
-    users_per_group: int | None = Field(None, gt=0, le=MAX_COUNT)
-    # left out of dumps when absent, so scenarios without a pool keep their manifests and hashes
-    prompts_per_group: int | None = Field(None, gt=0, le=MAX_COUNT, exclude_if=lambda v: v is None)
-
-    @model_validator(mode="after")
-    def _pool_size(self) -> PrefixConfig:
-        if self.prompts_per_group is not None and self.groups * self.prompts_per_group > MAX_COUNT:
-            raise ValueError(f"prompts_per_group: groups x prompts_per_group must be at most {MAX_COUNT:,}")
-        return self
-
-
-class SharedPrefixProfile(_Config):
-    """The calibration runs' `shared_prefix` profile; expands to `prefix`, fixed `prompt` and `output`."""
-
-    system_prompt_len: int = Field(gt=0, le=MAX_TOKENS)
-    question_len: int = Field(gt=0, le=MAX_TOKENS)
-    output_len: int = Field(gt=0, le=MAX_TOKENS)
-    num_unique_system_prompts: int = Field(gt=0, le=MAX_COUNT)
-    num_users_per_system_prompt: int = Field(1, gt=0, le=MAX_COUNT)
-
-
-class WorkloadConfig(_Config):
-    """The `[workload]` table."""
-
-    arrival: ArrivalConfig
-    prompt: DistConfig | None = None  # the question; the prompt is prefix_len + this
-    output: DistConfig | None = None  # tokens generated before stopping, capped at max_tokens
-    max_tokens: int | None = Field(None, gt=0, le=MAX_TOKENS)
-    n: int = Field(1, ge=1, le=MAX_PARALLEL_SAMPLES)
-    ignore_eos: bool = False
-    prefix: PrefixConfig | None = None
-    shared_prefix: SharedPrefixProfile | None = None
-    # LoRA adapter per request (sim/engine/lora.py); left out of dumps when absent, so records stay as they were
-    lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
-
-    @model_validator(mode="after")
-    def _complete(self) -> WorkloadConfig:
-        sp = self.shared_prefix
-        if sp is not None:
-            clash = [k for k in ("prompt", "output", "prefix") if getattr(self, k) is not None]
-            if clash:
-                raise ValueError(f"shared_prefix sets prompt, output and prefix; remove {', '.join(clash)}")
-            self.prefix = PrefixConfig(
-                groups=sp.num_unique_system_prompts,
-                prefix_len=sp.system_prompt_len,
-                users_per_group=sp.num_users_per_system_prompt,
-                prompts_per_group=sp.num_users_per_system_prompt,
-            )
-            self.prompt = FixedDist(value=sp.question_len)
-            self.output = FixedDist(value=sp.output_len)
-            if self.max_tokens is None:
-                self.max_tokens = sp.output_len
-        trace = self.arrival.kind == "trace"
-        if trace and self.prefix is not None and self.prefix.prompts_per_group is not None:
-            raise ValueError(
-                "prefix.prompts_per_group: a trace gives each request its own prompt; a fixed prompt pool "
-                "needs generated prompts"
-            )
-        if self.prompt is None and not trace:
-            raise ValueError("prompt: a length distribution is required (e.g. {kind = 'fixed', value = 512})")
-        if self.output is None and not (trace or self.ignore_eos):
-            raise ValueError("output: a length distribution is required unless ignore_eos = true")
-        for name in ("prompt", "output"):
-            d = getattr(self, name)
-            if isinstance(d, FixedDist) and d.value < 1:
-                raise ValueError(f"{name}.value: a length must be >= 1 (got {d.value:g})")
-            if d is not None and d.max is not None and d.max < 1:
-                raise ValueError(f"{name}.max: a length must be >= 1 (got {d.max:g})")
-            if d is not None and d.min is not None and d.max is not None and math.ceil(d.min) > d.max:
-                raise ValueError(f"{name}: min {d.min:g} and max {d.max:g} allow no whole number of tokens")
-        return self
-
-
-def format_validation_error(err: ValidationError, data: Any, source: str, root: str = "workload") -> str:
-    """One line per problem: `source: root.dotted.key: message`, dropping pydantic's union tags."""
-    lines = []
-    for e in err.errors():
-        parts: list[str] = [root] if root else []
-        cur: Any = data
-        for item in e["loc"]:
-            is_tag = isinstance(cur, Mapping) and item not in cur and cur.get("kind") == item
-            if is_tag:
-                continue  # the discriminator tag pydantic inserts
-            if isinstance(item, int):
-                parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
-                cur = cur[item] if isinstance(cur, list | tuple) and item < len(cur) else None
-            else:
-                parts.append(item)
-                cur = cur.get(item) if isinstance(cur, Mapping) else None
-        msg = e["msg"].removeprefix("Value error, ")
-        key = re.match(r"([a-z_]+(?:\.[a-z_]+)*): (.*)", msg) if e["type"] == "value_error" else None
-        if key:  # a model-level check that names its own sub-key
-            parts.append(key[1])
-            msg = key[2]
-        if e["type"] not in ("missing", "extra_forbidden") and not isinstance(e.get("input"), Mapping):
-            msg += f" (got {e.get('input')!r})"
-        where = ".".join(parts)
-        lines.append(f"{source}: {where}: {msg}" if where else f"{source}: {msg}")
-    return "\n".join(lines)
-
-
-def parse_workload(data: Mapping[str, Any], source: str = "<scenario>") -> WorkloadConfig:
-    """Validate a `[workload]` table; SimError naming the file and dotted key on bad input."""
-    try:
-        return WorkloadConfig.model_validate(data)
-    except ValidationError as e:
-        raise SimError(format_validation_error(e, data, source)) from None
 
 
 # --- runtime ------------------------------------------------------------------------------------------
@@ -577,6 +161,17 @@ class ClosedLoop:
         return req
 
 
+# The arrival process of each open-loop arrival kind (`sim.config.workload.ARRIVAL_KINDS`), built from its
+# config and the scenario's folder; closed-loop users are served by `ClosedLoop` instead.
+ARRIVALS: dict[str, Callable[[Any, Path], ArrivalProcess]] = {
+    "poisson": lambda c, _: _Renewal(lambda r, n: r.exponential(1.0 / c.rate, n)),
+    "gamma": lambda c, _: _Renewal(lambda r, n: r.gamma(1.0 / c.cv**2, c.cv**2 / c.rate, n)),
+    "deterministic": lambda c, _: _Deterministic(c.rate),
+    "staged": lambda c, _: _Staged(c),
+    "trace": lambda c, base: _Trace(c, base),
+}
+
+
 def rate_steps(arrival: BaseModel) -> tuple[float, ...]:
     """Times at which the offered rate changes: the ends of all but the last stage of staged arrivals
     (the overload test judges each stretch of constant rate on its own); none for other arrivals."""
@@ -605,8 +200,8 @@ class Workload:
         # Samplers load their files (empirical) now, so errors surface before the run.
         self._prompt = None if config.prompt is None else LengthSampler(config.prompt, self._base_dir)
         self._output = None if config.output is None else LengthSampler(config.output, self._base_dir)
-        kind = ARRIVALS[config.arrival.kind]
-        self._process = None if kind.build is None else kind.build(config.arrival, self._base_dir)
+        build = ARRIVALS.get(config.arrival.kind)
+        self._process = None if build is None else build(config.arrival, self._base_dir)
         self._check_trace_columns()
         self.closed_loop: ClosedLoop | None = None
         if isinstance(config.arrival, ClosedLoopArrival):

@@ -21,24 +21,13 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
+from sim.config.policies import ContinuousConfig
 from sim.core.request import Request
-from sim.engine.schedulers.base import KvUsage, StepPlan, StepTotals
-from sim.engine.schedulers.registry import KvBudget, register
+from sim.core.step import KvUsage, StepPlan, StepTotals
+from sim.cost.memory import KvBudget
+from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.reservation import ReservationQueue
-
-
-class ContinuousConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_num_seqs: int = Field(
-        256, ge=1, description="Most sequences running at once (a request with n > 1 is n sequences)."
-    )
-    max_num_batched_tokens: int = Field(
-        8192,
-        ge=1,
-        description="Prefill tokens admitted per step, n per prompt token (a longer one still runs alone).",
-    )
 
 
 class ContinuousPlan(StepPlan):
@@ -229,4 +218,4 @@ def build(config: ContinuousConfig, memory: KvBudget) -> ContinuousScheduler:
     return ContinuousScheduler(config, memory)
 
 
-register("continuous", ContinuousConfig, build)
+register("continuous", build)

@@ -1,7 +1,7 @@
-"""Policies by name. A new policy is one module and one `register` call.
+"""Policies by name. A new policy is one module and one `register` call, and its knobs' config model.
 
-Each policy has a pydantic config model (its TOML knobs, `extra="forbid"`) and a factory
-`build(config, memory) -> Scheduler`.
+Each policy has a pydantic config model (its TOML knobs, `extra="forbid"`, in `sim.config.policies.POLICIES`
+under the same name) and a factory `build(config, memory) -> Scheduler`.
 """
 
 from __future__ import annotations
@@ -11,20 +11,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from sim.config.policies import POLICIES as KNOBS
+from sim.cost.memory import KvBudget
 from sim.engine.schedulers.base import Scheduler
-
-
-@dataclass(frozen=True, slots=True)
-class KvBudget:
-    """The KV memory a replica gives its scheduler, in blocks of `block_size` token slots."""
-
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +26,8 @@ class Policy:
 POLICIES: dict[str, Policy] = {}
 
 
-def register(name: str, config: type[BaseModel], build: Callable[..., Scheduler]) -> None:
-    POLICIES[name] = Policy(name, config, build)
+def register(name: str, build: Callable[..., Scheduler]) -> None:
+    POLICIES[name] = Policy(name, KNOBS[name], build)
 
 
 def load_all() -> dict[str, Policy]:

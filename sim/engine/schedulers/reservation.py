@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from sim.core.request import Request
-from sim.engine.schedulers.registry import KvBudget
+from sim.cost.memory import KvBudget
 
 
 class Reservations:

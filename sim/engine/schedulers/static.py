@@ -13,22 +13,13 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
+from sim.config.policies import StaticConfig
 from sim.core.request import Request
-from sim.engine.schedulers.base import KvUsage, StepPlan
-from sim.engine.schedulers.registry import KvBudget, register
+from sim.core.step import KvUsage, StepPlan
+from sim.cost.memory import KvBudget
+from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.reservation import ReservationQueue, fill_progress
-
-
-class StaticConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_batch_size: int = Field(32, ge=1, description="Requests per batch.")
-    batch_timeout_s: float = Field(
-        0.0,
-        ge=0,
-        description="How long the oldest queued request may wait for a fuller batch (0: start at once).",
-    )
 
 
 class StaticScheduler(ReservationQueue):
@@ -120,4 +111,4 @@ def build(config: StaticConfig, memory: KvBudget) -> StaticScheduler:
     return StaticScheduler(config, memory)
 
 
-register("static", StaticConfig, build)
+register("static", build)

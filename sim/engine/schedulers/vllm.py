@@ -31,176 +31,17 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Hashable
-from dataclasses import dataclass
 from operator import add, mul
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from sim.config.policies import VllmConfig
 from sim.core.request import Request
+from sim.core.step import KvUsage, StepPlan, StepTotals
+from sim.cost.memory import KvBudget
 from sim.engine.kv import Block, KvManager, cdiv
-from sim.engine.lora import LoraConfig, LoraGate
-from sim.engine.schedulers.base import KvUsage, StepPlan, StepTotals
-from sim.engine.schedulers.registry import KvBudget, register
-from sim.engine.speculative import SpeculativeConfig
+from sim.engine.lora import LoraGate
+from sim.engine.schedulers.registry import register
+from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
 from sim.io.errors import SimError
-
-
-class VllmConfig(BaseModel):
-    """Knobs of the `vllm` policy. Prefix caching is off by default (vLLM v1 turns it on) so that runs
-    without shared prefixes pay no lookups; enable it for workloads with prefix groups."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
-    long_prefill_token_threshold: int = Field(0, ge=0)
-    async_scheduling: bool = Field(
-        True,
-        description="form each step while the previous one runs, as vLLM does by default since 0.14: a "
-        "request arriving during a step waits for the step after the next (off with draft-model or n-gram "
-        "speculation)",
-    )
-    watermark: float = Field(
-        0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
-    )
-    # --- speculative decoding (sim/engine/speculative.py) and LoRA (sim/engine/lora.py), left out of dumps when absent so
-    # records and manifests without them are unchanged ---
-    speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
-    lora: LoraConfig | None = Field(
-        None, description="serve LoRA adapters (sim/engine/lora.py)", exclude_if=lambda v: v is None
-    )
-
-    @model_validator(mode="after")
-    def _async_with_speculation(self) -> VllmConfig:
-        """vLLM schedules asynchronously only with EAGLE/MTP speculation: it turns its default off for the
-        other methods and refuses them when asked for it."""
-        spec = self.speculative
-        if spec is not None and spec.method not in ("eagle", "mtp") and self.async_scheduling:
-            if "async_scheduling" in self.model_fields_set:
-                raise ValueError(
-                    f"async_scheduling: vLLM schedules asynchronously only with eagle or mtp speculation "
-                    f"(method is {spec.method!r})"
-                )
-            self.async_scheduling = False
-        return self
-
-
-class SarathiConfig(VllmConfig):
-    """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget.
-
-    The vllm rules already give this order: running sequences go first, and without a long-prefill
-    threshold only the most recently admitted one can be mid-prefill, so it comes after every decode.
-    Sarathi is therefore the same scheduler with a small budget and chunked prefill on.
-    """
-
-    max_num_batched_tokens: int = Field(512, ge=1)
-    enable_chunked_prefill: bool = True
-
-
-@dataclass(slots=True, eq=False)
-class Seq:
-    """One sequence of a request (a request with `n > 1` has `n`); the `kv_*` fields are its block table."""
-
-    sid: int
-    req: Request
-    child: int
-    out_len: int
-    num_tokens: int = 0  # prompt plus generated tokens, kept in step with `num_generated`
-    num_computed: int = 0
-    num_generated: int = 0
-    preempted: bool = False  # waiting after a preemption (resumes rather than starts)
-    block_size: int = 16
-    kv_blocks: list[Block] | None = None
-    kv_slots: int = 0
-    kv_cached: int = 0
-    kv_room: int = -1
-    # --- bulk decoding (`VllmScheduler(fast=True)`) ---
-    order: int = 0  # position key in the running list (admissions count up)
-    bulk_since: int = -1  # the step after whose update its fields were last exact; -1: handled row by row
-    bulk_ctx: int = 0  # its context at step j is bulk_ctx + j
-    bulk_phase: int = (
-        -1
-    )  # without prefix caching: it opens a new block at the steps j = bulk_phase (mod size)
-
-    def block_hash(self, j: int) -> Hashable:
-        """Content key of block j: the hash chain is shared by a prefix group, then by the prompt's copies
-        (every request of a prompt pool's prompt)."""
-        req = self.req
-        end = (j + 1) * self.block_size
-        if req.prefix_group >= 0 and end <= req.prefix_len and end <= req.prompt_len:
-            return ("g", req.prefix_group, j)
-        if end <= req.prompt_len:
-            return ("p", req.id, j) if req.prompt_id < 0 else ("q", req.prompt_id, j)
-        return ("s", req.id, self.child, j)
-
-
-class StepInfo:
-    """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
-
-    __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode", "bulk",
-                 "bulk_ctx", "bulk_max", "step", "sched")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.seqs: list[Seq] = []
-        self.counts: list[int] = []  # new tokens per row
-        self.contexts: list[int] = []  # computed tokens per row before this step
-        self.emit: list[Seq] = []  # rows that reach their length: each emits a token
-        self.new: list[Seq] = []
-        self.resumed: list[Seq] = []
-        self.preempted: list[Seq] = []
-        self.decode = 0  # rows that decode one token
-        # rows advanced in bulk (fast mode), not in the lists above: count, Σ and max of their contexts
-        self.bulk = self.bulk_ctx = self.bulk_max = 0
-        self.step = 0
-        self.sched: VllmScheduler | None = None
-
-    @property
-    def rows(self) -> list[tuple[Seq, int]]:
-        return list(zip(self.seqs, self.counts, strict=True))
-
-
-class VllmPlan(StepPlan):
-    """A step plan with its rows' integer sums (`totals`, for `CostModel.step_time_totals`); the row arrays
-    are built from the step's lists on first access."""
-
-    __slots__ = ("totals", "_arrays")
-
-    def __init__(self, info: StepInfo, totals: StepTotals, kv: KvUsage) -> None:
-        self.totals = totals
-        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
-        self.num_decode_tokens = info.decode
-        self.num_prefill_tokens = totals.tokens - info.decode
-        self.kv = kv
-        self.payload = info
-        self.preempted = len(info.preempted)
-        self.batch_size = totals.rows
-
-    def _rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Built before the step is applied (`update`): rows advanced in bulk are read from the scheduler."""
-        if self._arrays is None:
-            info: StepInfo = self.payload
-            counts, contexts = info.counts, info.contexts
-            if info.bulk:
-                assert info.sched is not None
-                rows = sorted(
-                    [(s.order, 1, s.bulk_ctx + info.step) for s in info.sched.running if s.bulk_since >= 0]
-                    + [(s.order, c, q) for s, c, q in zip(info.seqs, counts, contexts, strict=True)]
-                )
-                counts, contexts = [c for _, c, _ in rows], [q for _, _, q in rows]
-            self._arrays = np.array(counts, dtype=np.int64), np.array(contexts, dtype=np.int64)
-        return self._arrays
-
-    @property  # type: ignore[override]
-    def new_tokens(self) -> np.ndarray:
-        return self._rows()[0]
-
-    @property  # type: ignore[override]
-    def context(self) -> np.ndarray:
-        return self._rows()[1]
 
 
 class VllmScheduler:
@@ -777,5 +618,5 @@ def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
     return VllmScheduler(config, budget, fast=True)
 
 
-register("vllm", VllmConfig, build_vllm)
-register("sarathi", SarathiConfig, build_vllm)
+register("vllm", build_vllm)
+register("sarathi", build_vllm)

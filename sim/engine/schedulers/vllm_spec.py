@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import random
 
+from sim.config.policies import VllmConfig
+from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
-from sim.engine.schedulers.base import StepPlan
-from sim.engine.schedulers.registry import KvBudget
-from sim.engine.schedulers.vllm import Seq, StepInfo, VllmConfig, VllmPlan, VllmScheduler
-from sim.engine.speculative import Acceptance, SpecCounts, SpeculativeConfig, accepted_drafts
+from sim.core.step import StepPlan
+from sim.cost.memory import KvBudget
+from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
+from sim.engine.speculative import Acceptance, SpecCounts, accepted_drafts
 
 
 class SpeculativeScheduler(VllmScheduler):

@@ -1,6 +1,7 @@
-"""Routers by name, as schedulers are: a pydantic config (its TOML knobs) and a factory.
+"""The contract between a fleet and its routers: what a replica reports, and what a router does.
 
 A router picks one replica of a role for each request, from what the replicas report (`ReplicaReport`).
+The routers themselves, by name: `sim.fleet.routers`; their knobs: `sim.config.cluster.ROUTERS`.
 """
 
 from __future__ import annotations
@@ -49,17 +50,3 @@ class RouterKind:
     name: str
     config: type[BaseModel]
     build: Callable[[BaseModel, int, np.random.Generator], Router]
-
-
-ROUTERS: dict[str, RouterKind] = {}
-
-
-def register(name: str, config: type[BaseModel], build: Callable[..., Router]) -> None:
-    ROUTERS[name] = RouterKind(name, config, build)
-
-
-def load_all() -> dict[str, RouterKind]:
-    """The registry, with the built-in routers registered."""
-    import sim.fleet.routers  # noqa: F401  (registers itself)
-
-    return ROUTERS

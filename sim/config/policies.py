@@ -1,0 +1,94 @@
+"""The knobs of each scheduling policy (a `[policies.NAME]` table), by scheduler name."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.config.lora import LoraConfig
+from sim.config.speculative import SpeculativeConfig
+
+
+class VllmConfig(BaseModel):
+    """Knobs of the `vllm` policy. Prefix caching is off by default (vLLM v1 turns it on) so that runs
+    without shared prefixes pay no lookups; enable it for workloads with prefix groups."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    async_scheduling: bool = Field(
+        True,
+        description="form each step while the previous one runs, as vLLM does by default since 0.14: a "
+        "request arriving during a step waits for the step after the next (off with draft-model or n-gram "
+        "speculation)",
+    )
+    watermark: float = Field(
+        0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
+    )
+    # --- speculative decoding (sim/engine/speculative.py) and LoRA (sim/engine/lora.py), left out of dumps when absent so
+    # records and manifests without them are unchanged ---
+    speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
+    lora: LoraConfig | None = Field(
+        None, description="serve LoRA adapters (sim/engine/lora.py)", exclude_if=lambda v: v is None
+    )
+
+    @model_validator(mode="after")
+    def _async_with_speculation(self) -> VllmConfig:
+        """vLLM schedules asynchronously only with EAGLE/MTP speculation: it turns its default off for the
+        other methods and refuses them when asked for it."""
+        spec = self.speculative
+        if spec is not None and spec.method not in ("eagle", "mtp") and self.async_scheduling:
+            if "async_scheduling" in self.model_fields_set:
+                raise ValueError(
+                    f"async_scheduling: vLLM schedules asynchronously only with eagle or mtp speculation "
+                    f"(method is {spec.method!r})"
+                )
+            self.async_scheduling = False
+        return self
+
+
+class SarathiConfig(VllmConfig):
+    """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget.
+
+    The vllm rules already give this order: running sequences go first, and without a long-prefill
+    threshold only the most recently admitted one can be mid-prefill, so it comes after every decode.
+    Sarathi is therefore the same scheduler with a small budget and chunked prefill on.
+    """
+
+    max_num_batched_tokens: int = Field(512, ge=1)
+    enable_chunked_prefill: bool = True
+
+
+class StaticConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_batch_size: int = Field(32, ge=1, description="Requests per batch.")
+    batch_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long the oldest queued request may wait for a fuller batch (0: start at once).",
+    )
+
+
+class ContinuousConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_num_seqs: int = Field(
+        256, ge=1, description="Most sequences running at once (a request with n > 1 is n sequences)."
+    )
+    max_num_batched_tokens: int = Field(
+        8192,
+        ge=1,
+        description="Prefill tokens admitted per step, n per prompt token (a longer one still runs alone).",
+    )
+
+
+# The knobs of each scheduling policy, by the name a `[policies.NAME]` table gives as `scheduler`; the
+# policies themselves: sim.engine.schedulers.
+POLICIES: dict[str, type[BaseModel]] = {
+    "static": StaticConfig,
+    "continuous": ContinuousConfig,
+    "vllm": VllmConfig,
+    "sarathi": SarathiConfig,
+}

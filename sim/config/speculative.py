@@ -1,0 +1,78 @@
+"""The `speculative` table of a `vllm` / `sarathi` policy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sim.catalog.models import load_model
+from sim.io.errors import SimError
+
+MAX_SPEC_TOKENS = 16
+
+
+# Host time of an n-gram lookup per sampling sequence and step: vLLM's proposer matches the last n tokens
+# against the context on the CPU (numba); a few microseconds per sequence. An assumption, not a measurement.
+NGRAM_S_PER_ROW = 5e-6
+
+
+class SpeculativeConfig(BaseModel):
+    """The `speculative` table of a `vllm` / `sarathi` policy."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    method: Literal["draft", "ngram", "eagle", "mtp"]
+    num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS, description="Draft tokens k per step.")
+    draft_model: str | None = Field(None, description="Catalogue name of the draft model (method = draft).")
+    draft_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="GPUs the draft model is sharded over (default: the target's tp)."
+    )
+    head_layers: int | None = Field(
+        None, ge=1, le=8, description="Decoder layers of the drafting head (method = eagle or mtp)."
+    )
+    acceptance: Literal["fixed", "beta", "trace"] = Field(
+        "fixed", description="fixed alpha, alpha ~ Beta per request, or the trace's acceptance_rate column."
+    )
+    acceptance_rate: float | None = Field(
+        None, ge=0.0, le=1.0, description="alpha (fixed), or the mean of the Beta distribution."
+    )
+    acceptance_concentration: float | None = Field(
+        None, gt=0.0, le=1e6, description="Beta concentration a + b (acceptance = beta)."
+    )
+    ngram_s_per_row: float = Field(
+        NGRAM_S_PER_ROW, ge=0.0, le=1e-2, description="Host seconds of an n-gram lookup per sequence."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeConfig:
+        m = self.method
+        if m == "draft":
+            if self.draft_model is None:
+                raise ValueError("draft_model: required when method = 'draft' (a catalogue model name)")
+            try:
+                load_model(self.draft_model)
+            except SimError as err:
+                raise ValueError(f"draft_model: {err}") from None
+        else:
+            for key in ("draft_model", "draft_tensor_parallel_size"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: only with method = 'draft' (method is {m!r})")
+        if m in ("eagle", "mtp"):
+            if self.head_layers is None:
+                raise ValueError(f"head_layers: required when method = {m!r} (decoder layers of the head)")
+        elif self.head_layers is not None:
+            raise ValueError(f"head_layers: only with method = 'eagle' or 'mtp' (method is {m!r})")
+        if self.acceptance in ("fixed", "beta") and self.acceptance_rate is None:
+            raise ValueError(f"acceptance_rate: required when acceptance = {self.acceptance!r}")
+        if self.acceptance == "beta":
+            if self.acceptance_concentration is None:
+                raise ValueError("acceptance_concentration: required when acceptance = 'beta'")
+            assert self.acceptance_rate is not None
+            if not 0.0 < self.acceptance_rate < 1.0:
+                raise ValueError("acceptance_rate: the Beta mean must lie strictly between 0 and 1")
+        elif self.acceptance_concentration is not None:
+            raise ValueError("acceptance_concentration: only with acceptance = 'beta'")
+        if self.acceptance == "trace" and self.acceptance_rate is not None:
+            raise ValueError("acceptance_rate: not used with acceptance = 'trace' (the trace gives it)")
+        return self

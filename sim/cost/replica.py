@@ -1,0 +1,57 @@
+"""One replica's cost model and KV budget, from a scenario's model table."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
+from sim.catalog.quantisation import quantisation_info
+from sim.config.calibration import Calibration
+from sim.config.scenario import Scenario
+from sim.cost.memory import KvBudget, replica_kv_memory
+from sim.cost.roofline import CostModel
+from sim.io.errors import SimError
+
+
+def calibration_for(scenario: Scenario) -> Calibration:
+    """The shipped calibration with the scenario's overrides (keys and ranges checked when it was read)."""
+    return replace(Calibration.load(), **scenario.calibration)
+
+
+def build_cost_and_memory(
+    scenario: Scenario, source: str = "scenario"
+) -> tuple[CostModel, KvBudget, dict[str, Any]]:
+    """The replica's cost model and KV budget, and the memory figures for the summary."""
+    m = scenario.model
+    try:
+        model = load_model(m.name)
+    except SimError as err:
+        raise SimError(f"{source}: model.name: {err}") from None
+    try:
+        gpu = get_gpu(m.gpu)
+    except SimError as err:
+        raise SimError(f"{source}: model.gpu: {err}") from None
+    limit = model.position_limit
+    if limit and m.max_model_len > limit:
+        raise SimError(
+            f"{source}: model.max_model_len: {m.max_model_len} is longer than {model.name} serves ({limit} "
+            "positions, from its config's max_position_embeddings and rope_scaling; vLLM refuses it too)"
+        )
+    gs = m.weight_group_size
+    cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
+    mem = replica_kv_memory(m, model, gpu, source)
+    blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
+    info = {
+        "model": m.name,
+        "gpu": gpu.name,
+        "tp": m.tp,
+        "kv_blocks": blocks,
+        "block_size": m.block_size,
+        "kv_tokens": blocks * m.block_size,
+        "kv_bytes_per_token": mem.kv_bytes_per_token,
+    }
+    if m.weight_dtype or m.kv_dtype or model.quant.dtype:  # quantized: the formats (16-bit runs unchanged)
+        info.update(quantisation_info(cost, mem))
+    return cost, KvBudget(blocks, m.block_size, m.max_model_len), info

@@ -1,0 +1,350 @@
+"""`sim capacity`'s tables: KV capacity, weight and KV formats, LoRA slots and draft models side by side."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sim.catalog.dtypes import dtype_bytes
+from sim.catalog.gpus import Gpu
+from sim.catalog.model import ModelSpec
+from sim.cost.memory import kv_memory
+from sim.io.errors import SimError
+
+if TYPE_CHECKING:
+    pass
+
+from sim.config.lora import LoraConfig
+from sim.cost.lora import LORA_BYTES, module_shapes, per_gpu_widths
+from sim.cost.memory import GB, KvMemory, check_tp
+from sim.studies.capacity import baseline, capacity_summary, lora_capacity
+
+
+def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
+    """`sim capacity MODEL --draft-model DRAFT`: the KV blocks the draft's weights and KV take."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
+        print(json.dumps(figures))
+        return
+    f, gb = figures, 1e9
+    t = Table(title=f"{f['model']} on {f['gpu']} x{f['tp']} with draft {f['draft_model']} (x{f['draft_tp']})")
+    t.add_column("quantity")
+    t.add_column("without draft", justify="right")
+    t.add_column("with draft", justify="right")
+    t.add_column("arithmetic")
+    t.add_row("draft weights / GPU", "0", f"{f['draft_weight_bytes'] / gb:,.2f} GB", "on the draft's GPUs")
+    per, dper = f["kv_bytes_per_token"], f["draft_kv_bytes_per_token"]
+    t.add_row("KV bytes / token", f"{per:,} B", f"{per + dper:,} B", f"target {per:,} + draft {dper:,}")
+    t.add_row(
+        "KV blocks", f"{f['kv_blocks']:,}", f"{f['kv_blocks_with_draft']:,}",
+        f"({f['kv_bytes_available'] / gb:,.2f} GB - draft weights) / ({f['block_size']} x KV bytes / token)",
+    )  # fmt: skip
+    t.add_row(
+        f"max seqs @ {f['typical_len']:,} tokens", f"{f['max_seqs_at_typical_len']:,}",
+        f"{f['max_seqs_at_typical_len_with_draft']:,}", "blocks / blocks per sequence",
+    )  # fmt: skip
+    Console(width=140).print(t)
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.2f} GB"
+
+
+def _kv_formula(model: ModelSpec, kv: KvMemory) -> str:
+    b = dtype_bytes(kv.kv_dtype)
+    if model.attention == "MLA":
+        latent = f"({model.kv_lora_rank} latent + {model.qk_rope_head_dim} rope)"
+        return f"{model.num_layers} layers x {latent} x {b:g} B"
+    heads = max(1, model.num_kv_heads // kv.tp)
+    return f"{model.num_layers} layers x 2 (K,V) x {heads} KV heads x {model.head_dim} x {b:g} B"
+
+
+def _single_table(model: ModelSpec, kv: KvMemory, s: dict[str, object]) -> object:
+    from rich.table import Table
+
+    t = Table(title=f"{model.name} on {kv.gpu} x{kv.tp} ({kv.weight_dtype} weights, {kv.kv_dtype} KV)")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("arithmetic")
+    max_len, typ = int(s["max_model_len"]), int(s["typical_len"])  # type: ignore[call-overload]
+    t.add_row("GPU memory", _gb(kv.memory_bytes), "driver-reported total")
+    t.add_row("budget", _gb(kv.budget_bytes), f"{kv.gpu_memory_utilization:g} x {_gb(kv.memory_bytes)}")
+    t.add_row(
+        "weights / GPU",
+        _gb(kv.weight_bytes),
+        f"{model.params_total / 1e9:.2f}e9 params x "
+        f"{model.weight_bytes(kv.weight_dtype) / model.params_total:.3g} B / {kv.tp}"
+        + _mixed_note(model, kv.weight_dtype),
+    )
+    t.add_row("reserve / GPU", _gb(kv.reserve_bytes), "context + activation peak + sampler")
+    t.add_row("KV available", _gb(kv.kv_bytes_available), "budget - weights - reserve")
+    t.add_row("KV bytes / token", f"{kv.kv_bytes_per_token:,} B", _kv_formula(model, kv))
+    t.add_row(
+        "KV blocks",
+        f"{kv.num_blocks:,}",
+        f"{_gb(kv.kv_bytes_available)} / ({kv.block_size} x {kv.kv_bytes_per_token:,} B)",
+    )
+    t.add_row("KV tokens", f"{kv.token_capacity:,}", f"{kv.num_blocks:,} x {kv.block_size}")
+    for label, n in (("max_model_len", max_len), ("typical length", typ)):
+        t.add_row(
+            f"max seqs @ {label} {n:,}",
+            f"{kv.max_seqs(n):,}",
+            f"{kv.num_blocks:,} blocks / {kv.blocks_per_seq(n):,} blocks per seq",
+        )
+    return t
+
+
+def _attention_line(models: list[ModelSpec], kvs: list[KvMemory]) -> str:
+    parts = []
+    for m in models:
+        if m.attention == "MLA":
+            parts.append(f"{m.name} caches one compressed latent per layer (MLA)")
+        else:
+            share = m.num_heads // m.num_kv_heads
+            kind = "every query head has its own" if share == 1 else f"{share} query heads share each"
+            parts.append(f"{m.name}: {m.attention}, {m.num_heads} query / {m.num_kv_heads} KV heads ({kind})")
+    per_tok = [k.kv_bytes_per_token for k in kvs]
+    ratio = max(per_tok) / min(per_tok)
+    return (
+        "; ".join(parts) + f". KV bytes per token differ by {ratio:.1f}x, and so do the sequences that fit."
+    )
+
+
+def _compare_table(models: list[ModelSpec], kvs: list[KvMemory], sums: list[dict[str, object]]) -> object:
+    from rich.table import Table
+
+    t = Table(title=f"KV capacity on {kvs[0].gpu} x{kvs[0].tp}")
+    t.add_column("")
+    for m in models:
+        t.add_column(m.name, justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("attention", [f"{m.attention} {m.num_heads}Q/{m.num_kv_heads}KV" for m in models]),
+        ("weights / GPU", [f"{_gb(k.weight_bytes)} ({k.weight_dtype})" for k in kvs]),
+        ("reserve / GPU", [_gb(k.reserve_bytes) for k in kvs]),
+        ("KV available", [_gb(k.kv_bytes_available) for k in kvs]),
+        ("KV bytes / token", [f"{k.kv_bytes_per_token:,} B" for k in kvs]),
+        ("KV blocks", [f"{k.num_blocks:,}" for k in kvs]),
+        ("KV tokens", [f"{k.token_capacity:,}" for k in kvs]),
+        ("max_model_len", [f"{s['max_model_len']:,}" for s in sums]),
+        ("max seqs @ max_model_len", [f"{s['max_seqs_at_max_model_len']:,}" for s in sums]),
+        (f"max seqs @ {sums[0]['typical_len']:,}", [f"{s['max_seqs_at_typical_len']:,}" for s in sums]),
+    ]
+    for label, vals in rows:
+        t.add_row(label, *vals)
+    return t
+
+
+def capacity_report(
+    models: list[str],
+    gpu: str,
+    tp: int = 1,
+    gpu_memory_utilization: float = 0.9,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    max_model_len: int | None = None,
+    typical_len: int = 1024,
+    as_json: bool = False,
+    weight_group_size: int | None = None,
+    quantisation: bool = False,
+) -> None:
+    """Print the capacity of one model, or of several side by side, as rich tables or one JSON object.
+
+    `quantisation`: one model under each weight and KV-cache format instead (sim/studies/capacity.py)."""
+    import json
+
+    from rich.console import Console
+
+    from sim.catalog.gpus import get_gpu
+    from sim.catalog.models import load_model
+
+    if not models:
+        raise SimError("give at least one model")
+    g = get_gpu(gpu)
+    specs = [load_model(m) for m in models]
+    if quantisation:
+        _quantisation_report(specs, g, tp, gpu_memory_utilization, max_model_len, typical_len, as_json,
+                             weight_group_size)  # fmt: skip
+        return
+    kvs = [
+        kv_memory(m, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype, 16, weight_group_size)
+        for m in specs
+    ]
+    if max_model_len is None and len(specs) > 1:  # compare at one length: the shortest model limit
+        max_model_len = min(m.max_position_embeddings or 2**31 for m in specs)
+    sums = [capacity_summary(m, k, max_model_len, typical_len) for m, k in zip(specs, kvs, strict=True)]
+    console = Console(width=140)
+    if len(specs) == 1:
+        quantised = bool(weight_dtype or kv_dtype or specs[0].quant.dtype)
+        if quantised:  # the format's FLOP rate and decode-step bytes (16-bit output unchanged)
+            sums[0].update(_format_figures(specs[0], g, tp, kvs[0], max_model_len, typical_len))
+        if as_json:
+            print(json.dumps(sums[0]))
+        else:
+            table = _single_table(specs[0], kvs[0], sums[0])
+            if quantised:
+                _add_format_rows(table, sums[0])
+            console.print(table)
+        return
+    note = _attention_line(specs, kvs)
+    if as_json:
+        print(json.dumps({"gpu": g.name, "tp": tp, "models": sums, "note": note}))
+        return
+    console.print(_compare_table(specs, kvs, sums))
+    console.print(note, soft_wrap=True)
+
+
+def _mixed_note(model: ModelSpec, weight_dtype: str) -> str:
+    """How the mean bytes per parameter arise when not every parameter has the weight dtype's width."""
+    if model.weight_bytes(weight_dtype) == model.params_total * dtype_bytes(weight_dtype):
+        return ""
+    return f" ({weight_dtype} matmuls; embeddings, norms, modules quantization_config keeps: 16-bit)"
+
+
+def _quantisation_report(
+    specs: list[ModelSpec],
+    gpu: Gpu,
+    tp: int,
+    util: float,
+    max_model_len: int | None,
+    typical_len: int,
+    as_json: bool,
+    group_size: int | None,
+) -> None:
+    import json
+
+    from rich.console import Console
+
+    from sim.studies.capacity import DECODE_BATCH, PREFILL_TOKENS, baseline, variant_figures, variants
+
+    if len(specs) != 1:
+        raise SimError("--quantisation compares the formats of one model: give one model")
+    m = specs[0]
+    check_tp(m, tp)
+    rows = [variant_figures(m, gpu, v, tp, util, max_model_len, typical_len) for v in variants(m, group_size)]
+    if as_json:
+        print(json.dumps({"model": m.name, "gpu": gpu.name, "tp": tp, "variants": rows}))
+        return
+    console = Console(width=160)
+    title = (
+        f"{m.name} on {gpu.name} x{tp}: weight and KV-cache formats (decode step: {DECODE_BATCH} sequences "
+        f"at {typical_len:,} tokens; prefill chunk: {PREFILL_TOKENS:,} tokens)"
+    )
+    console.print(quantisation_table(rows, title))
+    base = baseline(rows)
+    console.print(
+        "TFLOP/s: the tensor-core peak the layers' GEMMs use (W8A8 at the 8-bit peak; weight-only formats "
+        "dequantized at a share of the 16-bit peak). Times: the engine's roofline step cost, with the "
+        f"speed-up over {base['variant'] if base else '16-bit'} in brackets. *: more sequences than the KV "
+        "cache holds at that length (the step's cost, not one the engine would run).",
+        soft_wrap=True,
+    )
+
+
+def _format_figures(
+    model: ModelSpec, gpu: Gpu, tp: int, kv: KvMemory, max_model_len: int | None, typical_len: int
+) -> dict[str, object]:
+    from sim.studies.capacity import Variant, variant_figures
+
+    v = Variant("", kv.weight_dtype, kv.kv_dtype, kv.weight_group_size)
+    fig = variant_figures(model, gpu, v, tp, kv.gpu_memory_utilization, max_model_len, typical_len)
+    keys = ("weight_format", "matmul_peak_flops", "matmul_effective_flops", "decode_batch", "decode_context",
+            "decode_step_bytes", "decode_step_s", "prefill_tokens", "prefill_step_s", "note")  # fmt: skip
+    return {k: fig[k] for k in keys}
+
+
+def _add_format_rows(table: Any, s: dict[str, Any]) -> None:
+    table.add_row("weight format", str(s["weight_format"]), str(s["note"]))
+    table.add_row(
+        "matmul FLOP rate",
+        f"{s['matmul_effective_flops'] / 1e12:,.1f} TFLOP/s",
+        f"peak {s['matmul_peak_flops'] / 1e12:,.1f} TFLOP/s"
+        + ("" if s["matmul_effective_flops"] == s["matmul_peak_flops"] else " x dequantization share"),
+    )
+    table.add_row(
+        "bytes / decode step",
+        f"{s['decode_step_bytes'] / GB:,.2f} GB",
+        f"weights + KV of {s['decode_batch']} sequences at {s['decode_context']:,} tokens "
+        f"({s['decode_step_s'] * 1e3:.2f} ms)",
+    )
+
+
+def quantisation_table(rows: list[dict[str, Any]], title: str) -> object:
+    """A rich table of `variant_figures` rows, one variant per row (speed-ups over `baseline`)."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    names = ("format", "weights/GPU", "KV B/token", "KV tokens", "seqs@max", "seqs@typical", "TFLOP/s",
+             "decode GB", "decode ms", "prefill ms")  # fmt: skip
+    for name in names:
+        t.add_column(name, justify="left" if name == "format" else "right", no_wrap=name == "format")
+    base = baseline(rows)
+    for r in rows:
+        if not r["fits"]:
+            t.add_row(str(r["variant"]), "does not fit", *[""] * (len(names) - 2))
+            continue
+        dec = pre = ""
+        if base is not None and r is not base:
+            dec = f" ({base['decode_step_s'] / r['decode_step_s']:.2f}x)"
+            pre = f" ({base['prefill_step_s'] / r['prefill_step_s']:.2f}x)"
+        t.add_row(
+            str(r["variant"]),
+            f"{r['weight_bytes'] / GB:,.2f} GB",
+            f"{r['kv_bytes_per_token']:,}",
+            f"{r['kv_tokens']:,}",
+            f"{r['max_seqs_at_max_model_len']:,}",
+            f"{r['max_seqs_at_typical_len']:,}",
+            f"{r['matmul_effective_flops'] / 1e12:,.0f}",
+            f"{r['decode_step_bytes'] / GB:.2f}"
+            + ("*" if r["max_seqs_at_typical_len"] < r["decode_batch"] else ""),
+            f"{r['decode_step_s'] * 1e3:.2f}{dec}",
+            f"{r['prefill_step_s'] * 1e3:.1f}{pre}",
+        )
+    return t
+
+
+def lora_capacity_report(
+    model_name: str, gpu: str, tp: int, util: float, weight_dtype: str | None, kv_dtype: str | None,
+    max_loras: int, max_lora_rank: int, typical_len: int, as_json: bool,
+) -> None:  # fmt: skip
+    """Print what `max_loras` slots of `max_lora_rank` take from one model's KV cache."""
+    import json
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.catalog.gpus import get_gpu
+    from sim.catalog.models import load_model
+    from sim.cost.memory import kv_memory
+
+    try:
+        config = LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank)
+    except ValidationError as err:
+        raise SimError(f"--max-lora-rank: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    model = load_model(model_name)
+    kv = kv_memory(model, get_gpu(gpu), tp, util, weight_dtype, kv_dtype)
+    out = lora_capacity(model, kv, config, typical_len)
+    if as_json:
+        print(json.dumps({"model": model.name, "gpu": kv.gpu, "tp": tp, "lora": out}))
+        return
+    shapes = module_shapes(model)
+    t = Table(title=f"LoRA slots: {max_loras} x rank {max_lora_rank} on {model.name}, {kv.gpu} x{tp}")
+    t.add_column("quantity")
+    t.add_column("without slots", justify="right")
+    t.add_column("with slots", justify="right")
+    t.add_column("arithmetic")
+    widths = sum(a + b for a, b in (per_gpu_widths(model, n, s, tp) for n, s in shapes.items()))
+    names = ",".join(n.removesuffix("_proj") for n in shapes)
+    t.add_row("slot bytes", "", f"{out['slot_bytes']:,} B",
+              f"{model.num_layers} layers x rank {max_lora_rank} x {widths:,} (in + out of {names}) "
+              f"x {LORA_BYTES} B")  # fmt: skip
+    t.add_row("slots", "", f"{out['slots_bytes'] / 1e9:,.2f} GB", f"{max_loras} x slot bytes")
+    t.add_row("KV blocks", f"{kv.num_blocks:,}", f"{out['kv_blocks_with_slots']:,}",
+              f"(KV available - slots) / {kv.block_bytes:,} B per block")  # fmt: skip
+    per_seq = kv.blocks_per_seq(typical_len)
+    t.add_row(f"max seqs @ {typical_len:,}", f"{out['max_seqs_without_slots']:,}",
+              f"{out['max_seqs_with_slots']:,}", f"blocks / {per_seq} blocks per seq")  # fmt: skip
+    Console(width=160).print(t)

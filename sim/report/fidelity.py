@@ -1,0 +1,85 @@
+"""`sim validate ground-truth`'s outputs: the table of errors per row and the chart of simulated against measured."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+
+from sim.studies.validate import METRICS, GroundTruthRow, Prediction, median_errors
+
+
+def print_report(
+    rows: Sequence[GroundTruthRow], preds: Sequence[Prediction], frame: pl.DataFrame, console: Any = None
+) -> None:
+    """Per-row predicted vs measured table, then median errors (steady state and overloaded apart)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="predicted vs measured: signed error % (full figures in --out fidelity.csv)")
+    table.add_column("experiment", overflow="fold", max_width=34)
+    table.add_column("E2E mean ms\npred / meas", justify="right")
+    for m in METRICS:
+        table.add_column(m.replace("_", " "), justify="right")
+    table.add_column("overloaded")
+    cell = {(k, m): (p, ms, s) for k, m, p, ms, _, s, *_ in frame.rows()}
+    by_key = {p.exp_key: p for p in preds}
+    for row in rows:
+        p, ms, _ = cell[(row.exp_key, "e2e_mean")]
+        flags = ["measured"] if row.measured_overloaded else []
+        if by_key[row.exp_key].overloaded:
+            flags.append("sim")
+        signed = [f"{cell[(row.exp_key, m)][2]:+.1f}" for m in METRICS]
+        table.add_row(row.exp_key, f"{p:,.0f} / {ms:,.0f}", *signed, " + ".join(flags))
+    console.print(table)
+    med = median_errors(frame)
+    summary = Table(title="median over rows: absolute % error (signed %)")
+    summary.add_column("rows")
+    for m in METRICS:
+        summary.add_column(m.replace("_", " "), justify="right")
+    for overloaded in (False, True):
+        part = med.filter(pl.col("overloaded") == overloaded)
+        if part.is_empty():
+            continue
+        got = {m: (a, s, n) for _, m, a, s, n in part.rows()}
+        label = f"{'measured overloaded' if overloaded else 'steady state'} ({part['rows'][0]})"
+        summary.add_row(label, *[f"{got[m][0]:.1f} ({got[m][1]:+.1f})" for m in METRICS])
+    console.print(summary)
+    notes = sorted({f"{p.exp_key}: {n}" for p in preds for n in p.notes})
+    if notes:
+        console.print("fallbacks (knobs the row does not record) and features not modelled:")
+        for n in notes:
+            console.print(f"  {n}")
+
+
+def fidelity_chart(frame: pl.DataFrame) -> Any:
+    """Predicted vs measured per metric, log axes, with the y = x line."""
+    import altair as alt
+
+    shown = frame.filter(pl.col("predicted_ms") > 0)
+    both = pl.concat([shown["predicted_ms"], shown["measured_ms"]])
+    lo, hi = float(both.min()) * 0.8, float(both.max()) * 1.25  # type: ignore[arg-type]
+    data = alt.Data(values=shown.to_dicts())
+    scale = alt.Scale(type="log", domain=[lo, hi])
+    points = (
+        alt.Chart()
+        .mark_point(filled=True)
+        .encode(
+            x=alt.X("measured_ms:Q", scale=scale, title="measured (ms)"),
+            y=alt.Y("predicted_ms:Q", scale=scale, title="predicted (ms)"),
+            color=alt.Color("overloaded:N"),
+            tooltip=["exp_key:N", "metric:N", "predicted_ms:Q", "measured_ms:Q", "signed_pct:Q"],
+        )
+    )
+    line = (  # y = x over each metric's measured range
+        alt.Chart()
+        .mark_line(color="gray", strokeDash=[4, 4])
+        .encode(x=alt.X("measured_ms:Q", scale=scale), y=alt.Y("measured_ms:Q", scale=scale))
+    )
+    return (
+        alt.layer(points, line)
+        .facet(facet=alt.Facet("metric:N", sort=list(METRICS)), columns=4, data=data)
+        .properties(title="servesim vs measured vLLM")
+    )

@@ -1,0 +1,74 @@
+"""Running independent tasks: in this process, a process pool, or a Dask cluster; results in task order."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sim.io.errors import SimError
+from sim.studies.points import Task, run_point, write_point
+
+
+@contextmanager
+def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executor | None]:
+    """A `concurrent.futures.Executor` for the points; None means run them in-process, one by one."""
+    if kind == "dask":
+        if address is None:
+            raise SimError("--executor dask needs --address tcp://HOST:PORT (a dask scheduler)")
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise SimError(
+                "--executor dask needs dask.distributed: pip install 'servesim[cluster]'"
+            ) from None
+        try:
+            client = Client(address, timeout="10s")
+        except (OSError, TimeoutError) as err:
+            raise SimError(f"--address {address}: cannot reach a dask scheduler ({err})") from None
+        try:
+            yield client.get_executor()
+        finally:
+            client.close()
+    elif kind == "process":
+        if jobs < 1:
+            raise SimError(f"--jobs: give at least 1 (got {jobs})")
+        if jobs == 1:
+            yield None
+            return
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["sim.studies.sweep"])
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            yield pool
+    else:
+        raise SimError(f"--executor: unknown executor {kind!r} (process or dask)")
+
+
+def execute(
+    tasks: Sequence[Task],
+    executor: Executor | None,
+    points_dir: Path,
+    advance: Callable[[], None] = lambda: None,
+) -> list[dict[str, Any]]:
+    """Run `tasks`, writing each row as soon as it is back; on a failure, cancel the rest and re-raise."""
+    rows: list[dict[str, Any]] = []
+    if executor is None:
+        for task in tasks:
+            rows.append(run_point(task))
+            write_point(points_dir, rows[-1])
+            advance()
+        return rows
+    futures = [executor.submit(run_point, task) for task in tasks]
+    try:
+        for fut in as_completed(futures):
+            rows.append(fut.result())
+            write_point(points_dir, rows[-1])
+            advance()
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    return rows
