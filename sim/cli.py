@@ -214,6 +214,7 @@ def run(
     comparison."""
     from sim.config.scenario import load_scenario
     from sim.io.outputs import exit_on_terminate, path_component
+    from sim.io.progress import Stopwatch, run_progress
     from sim.report import console
     from sim.studies.run import run_to_folder
     from sim.studies.run_size import check_run_size
@@ -229,8 +230,8 @@ def run(
     check_run_size(sc, scenario.parent, str(scenario), force)
     summaries, manifest = [], None
     for name in names:
-        watch = console.Stopwatch()
-        progress = console.run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests)
+        watch = Stopwatch()
+        progress = run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests)
         with exit_on_terminate(), progress as hook:
             result = run_to_folder(sc, name, out_dir, scenario.parent, source=str(scenario), progress=hook)
         typer.echo(console.run_line(result.summary, watch))
@@ -404,6 +405,7 @@ def plan(
 ) -> None:
     """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
     from sim.io.outputs import path_component
+    from sim.report.plan import print_plan, write_plan
     from sim.studies import plan as planner
 
     def ints(text: str, option: str) -> list[int]:
@@ -443,8 +445,8 @@ def plan(
     )
     sc_name = path_component(planner.load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
-    planner.write_plan(result, scenario, out_dir)
-    planner.print_plan(result, out_dir)
+    write_plan(result, scenario, out_dir)
+    print_plan(result, out_dir)
 
 
 @app.command("validate")
@@ -467,7 +469,7 @@ def validate(
     row: list[str] = typer.Option([], "--row", help="Only rows whose exp_key contains this."),
 ) -> None:
     """Simulate measured vLLM experiments and report predicted vs measured latency (see docs/fidelity.md)."""
-    from sim.studies.validate import run_ground_truth
+    from sim.report.fidelity import run_ground_truth
 
     if target != "ground-truth":
         raise SimError(f"validate: unknown target {target!r} (ground-truth)")

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import sim.studies.run
 from sim.cli import app
 from sim.config.scenario import load_scenario
-from sim.report import console
+from sim.io import progress
 from sim.studies import replay
 from sim.studies.run import PROGRESS_EVERY, run_policy
 from sim.studies.validate import load_rows, predict_all
@@ -55,7 +55,7 @@ def test_on_a_terminal_progress_follows_simulated_time_and_changes_no_result(tmp
     sc = load_scenario(path)
     calls: list[tuple[float, int]] = []
     screen = terminal()
-    with console.run_progress("static", 60.0, None, screen) as hook:
+    with progress.run_progress("static", 60.0, None, screen) as hook:
         assert hook is not None
 
         def record(t: float, n: int) -> None:
@@ -70,7 +70,7 @@ def test_on_a_terminal_progress_follows_simulated_time_and_changes_no_result(tmp
     assert [n for _, n in calls[:-1]] == list(range(PROGRESS_EVERY, arrived + 1, PROGRESS_EVERY))
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:], strict=False))
     assert "s simulated" in screen.file.getvalue()  # type: ignore[attr-defined]
-    with console.run_progress("static", 60.0, None, Console(file=io.StringIO())) as off:
+    with progress.run_progress("static", 60.0, None, Console(file=io.StringIO())) as off:
         assert off is None
 
 

@@ -125,13 +125,13 @@ def _close(a: object, b: object) -> bool:
 
 def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past `CHUNK_ROWS` steps the float sums go slice by slice: the same figures up to summation order."""
-    import sim.records.recorder
+    import sim.records.summary
 
     h = HORIZONS["drain"]
     ref = reference(_scheduler("vllm"), h, requests=_requests_copy(_requests(150, 6.0, seed=4)))
     requests, steps = ref.requests_frame(), ref.steps_frame()
     one_piece = summarize(requests, steps, 40.0, Slo(), False)
-    monkeypatch.setattr(sim.records.recorder, "CHUNK_ROWS", 37)
+    monkeypatch.setattr(sim.records.summary, "CHUNK_ROWS", 37)
     sliced = summarize(requests.lazy(), steps.lazy(), 40.0, Slo(), False)
     assert steps.height > 10 * 37
     assert _close(sliced, one_piece)
@@ -143,11 +143,11 @@ def test_step_sums_in_slices_agree_with_one_piece_to_rounding(monkeypatch: pytes
 def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, bins: int) -> None:
     """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
     whose cumulative decode tokens reach q times the total."""
-    import sim.records.recorder
+    import sim.records.summary
     from sim.records.recorder import QUANTILES
     from sim.records.summary import _weighted_quantiles
 
-    monkeypatch.setattr(sim.records.recorder, "QUANTILE_BINS", bins)
+    monkeypatch.setattr(sim.records.summary, "QUANTILE_BINS", bins)
     rng = np.random.default_rng(5)
     durations = np.round(rng.lognormal(-3.5, 0.6, 5_000), 4)  # many ties
     durations[:3] = [5.0, 1e-4, 0.3]  # outliers: most steps share a few bins

@@ -13,9 +13,10 @@ import polars as pl
 import pytest
 from test_manifest import TINY
 
+from sim.config import sweep as sweep_config
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
-from sim.studies import sweep
+from sim.studies import points, sweep
 
 # The tests' two-policy scenario, with this module's seed and a shorter horizon.
 SCENARIO = TINY.replace("seed = 5", "seed = 3").replace("duration_s = 10", "duration_s = 8")
@@ -42,16 +43,16 @@ def point_files(out: Path) -> list[str]:
 
 
 def test_rate_forms_and_param_grid() -> None:
-    cfg = sweep.parse_sweep({"rates": {"start": 1, "stop": 3, "num": 5}}, "f")
+    cfg = sweep_config.parse_sweep({"rates": {"start": 1, "stop": 3, "num": 5}}, "f")
     assert cfg.rate_values() == [1.0, 1.5, 2.0, 2.5, 3.0]
-    cfg = sweep.parse_sweep({"rates": {"start": 0.5, "stop": 2, "step": 0.5}}, "f")
+    cfg = sweep_config.parse_sweep({"rates": {"start": 0.5, "stop": 2, "step": 0.5}}, "f")
     assert cfg.rate_values() == [0.5, 1.0, 1.5, 2.0]
-    cfg = sweep.parse_sweep({"rates": [4, 1, 4], "params": {"b": [1, 2], "a": ["x", "y", "z"]}}, "f")
+    cfg = sweep_config.parse_sweep({"rates": [4, 1, 4], "params": {"b": [1, 2], "a": ["x", "y", "z"]}}, "f")
     assert cfg.rate_values() == [1.0, 4.0]
     grid = cfg.param_grid()
     assert len(grid) == 6 and grid[0] == {"a": "x", "b": 1} and grid[-1] == {"a": "z", "b": 2}
-    assert sweep.parse_sweep(None, "f").rate_values() == [None]
-    assert sweep.parse_sweep(None, "f").param_grid() == [{}]
+    assert sweep_config.parse_sweep(None, "f").rate_values() == [None]
+    assert sweep_config.parse_sweep(None, "f").param_grid() == [{}]
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,7 @@ def test_rate_forms_and_param_grid() -> None:
 )
 def test_sweep_table_errors_name_the_key(table: dict[str, Any], message: str) -> None:
     with pytest.raises(SimError, match=message.replace(".", r"\.")):
-        sweep.parse_sweep(table, "f")
+        sweep_config.parse_sweep(table, "f")
 
 
 def test_rate_axis_per_arrival_kind(tmp_path: Path) -> None:
@@ -76,27 +77,27 @@ def test_rate_axis_per_arrival_kind(tmp_path: Path) -> None:
 
     raw = tomllib.loads(SCENARIO)
     sc = validate_scenario(raw, "f")
-    assert sweep.apply_rate(raw, sc, 5.0, "f")["workload"]["arrival"]["rate"] == 5.0
+    assert points.apply_rate(raw, sc, 5.0, "f")["workload"]["arrival"]["rate"] == 5.0
     raw["workload"]["arrival"] = {"kind": "staged", "stages": [[1.0, 10.0], [3.0, 30.0]]}
     sc = validate_scenario(raw, "f")
-    stages = sweep.apply_rate(raw, sc, 5.0, "f")["workload"]["arrival"]["stages"]
+    stages = points.apply_rate(raw, sc, 5.0, "f")["workload"]["arrival"]["stages"]
     assert stages == [[pytest.approx(2.0), 10.0], [pytest.approx(6.0), 30.0]]  # mean 2.5 -> 5, same shape
     raw["workload"]["arrival"] = {"kind": "closed_loop", "users": 4}
     sc = validate_scenario(raw, "f")
-    assert sweep.apply_rate(raw, sc, 16.0, "f")["workload"]["arrival"]["users"] == 16
+    assert points.apply_rate(raw, sc, 16.0, "f")["workload"]["arrival"]["users"] == 16
     with pytest.raises(SimError, match="sweep.rates: closed_loop sweeps users"):
-        sweep.apply_rate(raw, sc, 2.5, "f")
+        points.apply_rate(raw, sc, 2.5, "f")
 
 
 def test_point_key_is_a_stable_distinct_file_name() -> None:
-    key = sweep.point_key("static", 2.0, {}, 1)
+    key = points.point_key("static", 2.0, {}, 1)
     assert key == "static__rate=2.0__rep=1"
-    assert sweep.point_key("static", None, {}, 0) == "static__rep=0"
-    a = sweep.point_key("p", 1.0, {"x.y": 1, "z": "a"}, 0)
-    assert a == sweep.point_key("p", 1.0, {"z": "a", "x.y": 1}, 0)
-    assert a != sweep.point_key("p", 1.0, {"x.y": 2, "z": "a"}, 0)
-    assert "/" not in sweep.point_key("a/b c", 1.0, {}, 0)
-    assert sweep.point_path(Path("d"), key) == Path("d/static__rate=2.0__rep=1.parquet")
+    assert points.point_key("static", None, {}, 0) == "static__rep=0"
+    a = points.point_key("p", 1.0, {"x.y": 1, "z": "a"}, 0)
+    assert a == points.point_key("p", 1.0, {"z": "a", "x.y": 1}, 0)
+    assert a != points.point_key("p", 1.0, {"x.y": 2, "z": "a"}, 0)
+    assert "/" not in points.point_key("a/b c", 1.0, {}, 0)
+    assert points.point_path(Path("d"), key) == Path("d/static__rate=2.0__rep=1.parquet")
 
 
 # --- runs ---------------------------------------------------------------------------------------------
@@ -108,7 +109,7 @@ def test_sweep_writes_the_point_contract_and_aggregate(tmp_path: Path) -> None:
     files = point_files(tmp_path)
     assert len(files) == 8 and "continuous__rate=4.0__rep=1.parquet" in files
     row = pl.read_parquet(tmp_path / "sweep/points/continuous__rate=4.0__rep=1.parquet")
-    assert row.height == 1 and list(row.schema) == list(sweep.POINT_SCHEMA)
+    assert row.height == 1 and list(row.schema) == list(points.POINT_SCHEMA)
     r = row.row(0, named=True)
     assert (r["policy"], r["scheduler"], r["rate"], r["replication"]) == ("continuous", "continuous", 4.0, 1)
     assert (r["seed_entropy"], r["spawn_key"], r["params"]) == ("3", [1], "{}")
@@ -159,21 +160,21 @@ def test_a_failing_point_leaves_finished_points_and_no_partial_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write(tmp_path)
-    real = sweep.run_policy
+    real = points.run_policy
 
     def flaky(scenario: Any, policy: str, base_dir: Path, seed: Any = None) -> Any:
         if policy == "static" and scenario.workload.arrival.rate == 4.0:
             raise RuntimeError("worker died")
         return real(scenario, policy, base_dir, seed=seed)
 
-    monkeypatch.setattr(sweep, "run_policy", flaky)
+    monkeypatch.setattr(points, "run_policy", flaky)
     with pytest.raises(RuntimeError, match="worker died"):
         sweep.run_sweep(path, jobs=1, out=tmp_path)
     done = point_files(tmp_path)
     assert done == ["static__rate=1.0__rep=0.parquet", "static__rate=1.0__rep=1.parquet"]
 
     # A crash while a point file is being written leaves no file under its name.
-    monkeypatch.setattr(sweep, "run_policy", real)
+    monkeypatch.setattr(points, "run_policy", real)
     original = pl.DataFrame.write_parquet
 
     def torn(self: pl.DataFrame, file: Any, *args: Any, **kwargs: Any) -> None:
@@ -286,7 +287,7 @@ def test_every_scenario_validates_and_runs_briefly(path: Path) -> None:
     from sim.studies.run import run_policy
 
     scenario = load_scenario(path, ["horizon.duration_s=4", "horizon.max_requests=24"])
-    cfg = sweep.parse_sweep(scenario.sweep, str(path))
+    cfg = sweep_config.parse_sweep(scenario.sweep, str(path))
     assert set(cfg.policies or scenario.policies) <= set(scenario.policies)
     assert path.read_text().startswith("# Question"), "each scenario says which question it answers"
     for policy in scenario.policies:

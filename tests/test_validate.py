@@ -16,6 +16,7 @@ from sim.cli import app
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
+from sim.report.fidelity import bar_misses
 from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
 from sim.studies.validate import (
     CPU_OFFLOAD_NOTE,
@@ -24,7 +25,6 @@ from sim.studies.validate import (
     RETOKENIZED_PROMPT_TOKENS,
     GroundTruthRow,
     Prediction,
-    bar_misses,
     compare,
     errors,
     itl_from,

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    pass
-
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 

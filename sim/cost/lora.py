@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
-from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    from sim.cost.memory import KvMemory
-    from sim.cost.roofline import CostModel
 from sim.config.lora import LoraConfig
+from sim.cost.memory import KvMemory
+from sim.cost.roofline import CostModel
+from sim.io.errors import SimError
 
 ROW_PARALLEL = frozenset({"o_proj", "down_proj"})
 

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from sim.catalog.dtypes import dtype_bytes, normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
+from sim.config.sections import ModelSection
 from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    from sim.config.sections import ModelSection
 
 GB = 1e9
 FIXED_RESERVE = int(0.15 * 2**30)

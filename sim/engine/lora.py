@@ -30,20 +30,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
-from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    from sim.core.step import StepPlan
-    from sim.cost.memory import KvMemory
-    from sim.cost.roofline import CostModel
 from sim.config.lora import LoraConfig, LoraWorkload
+from sim.core.step import StepPlan
 from sim.cost.lora import HOST_LINK, LoraCost, adapter_bytes, lora_memory, slot_bytes
+from sim.cost.memory import KvMemory
+from sim.cost.roofline import CostModel
+from sim.io.errors import SimError
 
 # --- configuration ------------------------------------------------------------------------------------
 

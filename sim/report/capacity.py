@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sim.catalog.dtypes import dtype_bytes
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
-from sim.cost.memory import kv_memory
-from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    pass
-
 from sim.config.lora import LoraConfig
 from sim.cost.lora import LORA_BYTES, module_shapes, per_gpu_widths
-from sim.cost.memory import GB, KvMemory, check_tp
+from sim.cost.memory import GB, KvMemory, check_tp, kv_memory
+from sim.io.errors import SimError
 from sim.studies.capacity import baseline, capacity_summary, lora_capacity
 
 

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from sim.studies.validate import METRICS, GroundTruthRow, Prediction, median_errors
+from sim.io.errors import SimError
+from sim.studies.validate import (
+    FRONTEND_KEY,
+    MEDIAN_BAR_PCT,
+    METRICS,
+    GroundTruthRow,
+    Prediction,
+    compare,
+    default_csv,
+    load_frontend,
+    load_rows,
+    median_errors,
+    predict_all,
+    select,
+)
 
 
 def print_report(
@@ -83,3 +100,61 @@ def fidelity_chart(frame: pl.DataFrame) -> Any:
         .facet(facet=alt.Facet("metric:N", sort=list(METRICS)), columns=4, data=data)
         .properties(title="servesim vs measured vLLM")
     )
+
+
+def write_outputs(frame: pl.DataFrame, out_dir: Path) -> list[Path]:
+    """`fidelity.csv` and `fidelity.html` (renders offline)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = out_dir / "fidelity.csv", out_dir / "fidelity.html"
+    frame.write_csv(csv_path)
+    fidelity_chart(frame).save(str(html_path), inline=True)
+    return [csv_path, html_path]
+
+
+def run_ground_truth(
+    csv_path: Path | None,
+    out: Path | None,
+    jobs: int,
+    calibration: Path | None,
+    scale: float = 1.0,
+    keys: Sequence[str] = (),
+) -> pl.DataFrame:
+    """`sim validate ground-truth`: simulate every row, print the comparison, write `--out` files."""
+    from rich.console import Console
+
+    from sim.config.calibration import Calibration
+    from sim.io.progress import progress
+
+    if not 0 < scale <= 1:
+        raise SimError(f"--scale must be in (0, 1], got {scale}")
+    rows = select(load_rows(csv_path), keys)
+    cal = None
+    if calibration is not None:
+        cal = asdict(Calibration.load(calibration)) | {FRONTEND_KEY: load_frontend(calibration)}
+    console = Console(width=max(Console().width, 150))
+    console.print(f"simulating {len(rows)} rows ({jobs} jobs, stages x{scale:g})…")
+    with progress("simulating", len(rows), "rows") as done:
+        preds = predict_all(rows, scale, cal, jobs, done)
+    frame = compare(rows, preds)
+    print_report(rows, preds, frame, console)
+    if out is not None:
+        for path in write_outputs(frame, out):
+            console.print(f"wrote {path}")
+    if csv_path is None and not keys:
+        missed = bar_misses(frame)
+        if missed:
+            raise SimError(f"{default_csv().name}: steady-state median above the README's bar: {missed}")
+        console.print("steady-state medians within the bar: " + bar_text())
+    return frame
+
+
+def bar_text() -> str:
+    return ", ".join(f"{m} <= {v:g}%" for m, v in MEDIAN_BAR_PCT.items())
+
+
+def bar_misses(frame: pl.DataFrame) -> str:
+    """The metrics whose steady-state median APE exceeds MEDIAN_BAR_PCT ('' when none), as one phrase."""
+    med = median_errors(frame).filter(~pl.col("overloaded"))
+    got = dict(zip(med["metric"], med["median_ape_pct"], strict=True))
+    over = [m for m, bar in MEDIAN_BAR_PCT.items() if not got.get(m, math.inf) <= bar]
+    return ", ".join(f"{m} {got.get(m, math.inf):.1f}% > {MEDIAN_BAR_PCT[m]:g}%" for m in over)

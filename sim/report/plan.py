@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from pathlib import Path
 
 import altair as alt
 import polars as pl
 
 from sim.report.page import Section, chart_spec, render_page
-
-if TYPE_CHECKING:
-    from sim.studies.plan import PlanResult
+from sim.studies.plan import PlanResult, pareto
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
@@ -89,3 +88,69 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[Path]:
+    """plan.parquet (every simulated configuration), plan.json (the answer and the search's counts) and
+    index.html (the ranked table and the cost-latency front)."""
+    from sim.io.outputs import atomic_write
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pl.DataFrame(result.rows) if result.rows else pl.DataFrame()
+    paths = [out_dir / "plan.parquet", out_dir / "plan.json", out_dir / "index.html"]
+    atomic_write(paths[0], lambda p: frame.write_parquet(p))
+    best = result.best
+    info = {
+        "scenario": str(scenario_path),
+        "rate": result.rate,
+        "attainment": result.attainment,
+        "grid_size": result.grid_size,
+        "theory_pruned": result.theory_pruned,
+        "does_not_fit": result.unfit,
+        "capacity_pruned": result.capacity_pruned,
+        "single_replica_capacity_req_per_s": result.capacity,
+        "dominance_pruned": result.dominance_pruned,
+        "simulated": result.simulated,
+        "brute_force_runs_avoided": result.grid_size - result.simulated,
+        "best": None if best is None else {**best, "set": result.reproduce(best)},
+    }
+    text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
+    atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
+    from sim.report.plan import plan_page
+
+    html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
+    atomic_write(paths[2], lambda p: Path(p).write_text(html, encoding="utf-8"))
+    return paths
+
+
+def print_plan(result: PlanResult, out_dir: Path) -> None:
+    """The ranked table (configurations meeting the SLO first, cheapest first) and the answer."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"sim plan at {result.rate:g} req/s")
+    for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "SLO"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for i, r in enumerate(result.ranked(), 1):
+        ttft, tpot = r["ttft_p99"], r["tpot_p99"]
+        table.add_row(
+            str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
+            "-" if ttft is None else f"{ttft:.3f} s", "-" if tpot is None else f"{tpot * 1000:.1f} ms",
+            f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"grid {result.grid_size} configurations: {result.unfit} do not fit the model in memory, "
+        f"{result.theory_pruned} ruled out by theory, "
+        f"{result.capacity_pruned} by single-replica capacity ({len(result.capacity)} capacity runs), "
+        f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
+        f"({result.grid_size - result.simulated} brute-force runs avoided)"
+    )
+    if result.best is None:
+        console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
+    else:
+        b = result.best
+        console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
+        console.print("reproduce: sim run SCENARIO " + " ".join(f"--set '{a}'" for a in result.reproduce(b)))
+    console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -19,18 +19,13 @@ from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import weight_format
+from sim.config.lora import LoraConfig
 from sim.config.speculative import SpeculativeConfig
 from sim.cost.draft import build_drafter, kv_blocks_with_draft
-from sim.cost.memory import kv_memory
+from sim.cost.lora import lora_memory, slot_bytes
+from sim.cost.memory import KvMemory, kv_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
-
-if TYPE_CHECKING:
-    pass
-
-from sim.config.lora import LoraConfig
-from sim.cost.lora import lora_memory, slot_bytes
-from sim.cost.memory import KvMemory
 
 DEFAULT_GROUP_SIZE = 128  # GPTQ/AWQ's usual group
 DECODE_BATCH = 32  # sequences in the decode step costed

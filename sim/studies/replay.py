@@ -21,7 +21,7 @@ from sim.engine.schedulers.vllm import VllmScheduler
 from sim.engine.schedulers.vllm_plan import Seq
 from sim.io.errors import SimError
 from sim.io.limits import MAX_ID, MAX_PARALLEL_SAMPLES, MAX_TOKENS
-from sim.report import console
+from sim.io.progress import progress
 
 KEYS = (
     "step",
@@ -340,7 +340,7 @@ def run(
         base, expected = read_steps(expected_path)
     config = config_from(base, **overrides)
     trace = load_trace(trace_path)
-    with console.progress("replaying", len(trace), "requests finished") as update:
+    with progress("replaying", len(trace), "requests finished") as update:
         steps = replay(trace, config, progress=update)
     lines = [f"{len(steps)} steps replayed"]
     if out is not None:

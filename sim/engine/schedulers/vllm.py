@@ -31,6 +31,7 @@ import heapq
 import math
 from array import array
 from collections import deque
+from collections.abc import Callable
 from operator import add, mul
 
 from sim.config.policies import VllmConfig
@@ -606,11 +607,14 @@ def _order(seq: Seq) -> int:
 GAPS_KEPT = 4096  # steps between two drops of the step gaps no sequence in bulk needs
 
 
+# Schedulers that take the place of `VllmScheduler` when a config asks for a feature, by feature; each
+# registers itself here from its own module (vllm_spec.py: "speculative"), as policies do in the registry.
+VARIANTS: dict[str, Callable[[VllmConfig, KvBudget], VllmScheduler]] = {}
+
+
 def build_vllm(config: VllmConfig, budget: KvBudget) -> VllmScheduler:
     if config.speculative is not None:  # speculative decoding: its own rows, no bulk decoding
-        from sim.engine.schedulers.vllm_spec import build_speculative
-
-        return build_speculative(config, budget)
+        return VARIANTS["speculative"](config, budget)
     if config.lora is not None:  # LoRA costs each step by its rows' adapters: no bulk decoding
         scheduler = VllmScheduler(config, budget, fast=False)
         scheduler.lora_gate = LoraGate(config.lora.max_loras)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from sim.core.request import Request
 from sim.core.step import KvUsage, StepPlan, StepTotals
 from sim.engine.kv import Block
-from sim.engine.schedulers.vllm import VllmScheduler
 
 
 @dataclass(slots=True, eq=False)
@@ -68,11 +68,17 @@ class StepInfo:
         # rows advanced in bulk (fast mode), not in the lists above: count, Σ and max of their contexts
         self.bulk = self.bulk_ctx = self.bulk_max = 0
         self.step = 0
-        self.sched: VllmScheduler | None = None
+        self.sched: _Scheduler | None = None  # set when rows advance in bulk
 
     @property
     def rows(self) -> list[tuple[Seq, int]]:
         return list(zip(self.seqs, self.counts, strict=True))
+
+
+class _Scheduler(Protocol):
+    """What a plan reads of its scheduler: the running sequences (those advanced in bulk among them)."""
+
+    running: list[Seq]
 
 
 class VllmPlan(StepPlan):

@@ -23,7 +23,7 @@ from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
 from sim.core.step import StepPlan
 from sim.cost.memory import KvBudget
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm import VARIANTS, VllmScheduler
 from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
 from sim.engine.speculative import Acceptance, SpecCounts, accepted_drafts
 
@@ -129,3 +129,6 @@ class SpeculativeScheduler(VllmScheduler):
 def build_speculative(config: VllmConfig, budget: KvBudget) -> SpeculativeScheduler:
     assert config.speculative is not None
     return SpeculativeScheduler(config, budget, config.speculative)
+
+
+VARIANTS["speculative"] = build_speculative
