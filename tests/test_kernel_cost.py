@@ -17,7 +17,8 @@ from sim.catalog.models import load_model
 from sim.cli import app
 from sim.config.calibration import Calibration, KernelCalibration
 from sim.cost.kernel_fit import fit_kernels, hbm_read_eff, profile_dir
-from sim.cost.kernel_model import KernelCostModel, expected_distinct_experts
+from sim.cost.kernel_model import KernelCostModel
+from sim.cost.roofline import expected_distinct_experts
 from sim.io.errors import SimError
 
 PROFILE = profile_dir()

@@ -32,15 +32,19 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from sim.config.lengths import resolve
 from sim.config.speculative import SpeculativeConfig
+from sim.config.workload import TraceArrival
 from sim.core.request import Request
 from sim.core.step import StepPlan
 from sim.cost.draft import Drafter, build_drafter, kv_blocks_with_draft
 from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
+from sim.io.tables import read_table
 from sim.records.recorder import Recorder
 from sim.records.sinks import RecordSink
+from sim.workload.traces import TRACE_COLUMNS
 
 
 def tokens_per_step(alpha: float, k: int) -> float:
@@ -117,11 +121,6 @@ def run_seed(seed: int | np.random.SeedSequence) -> int:
 
 def trace_acceptance(arrival: Any, base_dir: Path, source: str) -> np.ndarray:
     """The trace's `acceptance_rate` column in request order (arrival order, ties in file order)."""
-    from sim.config.workload import TraceArrival
-    from sim.io.tables import read_table
-    from sim.workload.generator import resolve
-    from sim.workload.traces import TRACE_COLUMNS
-
     if not isinstance(arrival, TraceArrival):
         raise SimError(f"{source}: speculative.acceptance = 'trace' needs workload.arrival kind = 'trace'")
     path = resolve(arrival.path, base_dir)
