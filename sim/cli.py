@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import typer
 
+from sim.catalog.quantisation import check_format_options
 from sim.io.errors import SimError
 from sim.io.limits import (
     MAX_BLOCK_SIZE,
@@ -20,6 +20,8 @@ from sim.io.limits import (
     RUN_MAX_REQUESTS,
     RUN_MAX_TOKENS,
 )
+from sim.io.outputs import out_file_problem, out_folder_problem
+from sim.report.console import note_mixed_runs
 
 FORCE_HELP = (
     f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
@@ -83,43 +85,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _nearest_folder(path: Path) -> Path:
-    """The deepest existing path on the way to `path` (the working folder for a relative one)."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return parent
-    return Path("/")
-
-
-def out_folder_problem(path: Path) -> str | None:
-    """Why `path` cannot be an output folder this process writes into (made if missing), else None."""
-    if path.exists():
-        if not path.is_dir():
-            return "is a file, not a folder"
-        base = path
-    else:
-        base = _nearest_folder(path)
-        if not base.is_dir():
-            return f"{base} is a file, not a folder"
-    if not os.access(base, os.W_OK | os.X_OK):
-        return f"{base} is not writable"
-    return None
-
-
-def out_file_problem(path: Path) -> str | None:
-    """Why `path` cannot be written as a file in an existing, writable folder, else None."""
-    if path.is_dir():
-        return "is a folder; give a file name"
-    folder = path.absolute().parent
-    if not folder.is_dir():
-        return f"folder {path.parent} does not exist"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"folder {path.parent} is not writable"
-    return None
-
-
-def _checked_out(problem: Callable[[Path], str | None]) -> Callable[[Path | None], Path | None]:
-    """An option callback refusing, before the command runs, a path for which `problem` finds one."""
+def _out_option(
+    help: str, problem: Callable[[Path], str | None] = out_folder_problem, name: str = "--out"
+) -> Any:
+    """An output path option refusing, before the command runs, a path for which `problem` finds one."""
 
     def callback(value: Path | None) -> Path | None:
         why = None if value is None else problem(value)
@@ -127,37 +96,13 @@ def _checked_out(problem: Callable[[Path], str | None]) -> Callable[[Path | None
             raise typer.BadParameter(f"{value}: {why}")
         return value
 
-    return callback
-
-
-def _check_formats(
-    weight_dtype: str | None, kv_dtype: str | None, weight_group_size: int | None, any_int: bool = False
-) -> None:
-    """The `--weight-dtype`, `--kv-dtype` and `--weight-group-size` a scenario's `[model]` would accept
-    (`any_int`: the group size applies to whichever int4 / int8 rows a comparison shows)."""
-    from sim.catalog.quantisation import check_dtype, check_group_size
-
-    for option, key, value in (
-        ("--weight-dtype", "weight_dtype", weight_dtype),
-        ("--kv-dtype", "kv_dtype", kv_dtype),
-    ):
-        try:
-            check_dtype(key, value)
-        except ValueError as err:
-            raise SimError(f"{option}: {err} (got {value!r})") from None
-    try:
-        check_group_size("int4" if any_int else weight_dtype, weight_group_size)
-    except ValueError as err:  # "weight_group_size: why", in the scenario's words
-        why = str(err).partition(": ")[2].replace("model.weight_dtype", "--weight-dtype")
-        raise SimError(f"--weight-group-size: {why}") from None
+    return typer.Option(None, name, help=help, callback=callback)
 
 
 @app.command("replay-steps")
 def replay_steps(
     trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
-    out: Path | None = typer.Option(
-        None, "--out", help="Write the steps as JSONL here.", callback=_checked_out(out_file_problem)
-    ),
+    out: Path | None = _out_option("Write the steps as JSONL here.", out_file_problem),
     compare: Path | None = typer.Option(None, "--compare", help="Expected steps (.jsonl[.gz]) to compare."),
     block_size: int | None = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE),
     num_blocks: int | None = typer.Option(None, "--num-blocks", min=2, max=MAX_KV_BLOCKS),
@@ -202,12 +147,7 @@ def run(
     scenario: Path = typer.Argument(..., help="Scenario TOML file."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set workload.arrival.rate=4"),
     policy: list[str] = typer.Option([], "--policy", help="Run only these policies (default: all)."),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Output folder (default: reports/<scenario>).",
-        callback=_checked_out(out_folder_problem),
-    ),
+    out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
@@ -239,22 +179,7 @@ def run(
         manifest = result.manifest
     console.print_comparison(sc, summaries, out_dir)
     if manifest is not None:
-        _note_mixed_runs(out_dir, manifest)
-
-
-def _note_mixed_runs(out_dir: Path, manifest: dict[str, Any]) -> None:
-    """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare."""
-    from sim.studies.run import other_scenario_runs
-
-    others = other_scenario_runs(out_dir, manifest)
-    if not others:
-        return
-    typer.echo(f"note: {out_dir} also holds runs of a different scenario; `sim report {out_dir}` will refuse")
-    typer.echo("  to compare them. Re-run every policy with the same settings, or give another --out:")
-    for folder, diff in others.items():
-        shown = "; ".join(f"{key}: {theirs!r} there, {ours!r} here" for key, theirs, ours in diff[:4])
-        more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
-        typer.echo(f"  {folder}: {shown}{more}")
+        note_mixed_runs(out_dir, manifest)
 
 
 @app.command("schema")
@@ -299,48 +224,12 @@ def capacity(
     ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
-    from sim.report.capacity import capacity_report
+    from sim.report.capacity import print_capacity
 
-    _check_formats(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
-    if len(models) > 1 and not compare:
-        raise SimError("several models given: add --compare to show them side by side")
-    if draft_model is not None and max_loras:
-        raise SimError("give --draft-model or --max-loras, not both")
-    if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):
-        raise SimError("--quantisation and --weight-group-size go without --draft-model and --max-loras")
-    if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/engine/speculative.py)
-        from sim.report.capacity import print_draft_capacity
-        from sim.studies.capacity import draft_capacity
-
-        if len(models) > 1:
-            raise SimError("--draft-model takes one model")
-        args = (models[0], gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, draft_model, draft_tp)
-        print_draft_capacity(draft_capacity(*args, typical_len), as_json)
-        return
-    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/engine/lora.py)
-        from sim.report.capacity import lora_capacity_report
-
-        if len(models) > 1:
-            raise SimError("--max-loras: give one model")
-        lora_args = (gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_loras, max_lora_rank)
-        if not as_json:
-            capacity_report(models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len,
-                            typical_len)  # fmt: skip
-        lora_capacity_report(models[0], *lora_args, typical_len, as_json)
-        return
-    capacity_report(
-        models,
-        gpu,
-        tp=tp,
-        gpu_memory_utilization=gpu_memory_utilization,
-        weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
-        max_model_len=max_model_len,
-        typical_len=typical_len,
-        as_json=as_json,
-        weight_group_size=weight_group_size,
-        quantisation=quantisation,
-    )
+    print_capacity(
+        models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len, typical_len, compare,
+        as_json, draft_model, draft_tp, max_loras, max_lora_rank, weight_group_size, quantisation,
+    )  # fmt: skip
 
 
 @app.command("sweep")
@@ -354,12 +243,7 @@ def sweep(
         False, "--force", help="Redo points whose files exist; run points over the size limit."
     ),
     find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under \\[slo]."),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Output folder (default: reports/<scenario>).",
-        callback=_checked_out(out_folder_problem),
-    ),
+    out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
     from sim.report.console import print_sweep
@@ -396,54 +280,20 @@ def plan(
     ),
     rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Output folder (default: reports/<scenario>/plan).",
-        callback=_checked_out(out_folder_problem),
-    ),
+    out: Path | None = _out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
     """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
+    from sim.config.scenario import load_scenario
     from sim.io.outputs import path_component
     from sim.report.plan import print_plan, write_plan
-    from sim.studies import plan as planner
+    from sim.studies.plan import search
+    from sim.studies.plan_space import grid_options
 
-    def ints(text: str, option: str) -> list[int]:
-        try:
-            values = [int(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise SimError(f"{option}: expected whole numbers separated by commas (got {text!r})") from None
-        if any(v < 1 or v > 1_000_000 for v in values):
-            raise SimError(f"{option}: each value must be in [1, 1000000] (got {text!r})")
-        return values
-
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if not mode_list or set(mode_list) - {"colocated", "pd"}:
-        raise SimError(f"--modes: colocated, pd or both, comma-separated (got {modes!r})")
-    tps = ints(tp, "--tp")
-    if not tps or any(t > 64 for t in tps):
-        raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")
-    knobs = {
-        "max_num_seqs": ints(max_num_seqs, "--max-num-seqs"),
-        "max_num_batched_tokens": ints(max_num_batched_tokens, "--max-num-batched-tokens"),
-    }
-    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
-    result = planner.search(
-        scenario,
-        set_,
-        rate,
-        gpu_list,
-        max_gpus,
-        jobs,
-        policy,
-        tps,
-        knobs,
-        mode_list,
-        attainment,
-        explore,
-        rule,
+    gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
+    result = search(
+        scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore, rule
     )
-    sc_name = path_component(planner.load_scenario(scenario, set_).name)
+    sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
     write_plan(result, scenario, out_dir)
     print_plan(result, out_dir)
@@ -453,12 +303,7 @@ def plan(
 def validate(
     target: str = typer.Argument(..., help="What to validate against: ground-truth."),
     csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Write fidelity.csv and fidelity.html here.",
-        callback=_checked_out(out_folder_problem),
-    ),
+    out: Path | None = _out_option("Write fidelity.csv and fidelity.html here."),
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
@@ -514,11 +359,8 @@ def calibrate(
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
-    write: Path | None = typer.Option(
-        None,
-        "--write",
-        help="Write the TOML here (default: print it).",
-        callback=_checked_out(out_file_problem),
+    write: Path | None = _out_option(
+        "Write the TOML here (default: print it).", out_file_problem, name="--write"
     ),
 ) -> None:
     """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
@@ -548,6 +390,6 @@ def step(
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.report.step import print_step
 
-    _check_formats(weight_dtype, kv_dtype, weight_group_size)
+    check_format_options(weight_dtype, kv_dtype, weight_group_size)
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
                weight_group_size)  # fmt: skip

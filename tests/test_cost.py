@@ -150,7 +150,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     name: str, tp: int, rows: list[tuple[int, int]]
 ) -> None:
     """`step`, `step_time`, `step_time_totals` and the calibration's re-costing give the same seconds."""
-    from sim.studies.calibrate import Trace, step_seconds
+    from sim.studies.calibration_trace import Trace, step_seconds
 
     cm = CostModel(load_model(name), get_gpu("H100"), tp=tp)
     c = np.array([r[0] for r in rows], np.int64)

@@ -29,7 +29,8 @@ from sim.engine.schedulers.base import Scheduler
 from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.engine.schedulers.static import StaticScheduler
 from sim.engine.schedulers.vllm import VllmScheduler
-from sim.records.recorder import FINISHED, IN_FLIGHT, REJECTED, Recorder
+from sim.records.columns import FINISHED, IN_FLIGHT, REJECTED
+from sim.records.recorder import Recorder
 
 COST = CostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))
 MEMORY = KvBudget(num_blocks=2_000, block_size=16, max_model_len=4096)

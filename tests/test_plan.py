@@ -12,7 +12,7 @@ from sim.catalog.gpus import get_gpu
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
-from sim.studies import plan
+from sim.studies import plan, plan_space
 
 runner = CliRunner()
 SCENARIO = """
@@ -60,7 +60,7 @@ def test_plan_is_no_costlier_than_brute_force(scenario: Path) -> None:
     for gpu in GPUS:
         for mode, counts in shapes:
             n = sum(counts)
-            cand = plan.Candidate(n * PRICES[gpu], n, mode, get_gpu(gpu).name, 1, (), counts)
+            cand = plan_space.Candidate(n * PRICES[gpu], n, mode, get_gpu(gpu).name, 1, (), counts)
             task = plan.PlanTask(raw, str(scenario), str(scenario.parent), "vllm", cand.overrides(sc, "vllm"))
             if plan.meets(plan.evaluate(task), RATE, 0.9):
                 feasible.append(cand.cost)
@@ -104,11 +104,11 @@ def test_plan_bad_input_is_one_line(scenario: Path) -> None:
 
 
 def test_scenario_prices_override_the_catalogue(scenario: Path) -> None:
-    table = plan.price_table(load_scenario(scenario))
+    table = plan_space.price_table(load_scenario(scenario))
     assert table["H100-SXM"].usd_per_gpu_hour == 2.5
     assert table["L4"].usd_per_gpu_hour > 0 and table["L4"].source and table["L4"].date
     with pytest.raises(SimError):
-        plan.price_table(load_scenario(scenario, ["prices={'H1000'=1.0}"]))
+        plan_space.price_table(load_scenario(scenario, ["prices={'H1000'=1.0}"]))
 
 
 def test_p99_rule_checks_each_bound() -> None:

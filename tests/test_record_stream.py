@@ -16,7 +16,8 @@ from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _sc
 
 from sim.core.request import Request
 from sim.engine.replica import Horizon, simulate
-from sim.records.recorder import FINISHED, Recorder
+from sim.records.columns import FINISHED
+from sim.records.recorder import Recorder
 from sim.records.sinks import PARTS, ParquetSink
 from sim.records.summary import Slo, summarize
 
@@ -144,7 +145,7 @@ def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, 
     """The binned two-pass quantiles against the direct definition: steps sorted by duration, the first
     whose cumulative decode tokens reach q times the total."""
     import sim.records.summary
-    from sim.records.recorder import QUANTILES
+    from sim.records.columns import QUANTILES
     from sim.records.summary import _weighted_quantiles
 
     monkeypatch.setattr(sim.records.summary, "QUANTILE_BINS", bins)

@@ -17,7 +17,8 @@ from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
 from sim.report.fidelity import bar_misses
-from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, recost, residuals, step_seconds, trace_row
+from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, residuals
+from sim.studies.calibration_trace import recost, step_seconds, trace_row
 from sim.studies.validate import (
     CPU_OFFLOAD_NOTE,
     CSV_COLUMNS,

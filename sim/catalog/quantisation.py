@@ -153,3 +153,23 @@ def weight_format(q: Any) -> str:
 
     mixed = "".join(f" + {name(*fmt)} {group}" for group, *fmt in q.per_group)
     return name(q.dtype, q.activations, q.group_size) + mixed
+
+
+def check_format_options(
+    weight_dtype: str | None, kv_dtype: str | None, weight_group_size: int | None, any_int: bool = False
+) -> None:
+    """The `--weight-dtype`, `--kv-dtype` and `--weight-group-size` a scenario's `[model]` would accept
+    (`any_int`: the group size applies to whichever int4 / int8 rows a comparison shows)."""
+    for option, key, value in (
+        ("--weight-dtype", "weight_dtype", weight_dtype),
+        ("--kv-dtype", "kv_dtype", kv_dtype),
+    ):
+        try:
+            check_dtype(key, value)
+        except ValueError as err:
+            raise SimError(f"{option}: {err} (got {value!r})") from None
+    try:
+        check_group_size("int4" if any_int else weight_dtype, weight_group_size)
+    except ValueError as err:  # "weight_group_size: why", in the scenario's words
+        why = str(err).partition(": ")[2].replace("model.weight_dtype", "--weight-dtype")
+        raise SimError(f"--weight-group-size: {why}") from None

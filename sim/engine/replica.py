@@ -27,7 +27,8 @@ from simpy.core import NORMAL
 from sim.core.request import Request
 from sim.core.step import StepPlan
 from sim.engine.schedulers.base import Scheduler
-from sim.records.recorder import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED, Recorder
+from sim.records.columns import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED
+from sim.records.recorder import Recorder
 
 StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
 

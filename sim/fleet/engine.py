@@ -28,7 +28,9 @@ from sim.core.step import StepPlan
 from sim.engine.replica import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
 from sim.engine.schedulers.base import Scheduler
 from sim.fleet.routing import ReplicaReport, Router, Snapshot
-from sim.records.recorder import CHUNK_ROWS, FINISHED, IN_FLIGHT, Recorder, requests_backlog_trend
+from sim.records.columns import CHUNK_ROWS, FINISHED, IN_FLIGHT
+from sim.records.overload import requests_backlog_trend
+from sim.records.recorder import Recorder
 from sim.records.sinks import RecordSink
 
 MIN_CHUNK_ROWS = 4096  # the smallest chunk a replica hands its sink

@@ -28,7 +28,7 @@ from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, 
 from sim.fleet.routers import load_all as load_routers
 from sim.fleet.routing import Router
 from sim.io.errors import SimError
-from sim.records.recorder import CHUNK_ROWS
+from sim.records.columns import CHUNK_ROWS
 from sim.records.sinks import ParquetSink
 from sim.records.summary import Records, Slo, summarize
 from sim.workload.generator import Workload, rate_steps

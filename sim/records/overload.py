@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
+
+from sim.records.columns import QUEUE_FULL, REJECTED
 
 # Overload: the trend of the delay requests meet over the arrival period after its first `BACKLOG_WARMUP`
 # (the backlog filling to its level). The delay of the i-th arrival is the i-th completion's time minus its
@@ -138,3 +141,13 @@ def _trend(arrivals: np.ndarray, done: np.ndarray, first: float, last: float) ->
     return BacklogTrend(
         start, last, count / span, completed / span, matched / count, delay_start, delay_rise, fluctuation
     )
+
+
+def requests_backlog_trend(requests: pl.DataFrame, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
+    """`backlog_trend` of a requests frame."""
+    state = requests["state"].cast(pl.String)
+    rejected = (state == REJECTED).to_numpy()
+    turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
+    finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    arrival = requests["arrival"].to_numpy()
+    return backlog_trend(*backlog_inputs(arrival, finished_at, rejected, turned_away), rate_steps)

@@ -27,37 +27,20 @@ import polars as pl
 
 from sim.core.request import Request
 from sim.core.step import StepPlan
-from sim.records.overload import BacklogTrend, backlog_inputs, backlog_trend
+from sim.records.columns import (
+    CHUNK_ROWS,
+    FINISHED,
+    REQ_STORED_FLOATS,
+    REQ_STORED_INTS,
+    STATE_CODE,
+    STATES,
+    STEP_INT_COLUMNS,
+    STEP_STORED_INTS,
+    WAITING_INDEX,
+)
+from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.sinks import MemorySink, RecordSink
 
-FINISHED, REJECTED, IN_FLIGHT = "finished", "rejected", "in_flight"
-QUEUE_FULL = "queue full"  # the reject reason of admission control: load turned away, not a request too big
-LATENCY_METRICS = ("queue_wait", "ttft", "itl", "tpot", "e2e")
-QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
-
-_REQUEST_FLOAT_COLUMNS = (
-    "arrival", "scheduled_at", "first_token_at", "finished_at", "queue_wait", "ttft", "e2e", "tpot",
-    "itl_mean", "itl_p50", "itl_p99", "itl_max", "normalized_latency",
-)  # fmt: skip
-_REQUEST_INT_COLUMNS = (
-    "id", "prompt_len", "output_len", "max_tokens", "n", "generated_tokens", "preemptions", "prefix_group",
-    "prefix_hit_tokens", "prefix_query_tokens",
-)  # fmt: skip
-_STEP_INT_COLUMNS = (
-    "batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated", "kv_capacity", "preempted",
-    "compute_bound",
-)  # fmt: skip
-# What is stored per request (derived columns are computed in bulk by `requests_frame`).
-_REQ_STORED_FLOATS = ("arrival", "scheduled_at", "first_token_at", "last_token_at", "finished_at",
-                      "itl_p50", "itl_p99", "itl_max")  # fmt: skip
-_REQ_STORED_INTS = ("prompt_len", "output_len", "max_tokens", "n", "num_generated", "preemptions",
-                    "prefix_group", "prefix_hit_tokens", "prefix_query_tokens")  # fmt: skip
-_STEP_STORED_INTS = ("batch_size", "prefill_tokens", "decode_tokens", "kv_used", "kv_allocated",
-                     "preempted", "waiting")  # fmt: skip
-_WAITING = _STEP_STORED_INTS.index("waiting")
-_STATES = (FINISHED, REJECTED, IN_FLIGHT)
-_STATE_CODE = {name: i for i, name in enumerate(_STATES)}
-CHUNK_ROWS = 1 << 16  # rows per chunk of records handed to the sink
 # A recorded request row: stored floats, stored ints, state code, reject reason.
 _RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None", tuple[int, ...]]
 
@@ -139,7 +122,7 @@ class Recorder:
         self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
         self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
         self._capacity: int | None = None
-        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_ints = _Rows(len(STEP_STORED_INTS))
         self._step_compute = bytearray()
         self._trim = True  # whether step durations no request in flight needs may be dropped
         self._finished = False
@@ -180,7 +163,7 @@ class Recorder:
         if local < 0:
             return int(self.sink.lazy("steps").select(pl.col("waiting").get(index)).collect().item())
         data = self._step_ints
-        return data.data[local * data.width + _WAITING]
+        return data.data[local * data.width + WAITING_INDEX]
 
     def _steps_chunk(self) -> pl.DataFrame:
         """The steps not yet handed on, as a frame (with their global step numbers)."""
@@ -198,13 +181,13 @@ class Recorder:
             "start": start,
             "duration": np.frombuffer(self._durations, np.float64, count=n, offset=lo * 8).copy(),
         }
-        stored = dict(zip(_STEP_STORED_INTS, self._step_ints.columns(), strict=True))
+        stored = dict(zip(STEP_STORED_INTS, self._step_ints.columns(), strict=True))
         capacity = np.empty(n, np.int64)
         changes = list(self._step_capacity.items())
         for i, (step, cap) in enumerate(changes):
             capacity[max(step - first, 0) : changes[i + 1][0] - first if i + 1 < len(changes) else n] = cap
         stored["kv_capacity"] = capacity
-        for name in _STEP_INT_COLUMNS:
+        for name in STEP_INT_COLUMNS:
             cols[name] = (
                 stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
             )
@@ -222,7 +205,7 @@ class Recorder:
             self._prev_end = self._ends[self._flushed_steps - 1 - self._win_start]
         self._step_starts = {}
         self._step_capacity = {self._flushed_steps: self._capacity} if self._capacity is not None else {}
-        self._step_ints = _Rows(len(_STEP_STORED_INTS))
+        self._step_ints = _Rows(len(STEP_STORED_INTS))
         self._step_compute = bytearray()
         self._trim_steps()
 
@@ -274,7 +257,7 @@ class Recorder:
              itl_p99, itl_max),
             (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
              req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens),
-            _STATE_CODE[state],
+            STATE_CODE[state],
             req.reject_reason,
             self._request_extras(req),
         )  # fmt: skip
@@ -316,7 +299,7 @@ class Recorder:
 
     def _new_request_chunk(self) -> None:
         self._req_ids = array("q")
-        self._req_ints = _Rows(len(_REQ_STORED_INTS))
+        self._req_ints = _Rows(len(REQ_STORED_INTS))
         self._req_floats = array("d")
         self._req_state = bytearray()
         self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
@@ -330,9 +313,9 @@ class Recorder:
         self._new_request_chunk()
 
     def _requests_chunk(self) -> pl.DataFrame:
-        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(_REQ_STORED_FLOATS)).T
+        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(REQ_STORED_FLOATS)).T
         arrival, scheduled, first, last, finished, p50, p99, itl_max = f
-        i = dict(zip(_REQ_STORED_INTS, self._req_ints.columns(), strict=True))
+        i = dict(zip(REQ_STORED_INTS, self._req_ints.columns(), strict=True))
         generated, n = i["num_generated"], i["n"]
         gaps = generated - 1
         has_gaps = gaps > 0
@@ -365,7 +348,7 @@ class Recorder:
             "itl_max": itl_max,
             "normalized_latency": np.divide(e2e, emitted, out=nan.copy(), where=emitted != 0),
         }
-        cols["state"] = pl.Series([_STATES[c] for c in self._req_state], dtype=pl.Categorical)
+        cols["state"] = pl.Series([STATES[c] for c in self._req_state], dtype=pl.Categorical)
         reasons = self._req_reason
         cols["reject_reason"] = pl.Series(
             [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
@@ -410,30 +393,5 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
-
-
-def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
-    """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
-    (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""
-    if requests.is_empty():
-        return 0.0, max(end_time, 0.0)
-    start = float(requests["arrival"].min())  # type: ignore[arg-type]
-    if (requests["state"].cast(pl.String) == IN_FLIGHT).any():
-        return start, max(end_time, start)
-    end = float(requests["arrival"].max())  # type: ignore[arg-type]
-    last_finish = requests["finished_at"].max()
-    if last_finish is not None and float(last_finish) > end:  # type: ignore[arg-type]
-        end = float(last_finish)  # type: ignore[arg-type]
-    return start, end
-
-
-def requests_backlog_trend(requests: pl.DataFrame, rate_steps: tuple[float, ...] = ()) -> BacklogTrend | None:
-    """`backlog_trend` of a requests frame."""
-    state = requests["state"].cast(pl.String)
-    rejected = (state == REJECTED).to_numpy()
-    turned_away = (requests["reject_reason"] == QUEUE_FULL).fill_null(False).to_numpy()
-    finished_at = requests["finished_at"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-    arrival = requests["arrival"].to_numpy()
-    return backlog_trend(*backlog_inputs(arrival, finished_at, rejected, turned_away), rate_steps)
 
 

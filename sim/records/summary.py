@@ -8,16 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sim.records.recorder import (
-    CHUNK_ROWS,
-    FINISHED,
-    IN_FLIGHT,
-    LATENCY_METRICS,
-    QUANTILES,
-    REJECTED,
-    measurement_window,
-    requests_backlog_trend,
-)
+from sim.records.columns import CHUNK_ROWS, FINISHED, IN_FLIGHT, LATENCY_METRICS, QUANTILES, REJECTED
+from sim.records.overload import requests_backlog_trend
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +254,18 @@ def summarize(
         "kv_memory": _kv_shares(busy, used, held),
         "prefix_cache_hit_rate": hit_rate,
     }
+
+
+def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
+    """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
+    (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""
+    if requests.is_empty():
+        return 0.0, max(end_time, 0.0)
+    start = float(requests["arrival"].min())  # type: ignore[arg-type]
+    if (requests["state"].cast(pl.String) == IN_FLIGHT).any():
+        return start, max(end_time, start)
+    end = float(requests["arrival"].max())  # type: ignore[arg-type]
+    last_finish = requests["finished_at"].max()
+    if last_finish is not None and float(last_finish) > end:  # type: ignore[arg-type]
+        end = float(last_finish)  # type: ignore[arg-type]
+    return start, end

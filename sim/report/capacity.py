@@ -7,11 +7,12 @@ from typing import Any
 from sim.catalog.dtypes import dtype_bytes
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
+from sim.catalog.quantisation import check_format_options
 from sim.config.lora import LoraConfig
 from sim.cost.lora import LORA_BYTES, module_shapes, per_gpu_widths
 from sim.cost.memory import GB, KvMemory, check_tp, kv_memory
 from sim.io.errors import SimError
-from sim.studies.capacity import baseline, capacity_summary, lora_capacity
+from sim.studies.capacity import baseline, capacity_summary, draft_capacity, lora_capacity
 
 
 def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
@@ -343,3 +344,48 @@ def lora_capacity_report(
     t.add_row(f"max seqs @ {typical_len:,}", f"{out['max_seqs_without_slots']:,}",
               f"{out['max_seqs_with_slots']:,}", f"blocks / {per_seq} blocks per seq")  # fmt: skip
     Console(width=160).print(t)
+
+
+def print_capacity(
+    models: list[str], gpu: str, tp: int, gpu_memory_utilization: float, weight_dtype: str | None,
+    kv_dtype: str | None, max_model_len: int | None, typical_len: int, compare: bool, as_json: bool,
+    draft_model: str | None, draft_tp: int | None, max_loras: int, max_lora_rank: int,
+    weight_group_size: int | None, quantisation: bool,
+) -> None:  # fmt: skip
+    """`sim capacity`: one model's KV capacity, several side by side, or one with a draft model, LoRA slots
+    or each weight and KV-cache format; the options checked together first."""
+    check_format_options(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
+    if len(models) > 1 and not compare:
+        raise SimError("several models given: add --compare to show them side by side")
+    if draft_model is not None and max_loras:
+        raise SimError("give --draft-model or --max-loras, not both")
+    if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):
+        raise SimError("--quantisation and --weight-group-size go without --draft-model and --max-loras")
+    if draft_model is not None:  # speculative decoding: the KV the draft model takes (sim/cost/draft.py)
+        if len(models) > 1:
+            raise SimError("--draft-model takes one model")
+        args = (models[0], gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, draft_model, draft_tp)
+        print_draft_capacity(draft_capacity(*args, typical_len), as_json)
+        return
+    if max_loras:  # the LoRA slots' effect on one model's KV cache (sim/cost/lora.py)
+        if len(models) > 1:
+            raise SimError("--max-loras: give one model")
+        lora_args = (gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_loras, max_lora_rank)
+        if not as_json:
+            capacity_report(models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len,
+                            typical_len)  # fmt: skip
+        lora_capacity_report(models[0], *lora_args, typical_len, as_json)
+        return
+    capacity_report(
+        models,
+        gpu,
+        tp=tp,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        max_model_len=max_model_len,
+        typical_len=typical_len,
+        as_json=as_json,
+        weight_group_size=weight_group_size,
+        quantisation=quantisation,
+    )

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
 from sim.config.scenario import Scenario
 from sim.io.progress import Stopwatch
+from sim.studies.run import other_scenario_runs
 from sim.studies.sweep import SweepResult
 
 
@@ -77,8 +79,6 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
 
 def print_sweep(result: SweepResult, console: Console | None = None) -> None:
     """What ran, where it is, and the capacities found."""
-    from rich.table import Table
-
     console = console or Console()
     console.print(
         f"{result.scenario.name}: {result.points.height} points "
@@ -93,3 +93,16 @@ def print_sweep(result: SweepResult, console: Console | None = None) -> None:
     for cap in result.capacity["capacities"]:
         table.add_row(cap["policy"], json.dumps(cap["params"]) if cap["params"] else "", cap["label"])
     console.print(table)
+
+
+def note_mixed_runs(out_dir: Path, manifest: dict[str, Any]) -> None:
+    """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare."""
+    others = other_scenario_runs(out_dir, manifest)
+    if not others:
+        return
+    typer.echo(f"note: {out_dir} also holds runs of a different scenario; `sim report {out_dir}` will refuse")
+    typer.echo("  to compare them. Re-run every policy with the same settings, or give another --out:")
+    for folder, diff in others.items():
+        shown = "; ".join(f"{key}: {theirs!r} there, {ours!r} here" for key, theirs, ours in diff[:4])
+        more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+        typer.echo(f"  {folder}: {shown}{more}")

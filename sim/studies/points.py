@@ -15,7 +15,7 @@ import polars as pl
 from sim.config.scenario import Scenario, apply_overrides, validate_scenario
 from sim.io.errors import SimError
 from sim.io.outputs import atomic_write
-from sim.records.recorder import LATENCY_METRICS
+from sim.records.columns import LATENCY_METRICS
 from sim.studies.run import run_policy
 
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")

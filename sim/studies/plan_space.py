@@ -1,0 +1,220 @@
+"""What `sim plan` searches: GPU prices, the grid of deployments, and the work bound that prunes it by theory."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.config.scenario import Scenario
+from sim.io.errors import SimError
+
+THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
+
+
+DEFAULT_TPS = (1, 2, 4, 8)
+
+
+DEFAULT_ROUTER = "least_outstanding"
+
+
+DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    usd_per_gpu_hour: float
+    source: str
+    date: str
+
+
+def price_table(scenario: Scenario) -> dict[str, Price]:
+    """The catalogue's prices with the scenario's [prices] over them (keys: canonical GPU names)."""
+    from sim.catalog.gpus import get_gpu
+
+    text = (resources.files("sim") / "catalog" / "prices.toml").read_text()
+    table = {
+        name: Price(float(p["usd_per_gpu_hour"]), str(p["source"]), str(p["date"]))
+        for name, p in tomllib.loads(text)["prices"].items()
+    }
+    for name, usd in scenario.prices.items():
+        try:
+            canonical = get_gpu(name).name
+        except SimError as err:
+            raise SimError(f"prices.{name}: {err}") from None
+        table[canonical] = Price(usd, "scenario [prices]", "")
+    return table
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Candidate:
+    """One configuration. `counts` is (replicas,) colocated or (prefill, decode) disaggregated."""
+
+    cost: float  # $/hour
+    gpus: int
+    mode: str  # colocated or pd
+    gpu: str
+    tp: int
+    knobs: tuple[tuple[str, int], ...]
+    counts: tuple[int, ...]
+
+    @property
+    def family(self) -> tuple[str, str, int, tuple[tuple[str, int], ...]]:
+        return self.mode, self.gpu, self.tp, self.knobs
+
+    def label(self) -> str:
+        knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
+        shape = f"{self.counts[0]}x" if self.mode == "colocated" else f"{self.counts[0]}P+{self.counts[1]}D x"
+        return f"{shape} {self.gpu} TP{self.tp}" + (f" [{knobs}]" if knobs else "")
+
+    def overrides(self, scenario: Scenario, policy: str) -> dict[str, Any]:
+        """The dotted `--set` overrides that turn the scenario into this configuration."""
+        out: dict[str, Any] = {"model.gpu": self.gpu, "model.tp": self.tp}
+        for key, value in self.knobs:
+            out[f"policies.{policy}.{key}"] = value
+        if self.mode == "colocated":
+            out["cluster.groups"] = [{"count": self.counts[0]}]
+        else:
+            out["cluster.groups"] = [
+                {"name": "prefill", "count": self.counts[0], "role": "prefill"},
+                {"name": "decode", "count": self.counts[1], "role": "decode"},
+            ]
+        if scenario.cluster is None:
+            out["cluster.router"] = DEFAULT_ROUTER
+        if self.mode == "pd" and "link" not in (scenario.raw.get("cluster") or {}):
+            out["cluster.link"] = DEFAULT_LINK
+        return out
+
+
+def knob_grid(
+    scenario: Scenario, policy: str, grid: dict[str, Sequence[int]]
+) -> list[tuple[tuple[str, int], ...]]:
+    """The knob combinations the policy's scheduler accepts (its own values when the grid gives none)."""
+    _, config = scenario.policy(policy)
+    axes: list[list[tuple[str, int]]] = []
+    for key, values in sorted(grid.items()):
+        if key in type(config).model_fields and values:
+            axes.append([(key, int(v)) for v in values])
+    combos: list[tuple[tuple[str, int], ...]] = [()]
+    for axis in axes:
+        combos = [(*c, kv) for c in combos for kv in axis]
+    return combos
+
+
+def _mean_lengths(scenario: Scenario, base_dir: Path) -> tuple[float, float]:
+    from sim.studies.run_size import _lengths
+
+    return _lengths(scenario.workload, None, base_dir)
+
+
+def work_bounds(
+    scenario: Scenario,
+    policy: str,
+    family: tuple[str, str, int, tuple[tuple[str, int], ...]],
+    rate: float,
+    base_dir: Path,
+) -> tuple[int, int, int] | None:
+    """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
+    not fit this GPU and TP."""
+    from sim.cost.replica import build_cost_and_memory
+    from sim.fleet.run import group_scenario
+
+    _, gpu, tp, knobs = family
+    try:
+        cost, budget, _ = build_cost_and_memory(group_scenario(scenario, gpu, tp))
+    except SimError:
+        return None
+    prompt, output = _mean_lengths(scenario, base_dir)
+    p, o = max(1, round(prompt)), max(1.0, output)
+    t_pre = cost.step_time(np.array([p], np.int64), np.array([0], np.int64))[0]
+    seqs = dict(knobs).get("max_num_seqs", int(getattr(scenario.policy(policy)[1], "max_num_seqs", 256)))
+    batch = max(1, min(seqs, budget.num_tokens // max(1, int(p + o))))
+    t_step = cost.step_time(np.ones(batch, np.int64), np.full(batch, int(p + o / 2), np.int64))[0]
+    t_tok = t_step / batch
+    bound = lambda work: max(1, math.ceil(THEORY_SLACK * rate * work))  # noqa: E731
+    return bound(t_pre + o * t_tok), bound(t_pre), bound(o * t_tok)
+
+
+def candidates(
+    scenario: Scenario,
+    policy: str,
+    rate: float,
+    base_dir: Path,
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    knobs: dict[str, Sequence[int]],
+    max_gpus: int,
+    modes: Sequence[str],
+) -> tuple[list[Candidate], int, int]:
+    """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
+    grid (what brute force would run); and how many of its configurations the model does not fit."""
+    from sim.catalog.gpus import get_gpu
+
+    prices = price_table(scenario)
+    out: list[Candidate] = []
+    total = unfit = 0
+    for name in gpus:
+        gpu = get_gpu(name).name
+        if gpu not in prices:
+            raise SimError(
+                f"--gpus: no price for {gpu}: give one in the scenario, e.g. prices = {{ {gpu!r} = 2.5 }}"
+            )
+        usd = prices[gpu].usd_per_gpu_hour
+        for tp in tps:
+            per = max_gpus // tp
+            for combo in knob_grid(scenario, policy, knobs):
+                shapes: list[tuple[str, tuple[int, ...]]] = []
+                if "colocated" in modes:
+                    shapes += [("colocated", (c,)) for c in range(1, per + 1)]
+                if "pd" in modes:
+                    shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
+                total += len(shapes)
+                bounds = (
+                    work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir) if shapes else None
+                )
+                if bounds is None:
+                    unfit += len(shapes)
+                    continue
+                c_min, p_min, d_min = bounds
+                for mode, counts in shapes:
+                    if mode == "colocated" and counts[0] < c_min:
+                        continue
+                    if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
+                        continue
+                    n = sum(counts) * tp
+                    out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
+    return sorted(out), total, unfit
+
+def _ints(text: str, option: str) -> list[int]:
+    """Whole numbers in [1, 1000000], comma-separated, as an option gives them."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SimError(f"{option}: expected whole numbers separated by commas (got {text!r})") from None
+    if any(v < 1 or v > 1_000_000 for v in values):
+        raise SimError(f"{option}: each value must be in [1, 1000000] (got {text!r})")
+    return values
+
+
+def grid_options(
+    gpus: str | None, tp: str, max_num_seqs: str, max_num_batched_tokens: str, modes: str
+) -> tuple[list[str] | None, list[int], dict[str, list[int]], list[str]]:
+    """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes)."""
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    if not mode_list or set(mode_list) - {"colocated", "pd"}:
+        raise SimError(f"--modes: colocated, pd or both, comma-separated (got {modes!r})")
+    tps = _ints(tp, "--tp")
+    if not tps or any(t > 64 for t in tps):
+        raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")
+    knobs = {
+        "max_num_seqs": _ints(max_num_seqs, "--max-num-seqs"),
+        "max_num_batched_tokens": _ints(max_num_batched_tokens, "--max-num-batched-tokens"),
+    }
+    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    return gpu_list, tps, knobs, mode_list
