@@ -1,4 +1,4 @@
-"""Fit the cost model's calibration (`sim.cost.roofline.Calibration`) to the steady-state ground-truth rows.
+"""Fit the cost model's calibration (`sim.config.calibration.Calibration`) to the steady-state ground-truth rows.
 
 A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
 re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
