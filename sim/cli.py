@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 
-from sim.catalog.quantisation import check_format_options
 from sim.io.errors import SimError
 from sim.io.limits import (
     MAX_BLOCK_SIZE,
@@ -20,8 +19,7 @@ from sim.io.limits import (
     RUN_MAX_REQUESTS,
     RUN_MAX_TOKENS,
 )
-from sim.io.outputs import out_file_problem, out_folder_problem
-from sim.report.console import note_mixed_runs
+from sim.io.paths import out_file_problem, out_folder_problem
 
 FORCE_HELP = (
     f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
@@ -156,6 +154,7 @@ def run(
     from sim.io.outputs import exit_on_terminate, path_component
     from sim.io.progress import Stopwatch, run_progress
     from sim.report import console
+    from sim.report.console import note_mixed_runs
     from sim.studies.run import run_to_folder
     from sim.studies.run_size import check_run_size
 
@@ -293,7 +292,7 @@ def plan(
     result = search(
         scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
         rule,
-    )
+    )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
     write_plan(result, scenario, out_dir)
@@ -389,6 +388,7 @@ def step(
     ),
 ) -> None:
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
+    from sim.catalog.quantisation import check_format_options
     from sim.report.step import print_step
 
     check_format_options(weight_dtype, kv_dtype, weight_group_size)

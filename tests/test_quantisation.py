@@ -58,7 +58,8 @@ def test_fp8_kv_doubles_qwen3_4b_kv_tokens_on_an_l4_as_vllm_reports() -> None:
     assert VLLM_TOKENS["fp8"] - 2 * VLLM_TOKENS["bf16"] == 16  # vLLM's own figures: one block over double
     # vLLM's figure follows from its 11.47 GiB reservation at the same bytes per token (2-decimal rounding).
     assert abs(11.47 * 2**30 // per_token // 16 * 16 - VLLM_TOKENS["bf16"]) <= 64
-    # Absolute tokens within 2%: vLLM profiles the activation peak; we use a fitted reserve (sim/cost/memory.py).
+    # Absolute tokens within 2%: vLLM profiles the activation peak; we use a fitted reserve
+    # (sim/cost/memory.py).
     assert bf16.token_capacity == pytest.approx(VLLM_TOKENS["bf16"], rel=0.02)
     assert fp8.token_capacity == pytest.approx(VLLM_TOKENS["fp8"], rel=0.02)
     conc = [kv.token_capacity / 32_768 for kv in (bf16, fp8)]

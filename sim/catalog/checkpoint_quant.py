@@ -1,4 +1,4 @@
-"""A checkpoint's stored formats, from its config's `quantization_config` (GPTQ, AWQ, FP8, compressed-tensors)."""
+"""A checkpoint's stored formats, from its config's `quantization_config` (GPTQ, AWQ, FP8, ...)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A `ModelSpec` from a Hugging Face decoder config.json: the shape of each supported family, checked key by key."""
+"""A `ModelSpec` from a Hugging Face decoder config.json: each family's shape, checked key by key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Model specs read from Hugging Face decoder config.json files: parameters, KV bytes per token, FLOPs.
+"""The model spec: a decoder's shape and what follows from it: parameters, KV bytes per token, FLOPs (read
+from a Hugging Face config.json by sim/catalog/hf_config.py).
 
 Parameter groups are kept apart because the cost model treats them differently:
 `embedding_params` are gathered (a few rows read per token), `lm_head_params` are 0 when tied to the
@@ -233,8 +234,3 @@ class ModelSpec:
     def decode_flops(self, q: np.ndarray | int) -> np.ndarray:
         """FLOPs of one decode token at context `q`."""
         return self.prefill_flops(np.ones_like(np.asarray(q)), q)
-
-
-# ----------------------------------------------------------------------------- loading
-
-

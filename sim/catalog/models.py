@@ -1,4 +1,4 @@
-"""The model catalogue: a catalogue name, a Hugging Face id or a path to a config.json, resolved to a `ModelSpec`."""
+"""The model catalogue: a catalogue name, a Hugging Face id or a config.json path, as a `ModelSpec`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The matmul rate of a weight format: which tensor-core peak the layers' GEMMs run at, and at what share.
+"""Weight and KV-cache formats: which tensor-core peak the layers' GEMMs run at, and at what share; the dtypes
+and group sizes a scenario or an option may name.
 
-One definition for both cost models (the engine's roofline in sim/cost/roofline.py and the kernel-level model in
+One definition for both cost models (the engine's roofline in sim/cost/roofline.py and the kernel-level model
+in
 sim/cost/kernel_model.py):
 
 - 16-bit (and fp32) weights: the GPU's peak for that dtype.

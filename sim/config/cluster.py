@@ -21,6 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.catalog.gpus import get_gpu
+from sim.catalog.links import link_names
+from sim.config.validation import format_validation_error
+from sim.io.errors import SimError
+
 MAX_REPLICAS = 4096
 ROLES = ("both", "prefill", "decode")
 
@@ -80,11 +85,6 @@ class ClusterSection(_Table):
 def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str) -> BaseModel:
     """The router's validated knobs; SimError naming the key for an unknown router, knob, policy or GPU."""
     from pydantic import ValidationError
-
-    from sim.catalog.gpus import get_gpu
-    from sim.catalog.links import link_names
-    from sim.config.validation import format_validation_error
-    from sim.io.errors import SimError
 
     routers = ROUTERS
     name, knobs = cluster.router_kind()

@@ -130,5 +130,3 @@ def mean_of(config: Any, base_dir: Path) -> float:
     else:
         mean = c.mean
     return float(min(max(mean, c.min or 0.0), MAX_TOKENS if c.max is None else c.max))
-
-

@@ -1,4 +1,4 @@
-"""LoRA's tables: `[workload.lora]` (which adapter each request names) and a policy's `lora` (vLLM's slots)."""
+"""LoRA's tables: `[workload.lora]` (each request's adapter) and a policy's `lora` (vLLM's slots)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sim.catalog.links import link_names
 from sim.io.errors import SimError
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -110,11 +111,8 @@ def check_lora(scenario: Any, configs: dict[str, BaseModel], source: str) -> Non
             )
         if lora is not None and scenario.cluster is not None:
             raise SimError(f"{source}: policies.{name}.lora: LoRA is not modelled with [cluster]")
-        if lora is not None and lora.host_link is not None:
-            from sim.catalog.links import link_names
-
-            if lora.host_link not in link_names():
-                raise SimError(
-                    f"{source}: policies.{name}.lora.host_link: unknown link {lora.host_link[:40]!r} "
-                    f"(one of {', '.join(link_names())})"
-                )
+        if lora is not None and lora.host_link is not None and lora.host_link not in link_names():
+            raise SimError(
+                f"{source}: policies.{name}.lora.host_link: unknown link {lora.host_link[:40]!r} "
+                f"(one of {', '.join(link_names())})"
+            )

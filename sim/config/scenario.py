@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.catalog.gpus import get_gpu
-from sim.config.calibration import calibration_problem
+from sim.config.calibration import Calibration, calibration_problem
 from sim.config.cluster import ClusterSection, check_cluster
 from sim.config.lora import check_lora
 from sim.config.policies import POLICIES
@@ -49,7 +49,6 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _calibration_in_range(self) -> Scenario:
-        from sim.config.calibration import Calibration
 
         known = {f.name for f in fields(Calibration)}
         for key, value in self.calibration.items():

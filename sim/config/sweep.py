@@ -1,4 +1,4 @@
-"""The `[sweep]` table: the grid of rates and parameters `sim sweep` runs, replications, the capacity search."""
+"""The `[sweep]` table: the rates and parameters `sim sweep` runs, replications, the capacity search."""
 
 from __future__ import annotations
 

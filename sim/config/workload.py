@@ -120,7 +120,9 @@ class TraceArrival(_Config):
 
 
 # The arrival kinds, by their `kind` tag.
-ARRIVAL_KINDS = (PoissonArrival, GammaArrival, DeterministicArrival, StagedArrival, ClosedLoopArrival, TraceArrival)
+ARRIVAL_KINDS = (
+    PoissonArrival, GammaArrival, DeterministicArrival, StagedArrival, ClosedLoopArrival, TraceArrival
+)  # fmt: skip
 
 ArrivalConfig = Annotated[
     Union[ARRIVAL_KINDS],  # type: ignore[valid-type]  # noqa: UP007
@@ -171,7 +173,8 @@ class WorkloadConfig(_Config):
     ignore_eos: bool = False
     prefix: PrefixConfig | None = None
     shared_prefix: SharedPrefixProfile | None = None
-    # LoRA adapter per request (sim/engine/lora.py); left out of dumps when absent, so records stay as they were
+    # LoRA adapter per request (sim/config/lora.py); left out of dumps when absent, so records stay as they
+    # were
     lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Kernel parameters of `sim.cost.kernel_model` fitted to a GPU's measured kernels (sim/catalog/profiles/h200).
+"""Kernel parameters of `sim.cost.kernel_model` fitted to a GPU's measured kernels
+(sim/catalog/profiles/h200).
 
 Each kernel kind is fitted on its own by soft-L1 least squares on log(predicted / measured), with the cost
 model's own formulas (`kernel_seconds`, `attention_seconds`) and the catalog's peaks of the profiled GPU, so
@@ -26,7 +27,10 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
+from sim.cost.kernels import attention_seconds, kernel_seconds
 
 Params = dict[str, float]
 
@@ -61,8 +65,6 @@ def _read(path: Path) -> list[dict[str, str]]:
 
 def _profile_models() -> dict[str, tuple[int, int, int]]:
     """(query heads, KV heads, head dim) of the profiled models, from the catalog configs."""
-    from sim.catalog.models import load_model
-
     out = {}
     for name in ("llama-3.1-8b", "qwen3-14b", "llama-3.1-70b"):
         m = load_model(name)
@@ -111,8 +113,6 @@ def kernel_data(directory: Path | None = None) -> dict[str, dict[str, np.ndarray
 
 def hbm_read_eff(directory: Path | None = None) -> float:
     """Measured HBM read rate (peaks.csv, 4 GiB read) as a fraction of the catalog's HBM bandwidth."""
-    from sim.catalog.gpus import get_gpu
-
     peaks = {r["what"]: float(r["per_second"]) for r in _read((directory or profile_dir()) / "peaks.csv")}
     return peaks["read_4GiB"] / get_gpu(PROFILE_GPU).hbm_bandwidth
 
@@ -124,9 +124,6 @@ def _subset(d: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]
 def fit_kernels(directory: Path | None = None) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Kernel parameters fitted to a GPU profile (soft-L1 least squares on log(predicted / measured)),
     and per kernel kind the median and 90th-percentile |error| and the share predicted below measurement."""
-    from sim.catalog.gpus import get_gpu
-    from sim.cost.kernels import attention_seconds, kernel_seconds
-
     gpu = get_gpu(PROFILE_GPU)
     data = kernel_data(directory)
     base = asdict(KernelCalibration())

@@ -1,7 +1,8 @@
 """Kernel-level cost of one engine step (`sim step`), per GPU under tensor parallelism of degree `tp`.
 
 Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
-of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and the checks
+of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
+the checks
 against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays the engine's.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU):
@@ -23,7 +24,8 @@ kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its lar
 preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
 
 Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
-(sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any GPU in
+(sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any
+GPU in
 the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times were
 fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
 parameter with its source.
@@ -144,7 +146,7 @@ class KernelCostModel:
         return out
 
     def _peak(self, group: str) -> float:
-        """Achievable large-M GEMM FLOP/s for a weight group (its format's rate: sim/catalog/quantisation.py)."""
+        """Large-M GEMM FLOP/s for a weight group (its format's rate, sim/catalog/quantisation.py)."""
         cal, q = self.cal, self.quant
         if not q.dtype or q.kept_fraction(group) >= 1.0:
             return self.peak16 * cal.gemm_compute_eff

@@ -1,4 +1,4 @@
-"""What LoRA adapters cost: their sizes per GPU, the slots' memory, and the shrink and expand kernels of a step."""
+"""What LoRA adapters cost: their sizes per GPU, the slots' memory, a step's shrink and expand kernels."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
+from sim.config.calibration import KernelCalibration
 from sim.config.lora import LoraConfig
 from sim.cost.memory import KvMemory
 from sim.cost.roofline import CostModel
@@ -87,7 +88,6 @@ class LoraCost:
     """Seconds of a step's LoRA kernels (shrink and expand per LoRA layer, over the whole batch)."""
 
     def __init__(self, model: ModelSpec, gpu: Gpu, tp: int, max_lora_rank: int, cost: CostModel) -> None:
-        from sim.config.calibration import KernelCalibration
 
         shapes = module_shapes(model)
         widths = [per_gpu_widths(model, n, s, tp) for n, s in shapes.items()]

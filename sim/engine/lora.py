@@ -1,10 +1,11 @@
-"""Multi-tenant LoRA: adapters per request, their sizes, GPU slots and host cache, and their step cost.
+"""Multi-tenant LoRA at run time: the adapters' GPU slots and host cache, the scheduler's gate, the step time.
 
 The workload names an adapter per request (`[workload.lora]`: N adapters, uniform or Zipf popularity, or a
 trace's `adapter` column); a policy serves them with `lora = { max_loras, max_cpu_loras, max_lora_rank }`,
 as vLLM does with `--enable-lora`:
 
-- Memory. vLLM preallocates `max_loras` GPU slots at `max_lora_rank` for every LoRA-capable linear module of
+- Memory (sim/cost/lora.py). vLLM preallocates `max_loras` GPU slots at `max_lora_rank` for every
+LoRA-capable linear module of
   the model (q/k/v/o and the gated MLP's gate/up/down) when it loads the model, before it sizes the KV cache:
   the slots come out of the KV budget (`slot_bytes`, `lora_memory`). Under tensor parallelism a
   column-parallel module keeps its whole A (in x r) and a shard of B (r x out / tp); a row-parallel one a
@@ -17,12 +18,13 @@ as vLLM does with `--enable-lora`:
   batch are evicted.
 - Scheduling (`LoraGate`, vllm/v1/core/sched/scheduler.py): a waiting request whose adapter is not among
   the step's scheduled adapters is skipped, not blocking the queue, once those number `max_loras`.
-- Cost (`LoraCost`): each LoRA-wrapped module runs a shrink (tokens x in x r) and an expand
+- Cost (`LoraCost`, sim/cost/lora.py): each LoRA-wrapped module runs a shrink (tokens x in x r) and an expand
   (tokens x r x out) kernel over the whole batch, SGMV/Punica-style, at the slots' padded rank
   `max_lora_rank`; the kernels read each distinct adapter's slot weights once, plus the activations in and
   out, and each kernel launch pays a fixed cost.
 
-The records' LoRA columns, the summary's `lora` block and `sim capacity --max-loras`: sim/engine/lora_records.py.
+The tables (`[workload.lora]`, a policy's `lora`): sim/config/lora.py. The records' LoRA columns and the
+summary's `lora` block: sim/engine/lora_records.py; `sim capacity --max-loras`: sim/studies/capacity.py.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from sim.catalog.gpus import Gpu
+from sim.catalog.links import get_link
 from sim.catalog.model import ModelSpec
 from sim.config.lora import LoraConfig, LoraWorkload
 from sim.core.step import StepPlan
@@ -196,8 +199,6 @@ def setup_lora(
     workload: LoraWorkload | None,
 ) -> tuple[LoraRun, KvMemory]:  # fmt: skip
     """The LoRA parts of a replica, and its KV budget with the slots taken out."""
-    from sim.catalog.links import get_link
-
     reduced = lora_memory(kv, model, config)
     link = get_link(config.host_link or HOST_LINK.get(gpu.name, "pcie-gen4-x16"))
     ranks = workload.ranks if workload is not None else ()

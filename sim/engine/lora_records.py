@@ -1,5 +1,5 @@
-"""What a LoRA run reports: the records' LoRA columns, the summary's `lora` block, and the slots' memory for
-`sim capacity --max-loras` (the model itself is sim/engine/lora.py)."""
+"""What a LoRA run reports: the records' LoRA columns and the summary's `lora` block (the run-time model
+itself is sim/engine/lora.py)."""
 
 from __future__ import annotations
 
@@ -85,8 +85,3 @@ def lora_summary(run: LoraRun, steps: pl.DataFrame | pl.LazyFrame) -> dict[str, 
         "load_s": float(s["load_s"] or 0.0),
         "load_time_share": float(s["load_s"] or 0.0) / busy if busy > 0 else 0.0,
     }
-
-
-# --- `sim capacity --max-loras` -----------------------------------------------------------------------
-
-

@@ -1,5 +1,6 @@
-"""Speculative decoding: the `speculative` table of the vllm policy, acceptance draws, the draft's cost and
-memory, and the run's figures.
+"""Speculative decoding at run time: acceptance draws, the step time with the proposer's work, and the run's
+figures (the `speculative` table: sim/config/speculative.py; the proposer's cost and memory:
+sim/cost/draft.py).
 
 A decoding sequence carries k draft tokens (`num_speculative_tokens`); the target verifies them in one step
 that computes 1 + k tokens for it. Draft token i is accepted with probability alpha independently of the
@@ -293,7 +294,8 @@ def spec_summary(
 
 class SpecRun:
     """A run's speculative decoding: the KV budget less the draft's memory, the step time with the draft's
-    work, and the figures added to the records and summary (`sim.studies.run.run_policy` calls these in order)."""
+    work, and the figures added to the records and summary (`sim.studies.run.run_policy` calls these in
+    order)."""
 
     def __init__(self, config: SpeculativeConfig, drafter: Drafter, acceptance: Acceptance) -> None:
         self.config = config
@@ -357,8 +359,3 @@ def speculative_setup(
     run = SpecRun(config, drafter, Acceptance(config, run_seed(seed), rates))
     run.budget = KvBudget(blocks, budget.block_size, budget.max_model_len)
     return run
-
-
-# ----------------------------------------------------------------------------- `sim capacity --draft-model`
-
-

@@ -1,4 +1,5 @@
-"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine.replica`) routes
+"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine.replica`)
+routes
 each request to a replica, and for disaggregated serving a prefilled request's KV moves over a link to a
 decode replica.
 
@@ -184,7 +185,8 @@ class Fleet:
             self.users.ended(req)
         self._check_done()
 
-    # --- closed-loop users (`sim.engine.replica`'s, with the router between them and the replicas) ---------------
+    # --- closed-loop users (`sim.engine.replica`'s, with the router between them and the replicas)
+    # ---------------
     def _close_arrivals(self) -> None:
         self.arrivals_done = True
         self._check_done()
@@ -274,7 +276,7 @@ class Fleet:
             raise ValueError("give exactly one of requests and closed_loop")
         env, h = self.env, self.horizon
         if closed_loop is not None:
-            self._start_users(closed_loop)  # before the replicas, as `sim.engine.replica.simulate` orders them
+            self._start_users(closed_loop)  # before the replicas, as `engine.replica.simulate` orders them
         for m in self.members:
             env.process(m.replica.run())
         if self.report_delay_s > 0:

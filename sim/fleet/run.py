@@ -21,6 +21,7 @@ from sim.catalog.links import get_link
 from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
 from sim.core.request import Request
+from sim.cost.replica import build_cost_and_memory
 from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import DecodeScheduler
@@ -54,8 +55,6 @@ def build_specs(
     scenario: Scenario, cluster: ClusterSection, policy: str, source: str
 ) -> tuple[list[ReplicaSpec], dict[str, Any]]:
     """One `ReplicaSpec` per replica, and each group's figures for the summary."""
-    from sim.cost.replica import build_cost_and_memory
-
     specs: list[ReplicaSpec] = []
     groups: dict[str, Any] = {}
     policies = load_policies()

@@ -1,4 +1,4 @@
-"""The records' schema: a request's final states, the columns of the request and step records, the chunk size."""
+"""The records' schema: a request's final states, the request and step columns, the chunk size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-request and per-step records, and the run summary.
+"""Per-request and per-step records, kept as a run goes (the summary read from them: sim/records/summary.py).
 
 Records are kept in flat typed columns (`array.array`), never as per-token objects, and handed on in chunks
 of `CHUNK_ROWS` rows as polars frames (to memory, or to Parquet as the run goes: `sim.records.sinks`), so the
@@ -9,10 +9,6 @@ Inter-token latency: a request's gaps are the durations of the steps that emitte
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
 distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
 are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
-
-Rates (throughput, goodput, busy fraction) are per second of one measurement window (`measurement_window`):
-from the first arrival to the last completion, or to the horizon while requests are still in flight.
-Overload is a test of queue growth (`sim.records.overload.backlog_trend`), the same with or without drain.
 """
 
 from __future__ import annotations
@@ -393,5 +389,3 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
-
-

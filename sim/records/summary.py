@@ -1,4 +1,9 @@
-"""The run summary: latency statistics, throughput, SLO attainment and KV use, from the records (polars)."""
+"""The run summary: latency statistics, throughput, SLO attainment and KV use, from the records (polars).
+
+Rates (throughput, goodput, busy fraction) are per second of one measurement window (`measurement_window`):
+from the first arrival to the last completion, or to the horizon while requests are still in flight.
+Overload is a test of queue growth (`sim.records.overload.backlog_trend`), the same with or without drain.
+"""
 
 from __future__ import annotations
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from sim.catalog.dtypes import dtype_bytes
-from sim.catalog.gpus import Gpu
+from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
+from sim.catalog.models import load_model
 from sim.catalog.quantisation import check_format_options
 from sim.config.lora import LoraConfig
 from sim.cost.lora import LORA_BYTES, module_shapes, per_gpu_widths
 from sim.cost.memory import GB, KvMemory, check_tp, kv_memory
 from sim.io.errors import SimError
-from sim.studies.capacity import baseline, capacity_summary, draft_capacity, lora_capacity
+from sim.studies.capacity import (
+    DECODE_BATCH,
+    PREFILL_TOKENS,
+    Variant,
+    baseline,
+    capacity_summary,
+    draft_capacity,
+    lora_capacity,
+    variant_figures,
+    variants,
+)
 
 
 def print_draft_capacity(figures: dict[str, Any], as_json: bool) -> None:
@@ -153,9 +164,6 @@ def capacity_report(
 
     from rich.console import Console
 
-    from sim.catalog.gpus import get_gpu
-    from sim.catalog.models import load_model
-
     if not models:
         raise SimError("give at least one model")
     g = get_gpu(gpu)
@@ -213,8 +221,6 @@ def _quantisation_report(
 
     from rich.console import Console
 
-    from sim.studies.capacity import DECODE_BATCH, PREFILL_TOKENS, baseline, variant_figures, variants
-
     if len(specs) != 1:
         raise SimError("--quantisation compares the formats of one model: give one model")
     m = specs[0]
@@ -242,7 +248,6 @@ def _quantisation_report(
 def _format_figures(
     model: ModelSpec, gpu: Gpu, tp: int, kv: KvMemory, max_model_len: int | None, typical_len: int
 ) -> dict[str, object]:
-    from sim.studies.capacity import Variant, variant_figures
 
     v = Variant("", kv.weight_dtype, kv.kv_dtype, kv.weight_group_size)
     fig = variant_figures(model, gpu, v, tp, kv.gpu_memory_utilization, max_model_len, typical_len)
@@ -311,10 +316,6 @@ def lora_capacity_report(
     from pydantic import ValidationError
     from rich.console import Console
     from rich.table import Table
-
-    from sim.catalog.gpus import get_gpu
-    from sim.catalog.models import load_model
-    from sim.cost.memory import kv_memory
 
     try:
         config = LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank)

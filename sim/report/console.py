@@ -1,4 +1,4 @@
-"""Terminal output: rich tables comparing policies, and progress displays for long work."""
+"""Terminal output of `sim run` and `sim sweep`: the table comparing the policies, what a sweep ran, notes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`sim validate ground-truth`'s outputs: the table of errors per row and the chart of simulated against measured."""
+"""`sim validate ground-truth`'s outputs: the errors per row, and simulated against measured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 
 import polars as pl
 
+from sim.config.calibration import Calibration
 from sim.io.errors import SimError
+from sim.io.progress import progress
 from sim.studies.validate import (
     FRONTEND_KEY,
     MEDIAN_BAR_PCT,
@@ -121,9 +123,6 @@ def run_ground_truth(
 ) -> pl.DataFrame:
     """`sim validate ground-truth`: simulate every row, print the comparison, write `--out` files."""
     from rich.console import Console
-
-    from sim.config.calibration import Calibration
-    from sim.io.progress import progress
 
     if not 0 < scale <= 1:
         raise SimError(f"--scale must be in (0, 1], got {scale}")

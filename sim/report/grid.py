@@ -1,6 +1,7 @@
 """Sweep results for the report: means with confidence intervals per rate, and each policy's capacity.
 
-Computed from the point files alone (with `sim.records.stats`), so the report does not need `aggregate.parquet`.
+Computed from the point files alone (with `sim.records.stats`), so the report does not need
+`aggregate.parquet`.
 A policy swept over several knob settings becomes several series ("policy knob=value").
 """
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
+from sim.io.outputs import atomic_write
 from sim.report.page import Section, chart_spec, render_page
 from sim.studies.plan import PlanResult, pareto
 
@@ -93,8 +94,6 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
 def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[Path]:
     """plan.parquet (every simulated configuration), plan.json (the answer and the search's counts) and
     index.html (the ranked table and the cost-latency front)."""
-    from sim.io.outputs import atomic_write
-
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = pl.DataFrame(result.rows) if result.rows else pl.DataFrame()
     paths = [out_dir / "plan.parquet", out_dir / "plan.json", out_dir / "index.html"]
@@ -116,8 +115,6 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
     }
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
-    from sim.report.plan import plan_page
-
     html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
     atomic_write(paths[2], lambda p: Path(p).write_text(html, encoding="utf-8"))
     return paths

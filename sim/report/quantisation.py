@@ -2,7 +2,8 @@
 
 Shown when the sweep's series differ in `model.weight_dtype`, `model.kv_dtype` or `model.weight_group_size`
 (e.g. `sweep.variants` in scenarios/what-quantisation-buys.toml): per format, the KV tokens and the
-sequences of mean length that fit (sim/cost/memory.py), the capacity under the SLO, and p50/p99 TTFT and ITL at
+sequences of mean length that fit (sim/cost/memory.py), the capacity under the SLO, and p50/p99 TTFT and ITL
+at
 the scenario's arrival rate (means over replications of the sweep's points at that rate).
 """
 

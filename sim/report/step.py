@@ -9,6 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
+from sim.config.calibration import KernelCalibration
+from sim.cost.kernel_model import KernelCostModel, step_summary
+from sim.cost.memory import check_tp
 from sim.io.errors import SimError
 from sim.io.limits import MAX_COUNT, MAX_TOKENS
 
@@ -46,12 +51,6 @@ def print_step(
 ) -> dict[str, object]:
     from rich.console import Console
     from rich.table import Table
-
-    from sim.catalog.gpus import get_gpu
-    from sim.catalog.models import load_model
-    from sim.config.calibration import KernelCalibration
-    from sim.cost.kernel_model import KernelCostModel, step_summary
-    from sim.cost.memory import check_tp
 
     c, q = step_rows(batch, context, prefill)
     spec = load_model(model)

@@ -1,4 +1,5 @@
-"""Fit the cost model's calibration (`sim.config.calibration.Calibration`) to the steady-state ground-truth rows.
+"""Fit the cost model's calibration (`sim.config.calibration.Calibration`) to the steady-state ground-truth
+rows.
 
 A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
 re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
@@ -41,6 +42,9 @@ from sim.studies.validate import (
     GroundTruthRow,
     Prediction,
     compare,
+    default_csv,
+    load_frontend,
+    load_rows,
     median_errors,
     metrics_from_latencies,
     predict_all,
@@ -49,7 +53,8 @@ from sim.studies.validate import (
 
 # Held, not fitted (`held`):
 # - the compute efficiencies, at the 16-bit GEMM efficiency of the H200 kernel profile (`gemm_compute_eff`,
-#   sim/cost/kernel_fit.py; H100 SXM has the same compute die and dense peak). The calibration rows' prompts come
+#   sim/cost/kernel_fit.py; H100 SXM has the same compute die and dense peak). The calibration rows' prompts
+# come
 #   mostly from the prefix cache (a pool of 100 prompts, cycling), so they cannot identify it: left free, it
 #   sat on its 0.9 bound and ranged 0.34-0.9 across the folds;
 # - the KV-cache bandwidth efficiency, at the profile's decode-attention efficiency (`kv_bandwidth_eff`): only
@@ -176,8 +181,6 @@ def calibrate(
     log: Callable[[str], None] = print,
 ) -> tuple[Params, list[Trace]]:
     """Fixed-point fit: simulate, fit by re-costing, re-simulate with the fit; `rounds` times."""
-    from sim.studies.validate import load_frontend
-
     cal = start or held(params_of(Calibration.load(), load_frontend()))
     traces: list[Trace] = []
     for i in range(rounds):
@@ -255,8 +258,6 @@ def run_calibration(
     command: str,
 ) -> Params:
     """`sim calibrate`: fit on the steady-state rows, cross-validate by model, write the TOML."""
-    from sim.studies.validate import default_csv, load_rows
-
     if not (0 < scale <= 1 and 0 < cv_scale <= 1) or rounds < 1:
         raise SimError("--scale and --cv-scale must be in (0, 1], --rounds >= 1")
     rows = check_rows(load_rows(csv_path))
@@ -268,7 +269,8 @@ def run_calibration(
     print("in-sample (re-costed, last round):", *insample, sep="\n  ")
     print(f"leave-one-model-out (simulated, stages x{cv_scale:g}):", *cv, sep="\n  ")
     header = [
-        "Calibration of the roofline cost model (sim/cost/roofline.py), fitted by `sim calibrate` (sim/studies/calibrate.py,",
+        "Calibration of the roofline cost model (sim/cost/roofline.py), fitted by `sim calibrate` "
+        "(sim/studies/calibrate.py,",
         "docs/fidelity.md) on the steady-state rows of the real vLLM measurements:",
         f"  data: {csv_path or default_csv().name}",
         f"  ({len(rows)} steady-state rows of {len(folds)} models on H100; overloaded rows left out)",
@@ -296,5 +298,3 @@ def run_calibration(
         write.write_text(text)
         print(f"wrote {write}")
     return cal
-
-

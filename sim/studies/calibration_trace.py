@@ -1,4 +1,5 @@
-"""The calibration's data: each ground-truth row simulated once with its steps' roofline terms kept, and re-costed
+"""The calibration's data: each ground-truth row simulated once with its steps' roofline terms kept, and
+re-costed
 under new parameters without simulating again."""
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from sim.config.calibration import Calibration
+from sim.config.scenario import validate_scenario
+from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import roofline_seconds
+from sim.engine.replica import Horizon, simulate
+from sim.engine.schedulers.registry import load_all
+from sim.studies.executor import open_executor
 from sim.studies.validate import (
     FRONTEND_KEY,
     GroundTruthRow,
@@ -20,6 +26,7 @@ from sim.studies.validate import (
     stages,
     successful,
 )
+from sim.workload.generator import Workload
 
 
 @dataclass
@@ -54,12 +61,6 @@ class Trace:
 
 def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) -> Trace:
     """Simulate a row with the vllm policy, recording what re-costing needs."""
-    from sim.config.scenario import validate_scenario
-    from sim.cost.replica import build_cost_and_memory
-    from sim.engine.replica import Horizon, simulate
-    from sim.engine.schedulers.registry import load_all
-    from sim.workload.generator import Workload
-
     source = f"ground truth row {row.exp_key}"
     data, _ = row_scenario(row, scale, calibration)
     scenario = validate_scenario(data, source)
@@ -160,7 +161,6 @@ def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:
 
 
 def trace_all(rows: Sequence[GroundTruthRow], scale: float, params: Params, jobs: int) -> list[Trace]:
-    from sim.studies.executor import open_executor
 
     tasks = [(r, scale, params) for r in rows]
     with open_executor("process", jobs, None) as executor:

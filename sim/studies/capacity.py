@@ -1,8 +1,11 @@
-"""`sim capacity --quantisation`: what each weight and KV-cache format does to one replica.
+"""The figures behind `sim capacity`: one replica's memory and KV capacity, with LoRA slots, with a draft
+model, and under each weight and KV-cache format (the tables that show them: sim/report/capacity.py).
 
-For each format: weight memory per GPU, KV bytes per token, KV token capacity and the sequences that fit, the
+`--quantisation`, for each format: weight memory per GPU, KV bytes per token, KV token capacity and the
+sequences that fit, the
 matmul FLOP rate (the dtype's tensor-core peak; dequantized weight-only formats at a share of the 16-bit
-rate), and the engine's cost (sim/cost/roofline.py) of one decode step of `batch` sequences at `context` tokens
+rate), and the engine's cost (sim/cost/roofline.py) of one decode step of `batch` sequences at `context`
+tokens
 (bytes read and seconds) and of one prefill chunk of `prefill` tokens.
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from sim.catalog.gpus import Gpu
+from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import weight_format
@@ -123,8 +126,6 @@ def draft_capacity(
     typical_len: int,
 ) -> dict[str, Any]:
     """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
-    from sim.catalog.gpus import get_gpu
-
     g = get_gpu(gpu)
     target = load_model(model)
     mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)

@@ -36,7 +36,11 @@ import polars as pl
 
 from sim.config.scenario import Scenario, load_scenario, validate_scenario
 from sim.io.errors import SimError
+from sim.io.tomltext import toml_value
+from sim.studies.executor import open_executor
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
+from sim.studies.points import apply_rate, flatten_summary, point_scenario, rate_key
+from sim.studies.run import run_policy
 
 FIGURES = (
     "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
@@ -66,16 +70,11 @@ class PlanTask:
 
 def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
     """The validated scenario of one configuration: the sweep's point without a rate axis."""
-    from sim.studies.points import point_scenario
-
     return point_scenario(raw, None, overrides, source)
 
 
 def evaluate(task: PlanTask) -> dict[str, Any]:
     """The figures of one configuration's run (the worker function)."""
-    from sim.studies.points import flatten_summary
-    from sim.studies.run import run_policy
-
     scenario = configured(task.raw, task.overrides, task.source)
     result = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source)
     row = flatten_summary(result.summary)
@@ -92,9 +91,6 @@ CAPACITY_SLACK = 0.9  # c replicas serve at most c x one replica's saturated thr
 def single_capacity(task: PlanTask) -> float:
     """One replica's saturated throughput (requests/s): `SATURATION_SEQS` x max_num_seqs requests arrive at
     once and the completion rate is read between the 10th and 90th percentile finish times (the worker)."""
-
-    from sim.studies.run import run_policy
-
     raw = {k: v for k, v in task.raw.items() if k not in ("cluster", "sweep")}
     scenario = configured(
         raw, {k: v for k, v in task.overrides.items() if not k.startswith("cluster")}, task.source
@@ -184,9 +180,6 @@ def search(
     rule: str = "goodput",
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer."""
-    from sim.studies.executor import open_executor
-    from sim.studies.points import apply_rate, rate_key
-
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -295,8 +288,4 @@ def pareto(rows: pl.DataFrame, metric: str = "ttft_p99") -> pl.DataFrame:
 
 def set_args(overrides: dict[str, Any]) -> list[str]:
     """`--set` arguments for `sim run` (values as TOML)."""
-    from sim.io.tomltext import toml_value
-
     return [f"{k}={toml_value(v)}" for k, v in sorted(overrides.items())]
-
-

@@ -1,4 +1,4 @@
-"""What `sim plan` searches: GPU prices, the grid of deployments, and the work bound that prunes it by theory."""
+"""What `sim plan` searches: GPU prices, the deployments' grid, the work bound that prunes it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from sim.catalog.gpus import get_gpu
 from sim.config.scenario import Scenario
+from sim.cost.replica import build_cost_and_memory
+from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
+from sim.studies.run_size import _lengths
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
 
@@ -36,8 +40,6 @@ class Price:
 
 def price_table(scenario: Scenario) -> dict[str, Price]:
     """The catalogue's prices with the scenario's [prices] over them (keys: canonical GPU names)."""
-    from sim.catalog.gpus import get_gpu
-
     text = (resources.files("sim") / "catalog" / "prices.toml").read_text()
     table = {
         name: Price(float(p["usd_per_gpu_hour"]), str(p["source"]), str(p["date"]))
@@ -108,7 +110,6 @@ def knob_grid(
 
 
 def _mean_lengths(scenario: Scenario, base_dir: Path) -> tuple[float, float]:
-    from sim.studies.run_size import _lengths
 
     return _lengths(scenario.workload, None, base_dir)
 
@@ -122,9 +123,6 @@ def work_bounds(
 ) -> tuple[int, int, int] | None:
     """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
     not fit this GPU and TP."""
-    from sim.cost.replica import build_cost_and_memory
-    from sim.fleet.run import group_scenario
-
     _, gpu, tp, knobs = family
     try:
         cost, budget, _ = build_cost_and_memory(group_scenario(scenario, gpu, tp))
@@ -154,8 +152,6 @@ def candidates(
 ) -> tuple[list[Candidate], int, int]:
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
     grid (what brute force would run); and how many of its configurations the model does not fit."""
-    from sim.catalog.gpus import get_gpu
-
     prices = price_table(scenario)
     out: list[Candidate] = []
     total = unfit = 0
@@ -190,6 +186,7 @@ def candidates(
                     n = sum(counts) * tp
                     out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
     return sorted(out), total, unfit
+
 
 def _ints(text: str, option: str) -> list[int]:
     """Whole numbers in [1, 1000000], comma-separated, as an option gives them."""

@@ -17,9 +17,12 @@ import numpy as np
 
 from sim.config.lengths import mean_of
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
+from sim.config.sweep import parse_sweep
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
+from sim.cost.replica import build_cost_and_memory
 from sim.io.errors import SimError
 from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.studies.points import point_scenario
 from sim.workload.generator import Workload
 from sim.workload.traces import _Trace
 
@@ -67,8 +70,6 @@ def _lengths(w: WorkloadConfig, trace: _Trace | None, base_dir: Path) -> tuple[f
 
 def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> RunSize:
     """The expected size of one run of `scenario` (any of its policies: they share the request stream)."""
-    from sim.cost.replica import build_cost_and_memory
-
     w, h = scenario.workload, scenario.horizon
     arrival = w.arrival
     duration = math.inf if h.duration_s is None else h.duration_s
@@ -112,9 +113,6 @@ def check_sweep_size(path: Path, overrides: Sequence[str], force: bool) -> None:
 
     Only the size is checked here: any other error of the scenario or its grid is left to the sweep.
     """
-    from sim.config.sweep import parse_sweep
-    from sim.studies.points import point_scenario
-
     source = str(path)
     try:
         raw = apply_overrides(read_toml(path), dict(parse_override(o) for o in overrides), source)

@@ -258,5 +258,3 @@ def _search_capacity(
             for (policy, i), cap in caps.items()
         ],
     }
-
-

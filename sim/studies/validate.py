@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
+from sim.studies.executor import open_executor
+from sim.studies.run import run_policy
 
 # Measured prompts run 25–35 tokens (reasoning: ~45) longer than configured: the load tool decodes random
 # token ids to text, which the server re-tokenizes into more tokens (the runs used the completion API, no chat
@@ -271,9 +274,6 @@ def predict(
     row: GroundTruthRow, scale: float = 1.0, calibration: dict[str, float] | None = None
 ) -> Prediction:
     """Simulate one row with the vllm policy."""
-    from sim.config.scenario import validate_scenario
-    from sim.studies.run import run_policy
-
     data, notes = row_scenario(row, scale, calibration)
     scenario = validate_scenario(data, f"ground truth row {row.exp_key}")
     result = run_policy(scenario, "vllm", Path.cwd(), source=f"ground truth row {row.exp_key}")
@@ -338,8 +338,6 @@ def predict_all(
 ) -> list[Prediction]:
     """Simulate every row over `jobs` processes (the sweep's executor). `calibration` may depend on the
     row (cross-validation folds). `done(rows finished)`, if given, is called as rows finish."""
-    from sim.studies.executor import open_executor
-
     tasks = [(r, scale, calibration(r) if callable(calibration) else calibration) for r in rows]
     with open_executor("process", jobs, None) as executor:
         results = map(_predict_task, tasks) if executor is None else executor.map(_predict_task, tasks)
@@ -360,8 +358,3 @@ def select(rows: Iterable[GroundTruthRow], keys: Sequence[str]) -> list[GroundTr
     if not chosen:
         raise SimError(f"no ground-truth row matches {list(keys)}")
     return chosen
-
-
-# --- output ---------------------------------------------------------------------------------------------
-
-

@@ -1,4 +1,4 @@
-"""The contract between the engine and a scheduling policy.
+"""The contract between the engine and a scheduling policy (the step it plans: `sim.core.step.StepPlan`).
 
 A scheduler is a pure state machine, as in vLLM's v1 scheduler: it never sees SimPy.
 The engine loop is::
