@@ -24,8 +24,10 @@ run: $(STAMP)
 	$(BIN)/sim sweep scenarios/convoy.toml --find-capacity
 	$(BIN)/sim report reports/convoy
 
+# Lint, the layers' import contracts (pyproject.toml, docs/architecture.md), then the tests.
 test: $(STAMP)
 	$(BIN)/ruff check sim tests benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 # Engine and vllm-policy speed in process, the sweep's speed-up, then whole `sim run` processes against the bare

@@ -33,7 +33,7 @@ class VllmConfig(BaseModel):
     # absent so records and manifests without them are unchanged ---
     speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
     lora: LoraConfig | None = Field(
-        None, description="serve LoRA adapters (sim/engine/lora.py)", exclude_if=lambda v: v is None
+        None, description="serve LoRA adapters (sim/config/lora.py)", exclude_if=lambda v: v is None
     )
 
     @model_validator(mode="after")

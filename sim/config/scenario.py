@@ -40,7 +40,7 @@ class Scenario(_Section):
         description="Cost-model calibration overrides: efficiencies (*_eff*, fractions of a peak) in "
         "[0.001, 1], overheads (*_s) in [0, 1] seconds.",
     )
-    sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/studies/sweep.py).")
+    sweep: dict[str, Any] | None = Field(None, description="Grid for `sim sweep` (see sim/config/sweep.py).")
     cluster: ClusterSection | None = Field(None, description="Replicas behind a router (see sim/fleet).")
     prices: dict[str, float] = Field(
         default_factory=dict,
