@@ -366,37 +366,3 @@ def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np
     if c.shape != q.shape:
         raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
     return c, q
-
-
-def step_summary(cost: KernelCostModel, new_tokens: np.ndarray, context: np.ndarray) -> dict[str, object]:
-    """One step's time and breakdown as plain data (`sim step --json`)."""
-    s = cost.step(new_tokens, context)
-    return {
-        "model": cost.model.name,
-        "gpu": cost.gpu.name,
-        "tp": cost.tp,
-        "weight_dtype": cost.weight_dtype,
-        "kv_dtype": cost.kv_dtype,
-        "rows": s.rows,
-        "tokens": s.tokens,
-        "seconds": s.seconds,
-        "bound": s.bound,
-        "gpu_s": s.gpu_s,
-        "host_s": s.host_s,
-        "allreduce_s": s.allreduce_s,
-        "flops": s.flops,
-        "weight_bytes": s.weight_bytes,
-        "kv_read_bytes": s.kv_read_bytes,
-        "kernels": [
-            {
-                "kernel": k.name,
-                "count": k.count,
-                "bound": k.bound,
-                "seconds": k.seconds,
-                "flops": k.flops,
-                "bytes": k.bytes,
-            }
-            for k in s.kernels
-        ],  # fmt: skip
-        "notes": [n for n in (cost.note,) if n],
-    }
