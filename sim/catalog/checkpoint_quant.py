@@ -133,5 +133,5 @@ def _target_groups(targets: Any) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _weight_dtype(quant: Quantization, torch_dtype: str) -> str:
+def stored_weight_dtype(quant: Quantization, torch_dtype: str) -> str:
     return quant.dtype or torch_dtype

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.catalog.checkpoint_quant import _weight_dtype, quantization
+from sim.catalog.checkpoint_quant import quantization, stored_weight_dtype
 from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.model import ModelSpec
 from sim.io.errors import SimError
@@ -137,7 +137,7 @@ def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> Mode
         model_type=model_type,
         lm_head_params=lm_head,
         torch_dtype=torch_dtype,
-        default_weight_dtype=_weight_dtype(quant, torch_dtype),
+        default_weight_dtype=stored_weight_dtype(quant, torch_dtype),
         quant=quant,
         position_limit=position_limit(shape["max_position_embeddings"], data.get("rope_scaling"), source),
         **{k: v for k, v in shape.items() if k != "lm_head_in"},

@@ -20,7 +20,7 @@ MIN_CV = 1e-3
 MAX_CV = 100.0
 
 
-class _Dist(BaseModel):
+class Distribution(BaseModel):
     """Fields shared by every distribution: optional clamps applied after sampling."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -28,20 +28,20 @@ class _Dist(BaseModel):
     max: float | None = Field(None, ge=0, le=MAX_TOKENS, description="upper clamp")
 
     @model_validator(mode="after")
-    def _min_le_max(self) -> _Dist:
+    def _min_le_max(self) -> Distribution:
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min ({self.min:g}) must be <= max ({self.max:g})")
         return self
 
 
-class FixedDist(_Dist):
+class FixedDist(Distribution):
     """Always `value`."""
 
     kind: Literal["fixed"] = "fixed"
     value: float = Field(ge=0, le=MAX_TOKENS)
 
 
-class UniformDist(_Dist):
+class UniformDist(Distribution):
     """Uniform on [low, high] (lengths round to the nearest integer)."""
 
     kind: Literal["uniform"] = "uniform"
@@ -55,7 +55,7 @@ class UniformDist(_Dist):
         return self
 
 
-class NormalDist(_Dist):
+class NormalDist(Distribution):
     """Normal(mean, std), clipped at zero (and at min/max)."""
 
     kind: Literal["normal"] = "normal"
@@ -63,7 +63,7 @@ class NormalDist(_Dist):
     std: float = Field(ge=0, le=MAX_TOKENS)
 
 
-class LogNormalDist(_Dist):
+class LogNormalDist(Distribution):
     """Log-normal given by its mean and coefficient of variation (std / mean)."""
 
     kind: Literal["lognormal"] = "lognormal"
@@ -71,7 +71,7 @@ class LogNormalDist(_Dist):
     cv: float = Field(ge=MIN_CV, le=MAX_CV)
 
 
-class GammaDist(_Dist):
+class GammaDist(Distribution):
     """Gamma given by its mean and coefficient of variation (cv=1 is exponential)."""
 
     kind: Literal["gamma"] = "gamma"
@@ -79,21 +79,21 @@ class GammaDist(_Dist):
     cv: float = Field(ge=MIN_CV, le=MAX_CV)
 
 
-class ExponentialDist(_Dist):
+class ExponentialDist(Distribution):
     """Exponential with the given mean."""
 
     kind: Literal["exponential"] = "exponential"
     mean: float = Field(gt=0, le=MAX_TOKENS)
 
 
-class GeometricDist(_Dist):
+class GeometricDist(Distribution):
     """Geometric on 1, 2, 3, ... with the given mean (p = 1 / mean)."""
 
     kind: Literal["geometric"] = "geometric"
     mean: float = Field(ge=1, le=MAX_TOKENS)
 
 
-class EmpiricalDist(_Dist):
+class EmpiricalDist(Distribution):
     """Values of one CSV column (each >= 0), resampled with replacement."""
 
     kind: Literal["empirical"] = "empirical"

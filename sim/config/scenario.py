@@ -17,7 +17,7 @@ from sim.config.calibration import Calibration, calibration_problem
 from sim.config.cluster import ClusterSection, check_cluster
 from sim.config.lora import check_lora
 from sim.config.policies import POLICIES
-from sim.config.sections import HorizonSection, ModelSection, SloSection, _Section
+from sim.config.sections import HorizonSection, ModelSection, SloSection, StrictTable
 from sim.config.validation import format_validation_error
 from sim.config.workload import WorkloadConfig
 from sim.io.errors import SimError
@@ -26,7 +26,7 @@ MAX_SCENARIO_BYTES = 16 * 2**20
 POLICY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-class Scenario(_Section):
+class Scenario(StrictTable):
     name: str = Field("scenario", pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     seed: int = Field(0, ge=0, le=2**63 - 1)

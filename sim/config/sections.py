@@ -17,11 +17,11 @@ from sim.io.limits import (
 )
 
 
-class _Section(BaseModel):
+class StrictTable(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class ModelSection(_Section):
+class ModelSection(StrictTable):
     """What runs, on what: the model, the GPU and the memory knobs of one replica."""
 
     name: str = Field(description="Catalog name, Hugging Face id, or path to a config.json.")
@@ -62,7 +62,7 @@ class ModelSection(_Section):
         return data
 
 
-class HorizonSection(_Section):
+class HorizonSection(StrictTable):
     """When arrivals stop. `sim run` and `sim sweep` estimate a run's size before it starts (requests =
     rate x duration_s, or max_requests; tokens = requests x mean prompt and output) and refuse, unless
     --force, one expected to exceed 1,000,000 requests or 1,000,000,000 tokens."""
@@ -85,7 +85,7 @@ class HorizonSection(_Section):
         return self
 
 
-class SloSection(_Section):
+class SloSection(StrictTable):
     ttft_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     tpot_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     e2e_s: float | None = Field(None, gt=0, le=MAX_SECONDS)

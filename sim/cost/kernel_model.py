@@ -47,9 +47,9 @@ from sim.config.calibration import KernelCalibration
 from sim.cost.kernels import (
     ACT_BYTES,
     ELEMENTWISE_KERNELS,
+    Gemm,
     Kernel,
     StepCost,
-    _Gemm,
     attention_seconds,
     host_seconds,
     kernel_seconds,
@@ -90,7 +90,7 @@ class KernelCostModel:
         self.peak16 = gpu.flops_16bit
         self.gemms = self._gemm_shapes()
         head_bytes = m.param_bytes("lm_head", weight_dtype, weight_group_size)
-        self.head = _Gemm("lm_head", 1, m.hidden_size, m.vocab_size / tp, head_bytes, "lm_head")
+        self.head = Gemm("lm_head", 1, m.hidden_size, m.vocab_size / tp, head_bytes, "lm_head")
         self.expert_bytes_per_layer = (
             m.expert_params * m.param_bytes("experts", weight_dtype, weight_group_size) / tp
         )
@@ -125,7 +125,7 @@ class KernelCostModel:
 
     # ----------------------------------------------------------------------------------------- shapes
 
-    def _gemm_shapes(self) -> list[_Gemm]:
+    def _gemm_shapes(self) -> list[Gemm]:
         """The layers' GEMMs per GPU: q/k/v, output projection, MLP up (gated: gate and up) and down."""
         m, tp, wd, gs = self.model, self.tp, self.weight_dtype, self.group_size
         L, H = m.num_layers, m.hidden_size
@@ -133,16 +133,16 @@ class KernelCostModel:
         o = m.num_heads * m.v_head_dim * H
         qkv = max(attn - o, 0.0)
         out = [
-            _Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
-            _Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
+            Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
+            Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
         ]
         if m.dense_params:
             dense = m.dense_params / L
             gated = m.model_type != "opt"
             up = dense * (2 / 3 if gated else 1 / 2)
             wb = m.param_bytes("dense", wd, gs)
-            out.append(_Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
-            out.append(_Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
+            out.append(Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
+            out.append(Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
         return out
 
     def _peak(self, group: str) -> float:
@@ -160,7 +160,7 @@ class KernelCostModel:
 
     # ----------------------------------------------------------------------------------------- kernels
 
-    def _gemm(self, g: _Gemm, m: float) -> Kernel:
+    def _gemm(self, g: Gemm, m: float) -> Kernel:
         flops = 2.0 * m * g.k * g.n
         nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
         peak = self._peak(g.group)

@@ -76,7 +76,7 @@ class StepCost:
 
 
 @dataclass(frozen=True)
-class _Gemm:
+class Gemm:
     name: str
     count: int  # per step (layers)
     k: float

@@ -17,7 +17,7 @@ from sim.config.scenario import Scenario
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
-from sim.studies.run_size import _lengths
+from sim.studies.run_size import request_lengths
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
 
@@ -110,8 +110,7 @@ def knob_grid(
 
 
 def _mean_lengths(scenario: Scenario, base_dir: Path) -> tuple[float, float]:
-
-    return _lengths(scenario.workload, None, base_dir)
+    return request_lengths(scenario.workload, None, base_dir)
 
 
 def work_bounds(

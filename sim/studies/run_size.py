@@ -24,7 +24,7 @@ from sim.io.errors import SimError
 from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
 from sim.studies.points import point_scenario
 from sim.workload.generator import Workload
-from sim.workload.traces import _Trace
+from sim.workload.traces import TraceProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def _count(x: float) -> str:
     return f"{x:,.0f}" if x < 1e15 else f"{x:.2g}"
 
 
-def _lengths(w: WorkloadConfig, trace: _Trace | None, base_dir: Path) -> tuple[float, float]:
+def request_lengths(w: WorkloadConfig, trace: TraceProcess | None, base_dir: Path) -> tuple[float, float]:
     """Mean prompt and mean output tokens (all n sequences) of one request."""
     prefix = w.prefix.prefix_len if w.prefix is not None else 0
     prompt = trace.column_mean("prompt") if trace is not None else None
@@ -75,7 +75,7 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
     duration = math.inf if h.duration_s is None else h.duration_s
     cap = math.inf if h.max_requests is None else float(h.max_requests)
     trace = Workload(w, 0, base_dir).trace if arrival.kind == "trace" else None
-    prompt, output = _lengths(w, trace, base_dir)
+    prompt, output = request_lengths(w, trace, base_dir)
     cost, _, info = build_cost_and_memory(scenario, source)
     if arrival.kind in ("poisson", "gamma", "deterministic"):
         requests = arrival.rate * duration  # type: ignore[union-attr]

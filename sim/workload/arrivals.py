@@ -32,7 +32,7 @@ class ArrivalProcess:
         raise NotImplementedError
 
 
-class _Renewal(ArrivalProcess):
+class RenewalProcess(ArrivalProcess):
     """Independent gaps drawn by `gaps(rng, n)`, starting from t = 0."""
 
     def __init__(self, gaps: Callable[[np.random.Generator, int], np.ndarray]) -> None:
@@ -46,7 +46,7 @@ class _Renewal(ArrivalProcess):
             yield Chunk(times)
 
 
-class _Deterministic(ArrivalProcess):
+class DeterministicProcess(ArrivalProcess):
     def __init__(self, rate: float) -> None:
         self._rate = rate
 
@@ -57,7 +57,7 @@ class _Deterministic(ArrivalProcess):
             start += CHUNK
 
 
-class _Staged(ArrivalProcess):
+class StagedProcess(ArrivalProcess):
     finite = True
 
     def __init__(self, config: StagedArrival) -> None:

@@ -20,9 +20,9 @@ from sim.config.workload import DEFAULT_MAX_TOKENS, ClosedLoopArrival, StagedArr
 from sim.core.request import Request
 from sim.io.errors import SimError
 from sim.workload.adapters import AdapterSampler
-from sim.workload.arrivals import ArrivalProcess, _Deterministic, _Renewal, _Staged
+from sim.workload.arrivals import ArrivalProcess, DeterministicProcess, RenewalProcess, StagedProcess
 from sim.workload.lengths import LengthSampler, TimeSampler
-from sim.workload.traces import TRACE_COLUMNS, _Trace
+from sim.workload.traces import TRACE_COLUMNS, TraceProcess
 
 # --- arrival configs ----------------------------------------------------------------------------------
 
@@ -164,11 +164,11 @@ class ClosedLoop:
 # The arrival process of each open-loop arrival kind (`sim.config.workload.ARRIVAL_KINDS`), built from its
 # config and the scenario's folder; closed-loop users are served by `ClosedLoop` instead.
 ARRIVALS: dict[str, Callable[[Any, Path], ArrivalProcess]] = {
-    "poisson": lambda c, _: _Renewal(lambda r, n: r.exponential(1.0 / c.rate, n)),
-    "gamma": lambda c, _: _Renewal(lambda r, n: r.gamma(1.0 / c.cv**2, c.cv**2 / c.rate, n)),
-    "deterministic": lambda c, _: _Deterministic(c.rate),
-    "staged": lambda c, _: _Staged(c),
-    "trace": lambda c, base: _Trace(c, base),
+    "poisson": lambda c, _: RenewalProcess(lambda r, n: r.exponential(1.0 / c.rate, n)),
+    "gamma": lambda c, _: RenewalProcess(lambda r, n: r.gamma(1.0 / c.cv**2, c.cv**2 / c.rate, n)),
+    "deterministic": lambda c, _: DeterministicProcess(c.rate),
+    "staged": lambda c, _: StagedProcess(c),
+    "trace": lambda c, base: TraceProcess(c, base),
 }
 
 
@@ -212,7 +212,7 @@ class Workload:
         return _Draws(self.config, self._seeds, self._prompt, self._output)
 
     def _check_trace_columns(self) -> None:
-        if not isinstance(self._process, _Trace):
+        if not isinstance(self._process, TraceProcess):
             return
         self._check_trace_adapters(self._process)
         self._check_trace_prefix(self._process)
@@ -224,7 +224,7 @@ class Workload:
             names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
             raise SimError(f"{self._process.path}: no {names} column and no workload.{key} distribution")
 
-    def _check_trace_prefix(self, trace: _Trace) -> None:
+    def _check_trace_prefix(self, trace: TraceProcess) -> None:
         """A trace's prompts hold their shared prefix: each prompt of a prefix group is at least
         `workload.prefix.prefix_len` long (unless the trace has its own prefix_len column)."""
         p, cols = self.config.prefix, trace._cols
@@ -238,7 +238,7 @@ class Workload:
                 f"shorter than workload.prefix.prefix_len ({p.prefix_len}), which it includes"
             )
 
-    def _check_trace_adapters(self, trace: _Trace) -> None:
+    def _check_trace_adapters(self, trace: TraceProcess) -> None:
         """A trace's `adapter` column names adapters of `[workload.lora]` (ids below `adapters`)."""
         ids = trace._cols.get("adapter")
         if ids is None:
@@ -253,9 +253,9 @@ class Workload:
             )
 
     @property
-    def trace(self) -> _Trace | None:
+    def trace(self) -> TraceProcess | None:
         """The loaded trace of a trace arrival, else None."""
-        return self._process if isinstance(self._process, _Trace) else None
+        return self._process if isinstance(self._process, TraceProcess) else None
 
     @property
     def finite(self) -> bool:

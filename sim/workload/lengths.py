@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.lengths import (
+    Distribution,
     EmpiricalDist,
     ExponentialDist,
     FixedDist,
@@ -22,7 +23,6 @@ from sim.config.lengths import (
     LogNormalDist,
     NormalDist,
     UniformDist,
-    _Dist,
     resolve,
 )
 from sim.io.errors import SimError
@@ -81,7 +81,7 @@ SAMPLERS: dict[str, Callable[[Any, Path], Sampler]] = {
 }
 
 
-def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
+def build_sampler(config: Distribution, base_dir: Path) -> Sampler:
     """The raw (unclamped) sampler for a distribution config."""
     return SAMPLERS[config.kind](config, base_dir)  # type: ignore[attr-defined]
 
@@ -89,7 +89,7 @@ def build_sampler(config: _Dist, base_dir: Path) -> Sampler:
 class TimeSampler:
     """Draws non-negative floats (seconds), clamped to the config's min/max and to MAX_SECONDS."""
 
-    def __init__(self, config: _Dist, base_dir: Path) -> None:
+    def __init__(self, config: Distribution, base_dir: Path) -> None:
         self._sample = build_sampler(config, base_dir)
         self._lo = max(config.min or 0.0, 0.0)
         self._hi = MAX_SECONDS if config.max is None else min(config.max, MAX_SECONDS)
@@ -101,7 +101,7 @@ class TimeSampler:
 class LengthSampler:
     """Draws token counts: rounded to integers, clamped to [max(min, 1), max] and to MAX_TOKENS."""
 
-    def __init__(self, config: _Dist, base_dir: Path) -> None:
+    def __init__(self, config: Distribution, base_dir: Path) -> None:
         self._sample = build_sampler(config, base_dir)
         self.low = max(1, math.ceil(config.min or 1))
         self.high = MAX_TOKENS if config.max is None else min(math.floor(config.max), MAX_TOKENS)

@@ -43,7 +43,7 @@ TRACE_BOUNDS: tuple[tuple[str, int, int], ...] = (
 )
 
 
-class _Trace(ArrivalProcess):
+class TraceProcess(ArrivalProcess):
     finite = True
 
     def __init__(self, config: TraceArrival, base_dir: Path) -> None:
