@@ -27,6 +27,7 @@ k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; d
 This module holds the scheduler's state, the step (`schedule`, `update`) and the policy's factory; the step's
 parts are mixed into `VllmScheduler` from their own modules, which share its state:
 
+- vllm_running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
 - vllm_bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
 - vllm_plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
 
@@ -49,10 +50,11 @@ from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.vllm_bulk import BulkDecoding
 from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm_running import RunningPass
 from sim.io.errors import SimError
 
 
-class VllmScheduler(BulkDecoding):
+class VllmScheduler(RunningPass, BulkDecoding):
     """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
 
     Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
@@ -184,90 +186,6 @@ class VllmScheduler(BulkDecoding):
             return None
         self._step += 1
         return self._plan(info)
-
-    def _schedule_running(self, info: StepInfo, running: list[Seq], budget: int, threshold: int) -> int:
-        if not running:
-            return budget
-        kv, limit = self.kv, self.max_model_len - 1
-        add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
-        add_emit = info.emit.append
-        decode = grown = 0
-        for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
-            if budget <= 0 or seq.preempted:  # (in fast mode `running` may be a copy: popped ones remain)
-                break
-            computed = seq.num_computed
-            length = seq.num_tokens
-            req = seq.req
-            if computed + 1 == length and length <= seq.kv_room and computed < limit:
-                # a decode within its blocks (no cap binds one token): no call into the KV manager
-                grown += length - seq.kv_slots
-                seq.kv_slots = seq.num_computed = length
-                add_seq(seq)
-                add_count(1)
-                add_context(computed)
-                add_emit(seq)
-                if seq.num_generated > 0:
-                    decode += 1
-                budget -= 1
-                if req.n == 1:
-                    req.num_computed = length
-                else:
-                    self._sync(seq)
-                continue
-            n = length - computed
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > limit - computed:
-                n = limit - computed
-            if n <= 0:
-                continue
-            end = computed + n
-            if end <= seq.kv_room:  # within its blocks, nothing to cache
-                grown += end - seq.kv_slots
-                seq.kv_slots = end
-            elif not self._allocate_or_preempt(seq, n, info):
-                break
-            add_seq(seq)
-            add_count(n)
-            add_context(computed)
-            seq.num_computed = end
-            if req.n == 1:
-                req.num_computed = end
-            else:
-                self._sync(seq)
-            if end >= length:
-                add_emit(seq)
-                if n == 1 and seq.num_generated > 0:
-                    decode += 1
-            budget -= n
-        kv.filled(grown)
-        info.decode += decode
-        return budget
-
-    def _allocate_or_preempt(self, seq: Seq, n: int, info: StepInfo) -> bool:
-        """Blocks for `n` more tokens of a running `seq`, preempting from the back until they fit; False
-        when `seq` itself had to go."""
-        running = self.running
-        while not self.kv.allocate(seq, n):
-            victim = running.pop()
-            self._preempt(victim)
-            info.preempted.append(victim)
-            if victim is seq:
-                return False
-        return True
-
-    def _preempt(self, seq: Seq) -> None:
-        if seq.bulk_since >= 0:
-            self._wake(seq)
-        self._busy.pop(seq, None)
-        self.kv.free(seq)
-        seq.num_computed = 0
-        self._sync(seq)
-        seq.preempted = True
-        seq.req.preemptions += 1
-        self.waiting.appendleft(seq)
 
     def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
         waiting, running, kv = self.waiting, self.running, self.kv
