@@ -27,6 +27,7 @@ k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; d
 This module holds the scheduler's state, the step (`schedule`, `update`) and the policy's factory; the step's
 parts are mixed into `VllmScheduler` from their own modules, which share its state:
 
+- vllm_admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
 - vllm_running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
 - vllm_bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
 - vllm_plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
@@ -36,7 +37,6 @@ vllm_spec.py subclasses `VllmScheduler` for speculative decoding and registers i
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from operator import add, mul
@@ -45,24 +45,23 @@ from sim.config.policies import VllmConfig
 from sim.core.request import Request
 from sim.core.step import KvUsage, StepPlan, StepTotals
 from sim.cost.memory import KvBudget
-from sim.engine.kv import KvManager, cdiv
+from sim.engine.kv import KvManager
 from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
+from sim.engine.schedulers.vllm_admission import Admission
 from sim.engine.schedulers.vllm_bulk import BulkDecoding
 from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
 from sim.engine.schedulers.vllm_running import RunningPass
 from sim.io.errors import SimError
 
 
-class VllmScheduler(RunningPass, BulkDecoding):
+class VllmScheduler(Admission, RunningPass, BulkDecoding):
     """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
 
     Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
     `schedule` and `update` reads a scheduled sequence's progress, and a preemption never picks a sequence
     already scheduled in the same step.
     """
-
-    lora_gate: LoraGate | None = None  # the max_loras rule for waiting requests (sim/engine/lora.py)
 
     def __init__(
         self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None, fast: bool = False
@@ -105,48 +104,6 @@ class VllmScheduler(RunningPass, BulkDecoding):
         self._last_end = 0.0  # when the latest applied step ended (0 before any)
         self._init_bulk(caching)
 
-    # ---- arrival -------------------------------------------------------------------------------------
-    def add(self, request: Request, now: float) -> bool:
-        reason = self._reject_reason(request)
-        if reason is not None:
-            request.reject_reason = reason
-            return False
-        request.output_len = min(request.output_len, self.max_model_len - request.prompt_len)
-        seqs = []
-        for child in range(request.n):
-            seq = Seq(
-                self._next_sid,
-                request,
-                child,
-                request.output_len,
-                request.prompt_len,
-                block_size=self.block_size,
-            )
-            self._next_sid += 1
-            seqs.append(seq)
-        if self.async_scheduling:
-            self._held.append((now, seqs))
-            self._held_seqs += len(seqs)
-        else:
-            self.waiting.extend(seqs)
-        self._open[request.id] = seqs
-        return True
-
-    def _reject_reason(self, r: Request) -> str | None:
-        """Why a request can never run, else None. One wording per cause and run (the request's lengths are
-        in its record), so that the summary counts rejections by cause."""
-        if r.prompt_len < 1 or r.output_len < 1 or r.n < 1:
-            return "empty prompt or output"
-        if r.prompt_len >= self.max_model_len:
-            return f"prompt leaves no room for output within max_model_len {self.max_model_len}"
-        usable = self.kv.pool.num_usable
-        if cdiv(r.prompt_len, self.block_size) > usable:
-            return f"prompt needs more than the {usable} KV blocks"
-        longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
-        if cdiv(longest, self.block_size) > usable:
-            return f"prompt and output need more than the {usable} KV blocks"
-        return None
-
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
         if not self._held:
@@ -163,14 +120,6 @@ class VllmScheduler(RunningPass, BulkDecoding):
             self._step_start = now
         return plan
 
-    def _release(self, seen_by: float) -> None:
-        """Queue the held arrivals that came no later than `seen_by`."""
-        held, waiting = self._held, self.waiting
-        while held and held[0][0] <= seen_by:
-            seqs = held.popleft()[1]
-            waiting.extend(seqs)
-            self._held_seqs -= len(seqs)
-
     def _schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
@@ -186,62 +135,6 @@ class VllmScheduler(RunningPass, BulkDecoding):
             return None
         self._step += 1
         return self._plan(info)
-
-    def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
-        waiting, running, kv = self.waiting, self.running, self.kv
-        max_num_seqs, chunked = self.max_num_seqs, self.chunked
-        gate = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None
-        skipped: list[Seq] = []  # waiting sequences passed over for their adapter (LoRA)
-        while waiting and budget > 0 and len(running) < max_num_seqs:
-            seq = waiting[0]
-            if gate is not None and gate.skip(seq):  # its adapter would pass max_loras: skip, do not block
-                skipped.append(waiting.popleft())
-                continue
-            hits, num_hit = kv.lookup(seq)
-            length = seq.num_tokens
-            n = length - num_hit
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, budget if chunked else length)
-            if n > budget:
-                break
-            watermark = self.watermark_blocks if running else 0  # kept free only beside running sequences
-            if kv.blocks_needed(seq, length, hits) + watermark > kv.num_free:
-                break
-            if not kv.allocate(seq, n, hits, num_hit):
-                break
-            waiting.popleft()
-            if gate is not None:
-                gate.admit(seq)
-            running.append(seq)
-            seq.order = self._order
-            self._order += 1
-            if self.fast:
-                self._busy[seq] = None
-            resumed = seq.preempted
-            (info.resumed if resumed else info.new).append(seq)
-            seq.preempted = False
-            req = seq.req
-            if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
-                kv.record_query(seq, num_hit, resumed)
-                if not resumed:  # vLLM reports the lookups of sequences never preempted
-                    req.prefix_query_tokens += length
-                    req.prefix_hit_tokens += num_hit
-            if math.isnan(req.scheduled_at):
-                req.scheduled_at = now
-            end = num_hit + n
-            info.seqs.append(seq)
-            info.counts.append(n)
-            info.contexts.append(num_hit)
-            seq.num_computed = end
-            self._sync(seq)
-            if end >= length:
-                info.emit.append(seq)
-                if n == 1 and seq.num_generated > 0:
-                    info.decode += 1
-            budget -= n
-        if skipped:  # back at the head of the queue, in their order
-            waiting.extendleft(reversed(skipped))
 
     def _plan(self, info: StepInfo) -> VllmPlan:
         counts, contexts = info.counts, info.contexts
@@ -321,11 +214,6 @@ class VllmScheduler(RunningPass, BulkDecoding):
             return False
         del self._open[seq.req.id]
         return True
-
-    @property
-    def num_waiting(self) -> int:
-        """Sequences queued (new, preempted, or arrived and not yet seen by the scheduler)."""
-        return len(self.waiting) + self._held_seqs
 
     def wake_at(self, now: float) -> float | None:
         return None

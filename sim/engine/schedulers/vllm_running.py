@@ -3,7 +3,7 @@
 Each running sequence, in admission order, gets the tokens it still lacks, within the caps; one that cannot
 get blocks preempts from the back of the running list (`_allocate_or_preempt`), and a preempted sequence
 returns to the front of the waiting queue with its computed tokens forgotten (`_preempt`), from which
-the admission pass (`_schedule_waiting`) resumes it.
+`Admission` (vllm_admission.py) resumes it.
 
 `RunningPass` is one of the parts `VllmScheduler` (vllm.py) is made of; in fast mode `BulkDecoding`
 (vllm_bulk.py) hands it only the rows handled one by one. `SpeculativeScheduler` (vllm_spec.py) replaces
