@@ -30,6 +30,7 @@ parts are mixed into `VllmScheduler` from their own modules, which share its sta
 - vllm_admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
 - vllm_running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
 - vllm_bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
+- vllm_groups.py (`SequenceGroups`): a request's sequences, and the tokens the step's rows emit;
 - vllm_plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
 
 vllm_spec.py subclasses `VllmScheduler` for speculative decoding and registers it in `VARIANTS`.
@@ -50,12 +51,13 @@ from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.vllm_admission import Admission
 from sim.engine.schedulers.vllm_bulk import BulkDecoding
+from sim.engine.schedulers.vllm_groups import SequenceGroups
 from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
 from sim.engine.schedulers.vllm_running import RunningPass
 from sim.io.errors import SimError
 
 
-class VllmScheduler(Admission, RunningPass, BulkDecoding):
+class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
     """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
 
     Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
@@ -169,51 +171,6 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding):
                 if self._close(seq):
                     finished.append(seq.req)
         return finished
-
-    def _emit_rows(self, rows: list[Seq], now: float) -> list[Seq]:
-        """One token for each sequence of the step's rows that emits; the sequences that are now done."""
-        done: list[Seq] = []
-        for seq in rows:
-            self._emit_token(seq, now)
-            if seq.num_generated >= seq.out_len:
-                done.append(seq)
-        return done
-
-    def _emit_token(self, seq: Seq, now: float) -> None:
-        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has)."""
-        seq.num_generated += 1
-        seq.num_tokens += 1
-        req = seq.req
-        if req.n == 1:
-            req.emit(now)
-        else:
-            self._emit_group(req, now)
-
-    def _sync(self, seq: Seq) -> None:
-        """Mirror progress on the request: its sequences' computed tokens, summed."""
-        req = seq.req
-        if req.n == 1:
-            req.num_computed = seq.num_computed
-        else:
-            req.num_computed = sum(s.num_computed for s in self._open[req.id])
-
-    def _emit_group(self, req: Request, now: float) -> None:
-        """A sequence of `req` emitted a token; the request emits when its slowest open sequence has."""
-        slowest = min(s.num_generated for s in self._open[req.id])
-        while req.num_generated < slowest:
-            req.emit(now)
-
-    def _close(self, seq: Seq) -> bool:
-        """Forget a finished sequence; True when it was its request's last."""
-        seqs = self._open[seq.req.id]
-        if seq.req.n > 1:
-            seqs.remove(seq)
-        else:
-            seqs.clear()
-        if seqs:
-            return False
-        del self._open[seq.req.id]
-        return True
 
     def wake_at(self, now: float) -> float | None:
         return None

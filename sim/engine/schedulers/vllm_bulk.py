@@ -24,7 +24,7 @@ from sim.engine.schedulers.vllm_plan import Seq, StepInfo
 class BulkDecoding:
     """Which running sequences are in bulk, how a step counts them, and how one leaves bulk (see the module
     docstring). The rows handled one by one go through `_schedule_running` (vllm_running.py) and
-    `_emit_rows` (vllm.py), as in a scheduler without bulk decoding."""
+    `_emit_rows` (vllm_groups.py), as in a scheduler without bulk decoding."""
 
     # shared with the other parts of `VllmScheduler`
     kv: KvManager
