@@ -19,17 +19,25 @@ the prompt's full blocks only through the prefix cache (so only with `enable_pre
 its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
 
 With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
-records (see `VllmScheduler.__init__`, and docs/performance.md).
+records (vllm_bulk.py, and docs/performance.md).
 
 Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
 k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
+
+This module holds the scheduler's state, the step (`schedule`, `update`) and the policy's factory; the step's
+parts are mixed into `VllmScheduler` from their own modules, which share its state:
+
+- vllm_admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
+- vllm_running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
+- vllm_bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
+- vllm_groups.py (`SequenceGroups`): a request's sequences, and the tokens the step's rows emit;
+- vllm_plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
+
+vllm_spec.py subclasses `VllmScheduler` for speculative decoding and registers it in `VARIANTS`.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from array import array
 from collections import deque
 from collections.abc import Callable
 from operator import add, mul
@@ -38,22 +46,24 @@ from sim.config.policies import VllmConfig
 from sim.core.request import Request
 from sim.core.step import KvUsage, StepPlan, StepTotals
 from sim.cost.memory import KvBudget
-from sim.engine.kv import Block, KvManager, cdiv
+from sim.engine.kv import KvManager
 from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
+from sim.engine.schedulers.vllm_admission import Admission
+from sim.engine.schedulers.vllm_bulk import BulkDecoding
+from sim.engine.schedulers.vllm_groups import SequenceGroups
 from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm_running import RunningPass
 from sim.io.errors import SimError
 
 
-class VllmScheduler:
+class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
     """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
 
     Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
     `schedule` and `update` reads a scheduled sequence's progress, and a preemption never picks a sequence
     already scheduled in the same step.
     """
-
-    lora_gate: LoraGate | None = None  # the max_loras rule for waiting requests (sim/engine/lora.py)
 
     def __init__(
         self, config: VllmConfig, budget: KvBudget, watermark_blocks: int | None = None, fast: bool = False
@@ -88,74 +98,13 @@ class VllmScheduler:
         self.last = StepInfo()
         self._next_sid = 0
         self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
-        # Bulk decoding: a running sequence of a one-sequence request that will decode one token per step
-        # within its blocks for a while is left alone ("in bulk") and counted in the plans' totals; its
-        # fields are brought up to date (`_wake`) when it next needs a row of its own (a new block, the
-        # length limit), finishes, is preempted, or is read (`in_flight`). `last` then lists only the rows
-        # handled one by one.
+        # Bulk decoding (vllm_bulk.py): with `fast`, the running sequences that only decode are advanced in
+        # bulk, and `last` then lists only the rows handled one by one.
         self.fast = fast
-        self._order = 0
+        self._order = 0  # admissions so far: the next admitted sequence's position in the running list
         self._step = 0  # steps scheduled
-        self._updated = 0  # steps applied
         self._last_end = 0.0  # when the latest applied step ended (0 before any)
-        self._gaps = array("d")  # step j's end minus step j-1's, for steps from `_gaps_from` on
-        self._gaps_from = 1
-        self._busy: dict[Seq, None] = {}  # running sequences handled row by row (insertion-ordered set)
-        self._bulk_n = self._bulk_ctx = 0  # sequences in bulk, Σ of their `bulk_ctx`
-        self._bulk_max: list[
-            tuple[int, int, int, Seq]
-        ] = []  # heap of (-bulk_ctx, since, order, seq), pruned lazily
-        self._events: list[tuple[int, int, int, Seq]] = []  # (step it needs its own row, order, since, seq)
-        # Without prefix caching a sequence in bulk opens its new blocks lazily: the blocks the sequences of
-        # phase p open at the steps j = p (mod block size) are taken from the pool at those steps into
-        # `_lent`, and handed to each sequence's block table when it is brought up to date (`_wake`).
-        self._lazy = fast and not caching
-        self._phases: list[dict[Seq, None]] = [{} for _ in range(budget.block_size)] if self._lazy else []
-        self._lent: list[Block] = []
-        self._crossed = 0  # the latest step whose new blocks were lent
-        self._finishes: list[tuple[int, int, int, Seq]] = []  # (step of its last token, order, since, seq)
-
-    # ---- arrival -------------------------------------------------------------------------------------
-    def add(self, request: Request, now: float) -> bool:
-        reason = self._reject_reason(request)
-        if reason is not None:
-            request.reject_reason = reason
-            return False
-        request.output_len = min(request.output_len, self.max_model_len - request.prompt_len)
-        seqs = []
-        for child in range(request.n):
-            seq = Seq(
-                self._next_sid,
-                request,
-                child,
-                request.output_len,
-                request.prompt_len,
-                block_size=self.block_size,
-            )
-            self._next_sid += 1
-            seqs.append(seq)
-        if self.async_scheduling:
-            self._held.append((now, seqs))
-            self._held_seqs += len(seqs)
-        else:
-            self.waiting.extend(seqs)
-        self._open[request.id] = seqs
-        return True
-
-    def _reject_reason(self, r: Request) -> str | None:
-        """Why a request can never run, else None. One wording per cause and run (the request's lengths are
-        in its record), so that the summary counts rejections by cause."""
-        if r.prompt_len < 1 or r.output_len < 1 or r.n < 1:
-            return "empty prompt or output"
-        if r.prompt_len >= self.max_model_len:
-            return f"prompt leaves no room for output within max_model_len {self.max_model_len}"
-        usable = self.kv.pool.num_usable
-        if cdiv(r.prompt_len, self.block_size) > usable:
-            return f"prompt needs more than the {usable} KV blocks"
-        longest = min(r.prompt_len + r.output_len - 1, self.max_model_len)
-        if cdiv(longest, self.block_size) > usable:
-            return f"prompt and output need more than the {usable} KV blocks"
-        return None
+        self._init_bulk(caching)
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
@@ -173,14 +122,6 @@ class VllmScheduler:
             self._step_start = now
         return plan
 
-    def _release(self, seen_by: float) -> None:
-        """Queue the held arrivals that came no later than `seen_by`."""
-        held, waiting = self._held, self.waiting
-        while held and held[0][0] <= seen_by:
-            seqs = held.popleft()[1]
-            waiting.extend(seqs)
-            self._held_seqs -= len(seqs)
-
     def _schedule(self, now: float) -> StepPlan | None:
         info = StepInfo()
         self.last = info
@@ -196,272 +137,6 @@ class VllmScheduler:
             return None
         self._step += 1
         return self._plan(info)
-
-    def _schedule_fast(self, info: StepInfo, threshold: int) -> int:
-        """The running rows, those in bulk counted only: the rows handled one by one are scheduled as
-        `_schedule_running` would, in running order, the bulk rows each taking one token of the budget."""
-        step = self._step + 1
-        self._crossed = step - 1
-        busy, events = self._busy, self._events
-        due = []  # in bulk, reaching the length limit (with prefix caching, or their next block)
-        while events and events[0][0] <= step:
-            _, _, since, seq = heapq.heappop(events)
-            if seq.bulk_since == since:
-                due.append(seq)
-        need = self._bulk_n
-        for seq in busy:
-            need += seq.num_tokens - seq.num_computed
-        if need >= self.token_budget:  # the budget may bind: every row one by one, in running order
-            for seq in self.running:
-                if seq.bulk_since >= 0:
-                    self._wake(seq)
-                    busy[seq] = None
-            rows = self.running
-        else:
-            for seq in due:  # one by one from this step on (rows of their own after the lending)
-                self._wake(seq)
-            if self._lazy:
-                self._lend_blocks(step)
-            for seq in due:
-                busy[seq] = None
-            rows = sorted(busy, key=_order) if len(busy) > 1 else list(busy)
-        budget = self._schedule_running(info, rows, self.token_budget, threshold)
-        n = self._bulk_n
-        if n:
-            heap = self._bulk_max
-            while heap[0][3].bulk_since != heap[0][1]:
-                heapq.heappop(heap)
-            info.bulk, info.bulk_ctx, info.bulk_max = n, self._bulk_ctx + n * step, step - heap[0][0]
-            info.decode += n
-            self.kv.filled(n)
-            budget -= n
-        info.step, info.sched = step, self
-        return budget
-
-    def _lend_blocks(self, step: int) -> None:
-        """The new blocks the sequences in bulk open at `step`, taken from the pool when no allocation of this
-        step can fail (so none preempts, and without prefix caching which block goes where changes no count);
-        else those sequences get rows of their own."""
-        members = self._phases[step % self.block_size]
-        if members:
-            kv = self.kv
-            bound = len(members)  # most blocks the step can take: one each, and every row's whole length
-            bs, cap = self.block_size, self.max_model_len
-            for seq in self._busy:
-                bound += cdiv(min(seq.num_tokens, cap), bs) - len(seq.kv_blocks or ())
-            if bound > kv.num_free:
-                for seq in list(members):
-                    self._wake(seq)
-                    self._busy[seq] = None
-            else:
-                self._lent += kv.lend(len(members))
-        self._crossed = step
-
-    def _bulk_until(self, seq: Seq) -> int:
-        """Queue the step a sequence in bulk next needs a row of its own or, if that comes first, the step of
-        its last token; return the last step it decodes in bulk. Without prefix caching the new blocks it
-        opens on the way do not need a row (`_lend_blocks`); with it, the first does."""
-        since = seq.bulk_since
-        # at step j it decodes on bulk_ctx + j tokens, within its room and under the length limit
-        room = self.max_model_len - 1 if self._lazy else min(seq.kv_room, self.max_model_len - 1)
-        last = room - 1 - seq.bulk_ctx
-        finish = since + seq.out_len - seq.num_generated
-        if finish <= last:
-            heapq.heappush(self._finishes, (finish, seq.order, since, seq))
-        else:
-            heapq.heappush(self._events, (last + 1, seq.order, since, seq))
-        return last
-
-    def _wake(self, seq: Seq) -> None:
-        """Bring a sequence in bulk up to date (as after the latest applied step, with the blocks lent to it
-        up to `_crossed`) and take it out of bulk."""
-        since = seq.bulk_since
-        count = self._updated - since
-        if count:
-            seq.num_computed += count
-            seq.kv_slots = seq.num_computed
-            seq.num_tokens += count
-            seq.num_generated += count
-            req = seq.req
-            req.num_computed = seq.num_computed
-            lo = since + 1 - self._gaps_from
-            req.emit_run(count, self._last_end, max(self._gaps[lo : lo + count]))
-        if seq.bulk_phase >= 0:
-            self._phases[seq.bulk_phase].pop(seq, None)
-            seq.bulk_phase = -1
-            blocks = seq.kv_blocks
-            assert blocks is not None
-            more = cdiv(seq.bulk_ctx + self._crossed + 1, self.block_size) - len(blocks)
-            if more > 0:
-                lent = self._lent
-                assert len(lent) >= more, "blocks lent to sequences in bulk went missing"
-                blocks += lent[-more:]
-                del lent[-more:]
-                room = len(blocks) * self.block_size
-                seq.kv_room = room if room <= self.max_model_len else self.max_model_len
-        seq.bulk_since = -1
-        self._bulk_n -= 1
-        self._bulk_ctx -= seq.bulk_ctx
-
-    def _to_bulk(self, seq: Seq) -> bool:
-        """After its update: put a one-sequence request's decoding sequence in bulk while it can stay there
-        for at least one step (True), with the step it needs its own row again and, if first, the step of
-        its last token."""
-        if seq.req.n != 1:
-            return False
-        step = self._updated
-        ctx = seq.num_computed - step - 1
-        if min(seq.kv_room, self.max_model_len - 1) - 1 - ctx <= step:  # a row of its own next step
-            return False
-        seq.bulk_since, seq.bulk_ctx = step, ctx
-        self._bulk_n += 1
-        self._bulk_ctx += ctx
-        heapq.heappush(self._bulk_max, (-ctx, step, seq.order, seq))
-        if self._lazy:
-            seq.bulk_phase = -ctx % self.block_size
-            self._phases[seq.bulk_phase][seq] = None
-        self._bulk_until(seq)
-        return True
-
-    def _schedule_running(self, info: StepInfo, running: list[Seq], budget: int, threshold: int) -> int:
-        if not running:
-            return budget
-        kv, limit = self.kv, self.max_model_len - 1
-        add_seq, add_count, add_context = info.seqs.append, info.counts.append, info.contexts.append
-        add_emit = info.emit.append
-        decode = grown = 0
-        for seq in running:  # a preemption pops only sequences after this one, or this one (then stop)
-            if budget <= 0 or seq.preempted:  # (in fast mode `running` may be a copy: popped ones remain)
-                break
-            computed = seq.num_computed
-            length = seq.num_tokens
-            req = seq.req
-            if computed + 1 == length and length <= seq.kv_room and computed < limit:
-                # a decode within its blocks (no cap binds one token): no call into the KV manager
-                grown += length - seq.kv_slots
-                seq.kv_slots = seq.num_computed = length
-                add_seq(seq)
-                add_count(1)
-                add_context(computed)
-                add_emit(seq)
-                if seq.num_generated > 0:
-                    decode += 1
-                budget -= 1
-                if req.n == 1:
-                    req.num_computed = length
-                else:
-                    self._sync(seq)
-                continue
-            n = length - computed
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > limit - computed:
-                n = limit - computed
-            if n <= 0:
-                continue
-            end = computed + n
-            if end <= seq.kv_room:  # within its blocks, nothing to cache
-                grown += end - seq.kv_slots
-                seq.kv_slots = end
-            elif not self._allocate_or_preempt(seq, n, info):
-                break
-            add_seq(seq)
-            add_count(n)
-            add_context(computed)
-            seq.num_computed = end
-            if req.n == 1:
-                req.num_computed = end
-            else:
-                self._sync(seq)
-            if end >= length:
-                add_emit(seq)
-                if n == 1 and seq.num_generated > 0:
-                    decode += 1
-            budget -= n
-        kv.filled(grown)
-        info.decode += decode
-        return budget
-
-    def _allocate_or_preempt(self, seq: Seq, n: int, info: StepInfo) -> bool:
-        """Blocks for `n` more tokens of a running `seq`, preempting from the back until they fit; False
-        when `seq` itself had to go."""
-        running = self.running
-        while not self.kv.allocate(seq, n):
-            victim = running.pop()
-            self._preempt(victim)
-            info.preempted.append(victim)
-            if victim is seq:
-                return False
-        return True
-
-    def _preempt(self, seq: Seq) -> None:
-        if seq.bulk_since >= 0:
-            self._wake(seq)
-        self._busy.pop(seq, None)
-        self.kv.free(seq)
-        seq.num_computed = 0
-        self._sync(seq)
-        seq.preempted = True
-        seq.req.preemptions += 1
-        self.waiting.appendleft(seq)
-
-    def _schedule_waiting(self, info: StepInfo, budget: int, now: float, threshold: int) -> None:
-        waiting, running, kv = self.waiting, self.running, self.kv
-        max_num_seqs, chunked = self.max_num_seqs, self.chunked
-        gate = self.lora_gate.start(info.seqs) if self.lora_gate is not None else None
-        skipped: list[Seq] = []  # waiting sequences passed over for their adapter (LoRA)
-        while waiting and budget > 0 and len(running) < max_num_seqs:
-            seq = waiting[0]
-            if gate is not None and gate.skip(seq):  # its adapter would pass max_loras: skip, do not block
-                skipped.append(waiting.popleft())
-                continue
-            hits, num_hit = kv.lookup(seq)
-            length = seq.num_tokens
-            n = length - num_hit
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, budget if chunked else length)
-            if n > budget:
-                break
-            watermark = self.watermark_blocks if running else 0  # kept free only beside running sequences
-            if kv.blocks_needed(seq, length, hits) + watermark > kv.num_free:
-                break
-            if not kv.allocate(seq, n, hits, num_hit):
-                break
-            waiting.popleft()
-            if gate is not None:
-                gate.admit(seq)
-            running.append(seq)
-            seq.order = self._order
-            self._order += 1
-            if self.fast:
-                self._busy[seq] = None
-            resumed = seq.preempted
-            (info.resumed if resumed else info.new).append(seq)
-            seq.preempted = False
-            req = seq.req
-            if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
-                kv.record_query(seq, num_hit, resumed)
-                if not resumed:  # vLLM reports the lookups of sequences never preempted
-                    req.prefix_query_tokens += length
-                    req.prefix_hit_tokens += num_hit
-            if math.isnan(req.scheduled_at):
-                req.scheduled_at = now
-            end = num_hit + n
-            info.seqs.append(seq)
-            info.counts.append(n)
-            info.contexts.append(num_hit)
-            seq.num_computed = end
-            self._sync(seq)
-            if end >= length:
-                info.emit.append(seq)
-                if n == 1 and seq.num_generated > 0:
-                    info.decode += 1
-            budget -= n
-        if skipped:  # back at the head of the queue, in their order
-            waiting.extendleft(reversed(skipped))
 
     def _plan(self, info: StepInfo) -> VllmPlan:
         counts, contexts = info.counts, info.contexts
@@ -497,98 +172,6 @@ class VllmScheduler:
                     finished.append(seq.req)
         return finished
 
-    def _emit_rows(self, rows: list[Seq], now: float) -> list[Seq]:
-        """One token for each sequence of the step's rows that emits; the sequences that are now done."""
-        done: list[Seq] = []
-        for seq in rows:
-            self._emit_token(seq, now)
-            if seq.num_generated >= seq.out_len:
-                done.append(seq)
-        return done
-
-    def _emit_token(self, seq: Seq, now: float) -> None:
-        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has)."""
-        seq.num_generated += 1
-        seq.num_tokens += 1
-        req = seq.req
-        if req.n == 1:
-            req.emit(now)
-        else:
-            self._emit_group(req, now)
-
-    def _update_fast(self, info: StepInfo, now: float) -> list[Request]:
-        """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
-        finish; sequences that can decode alone go into bulk."""
-        step = self._updated = self._step
-        self._gaps.append(now - self._last_end)
-        self._last_end = now
-        done_seqs = self._emit_rows(info.emit, now)
-        finishes, by_row = self._finishes, len(done_seqs)
-        while finishes and finishes[0][0] <= step:
-            _, _, since, seq = heapq.heappop(finishes)
-            if seq.bulk_since == since:
-                self._wake(seq)
-                done_seqs.append(seq)
-        if by_row and len(done_seqs) > by_row:
-            done_seqs.sort(key=_order)
-        busy = self._busy
-        for seq in info.emit:
-            if seq.num_generated < seq.out_len and self._to_bulk(seq):
-                del busy[seq]
-        finished: list[Request] = []
-        if done_seqs:
-            running = self.running
-            for seq in done_seqs:
-                running.remove(seq)
-                busy.pop(seq, None)
-                self.kv.free(seq)
-                if self._close(seq):
-                    finished.append(seq.req)
-        if step % GAPS_KEPT == 0:
-            self._trim_gaps()
-        return finished
-
-    def _trim_gaps(self) -> None:
-        """Drop the step gaps no sequence in bulk can need, and the stale entries of the bulk heap."""
-        self._bulk_max = [e for e in self._bulk_max if e[3].bulk_since == e[1]]
-        heapq.heapify(self._bulk_max)
-        oldest = min((s.bulk_since for s in self.running if s.bulk_since >= 0), default=self._updated)
-        drop = oldest + 1 - self._gaps_from
-        if drop > 0:
-            del self._gaps[:drop]
-            self._gaps_from += drop
-
-    def _sync(self, seq: Seq) -> None:
-        """Mirror progress on the request: its sequences' computed tokens, summed."""
-        req = seq.req
-        if req.n == 1:
-            req.num_computed = seq.num_computed
-        else:
-            req.num_computed = sum(s.num_computed for s in self._open[req.id])
-
-    def _emit_group(self, req: Request, now: float) -> None:
-        """A sequence of `req` emitted a token; the request emits when its slowest open sequence has."""
-        slowest = min(s.num_generated for s in self._open[req.id])
-        while req.num_generated < slowest:
-            req.emit(now)
-
-    def _close(self, seq: Seq) -> bool:
-        """Forget a finished sequence; True when it was its request's last."""
-        seqs = self._open[seq.req.id]
-        if seq.req.n > 1:
-            seqs.remove(seq)
-        else:
-            seqs.clear()
-        if seqs:
-            return False
-        del self._open[seq.req.id]
-        return True
-
-    @property
-    def num_waiting(self) -> int:
-        """Sequences queued (new, preempted, or arrived and not yet seen by the scheduler)."""
-        return len(self.waiting) + self._held_seqs
-
     def wake_at(self, now: float) -> float | None:
         return None
 
@@ -598,13 +181,6 @@ class VllmScheduler:
                 self._wake(seq)
                 self._busy[seq] = None
         return [seqs[0].req for seqs in self._open.values()]
-
-
-def _order(seq: Seq) -> int:
-    return seq.order
-
-
-GAPS_KEPT = 4096  # steps between two drops of the step gaps no sequence in bulk needs
 
 
 # Schedulers that take the place of `VllmScheduler` when a config asks for a feature, by feature; each
