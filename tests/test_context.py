@@ -22,7 +22,7 @@ from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.base import Scheduler
 from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.engine.schedulers.static import StaticScheduler
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 
 MEMORY = KvBudget(num_blocks=4_000, block_size=16, max_model_len=4096)
 POLICIES = ("static", "continuous", "vllm")

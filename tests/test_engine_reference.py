@@ -28,7 +28,7 @@ from sim.engine.replica import ClosedLoopSource, Horizon, simulate
 from sim.engine.schedulers.base import Scheduler
 from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.engine.schedulers.static import StaticScheduler
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 from sim.records.columns import FINISHED, IN_FLIGHT, REJECTED
 from sim.records.recorder import Recorder
 

@@ -22,7 +22,7 @@ from sim.cost.lora import LoraCost, adapter_bytes, lora_memory, slot_bytes
 from sim.cost.memory import KvBudget, kv_memory
 from sim.cost.roofline import CostModel
 from sim.engine.lora import LoraCache, LoraGate, setup_lora
-from sim.engine.schedulers.vllm import VllmScheduler, build_vllm
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler, build_vllm
 from sim.io.errors import SimError
 from sim.studies.run import run_policy
 from sim.workload.generator import Workload

@@ -455,7 +455,7 @@ def test_bulk_decoding_stays_exact_under_quantised_costs() -> None:
     from sim.core.request import Request
     from sim.cost.memory import KvBudget
     from sim.engine.replica import Horizon, simulate
-    from sim.engine.schedulers.vllm import VllmScheduler
+    from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 
     m, g = load_model("llama-3.1-8b"), get_gpu("L4")
     cost = CostModel(m, g, weight_dtype="int4", kv_dtype="fp8", weight_group_size=128)

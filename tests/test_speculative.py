@@ -26,7 +26,7 @@ from sim.cost.draft import build_drafter, kv_blocks_with_draft
 from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.schedulers.registry import load_all
-from sim.engine.schedulers.vllm_spec import SpeculativeScheduler
+from sim.engine.schedulers.vllm.spec import SpeculativeScheduler
 from sim.engine.speculative import Acceptance, DraftWork, SpeculativeTiming, accepted_drafts
 from sim.io.errors import SimError
 from sim.studies.run import run_manifest, run_policy

@@ -11,7 +11,7 @@ from sim.core.step import StepTotals
 from sim.cost.memory import KvBudget
 from sim.engine.kv import BlockPool
 from sim.engine.schedulers.continuous import ContinuousScheduler
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 
 MEMORY = KvBudget(num_blocks=60, block_size=16, max_model_len=1024)
 

@@ -12,7 +12,7 @@ from sim.core.request import Request
 from sim.cost.memory import KvBudget
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.registry import load_all
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 from sim.records.summary import Slo, summarize
 
 

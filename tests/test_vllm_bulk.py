@@ -21,7 +21,7 @@ from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.registry import load_all
-from sim.engine.schedulers.vllm import VllmScheduler
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 from sim.records.recorder import Recorder
 from sim.studies.replay import build, config_from, load_trace, read_steps
 

@@ -18,7 +18,7 @@ Who proposes the drafts sets their cost, added to the target's verification step
 - `ngram`: prompt lookup on the host, `ngram_s_per_row` seconds per sampling row and step, no GPU work.
 
 The scheduling side (spec tokens in the token budget, KV slots of rejected tokens freed) is in
-sim/engine/schedulers/vllm_spec.py.
+sim/engine/schedulers/vllm/spec.py.
 """
 
 from __future__ import annotations

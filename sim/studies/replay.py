@@ -17,8 +17,8 @@ from typing import Any
 from sim.config.policies import VllmConfig
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
-from sim.engine.schedulers.vllm import VllmScheduler
-from sim.engine.schedulers.vllm_plan import Seq
+from sim.engine.schedulers.vllm.plan import Seq
+from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 from sim.io.errors import SimError
 from sim.io.limits import MAX_ID, MAX_PARALLEL_SAMPLES, MAX_TOKENS
 from sim.io.progress import progress

@@ -1,18 +1,18 @@
 """A vllm request's sequences and what the request sees of them (`SequenceGroups`).
 
 A request with `n > 1` is fanned out into `n` sequences scheduled independently, as vLLM v1 does (`add`, in
-vllm_admission.py, opens them under the request's id). The request's computed tokens are its sequences',
+admission.py, opens them under the request's id). The request's computed tokens are its sequences',
 summed (`_sync`); it emits a token when its slowest sequence does (`_emit_group`), and it is finished when its
 last sequence is (`_close`). A one-sequence request follows its sequence directly. The step's rows emit here
-too (`_emit_rows`, which `SpeculativeScheduler` in vllm_spec.py replaces to emit the accepted drafts).
+too (`_emit_rows`, which `SpeculativeScheduler` in spec.py replaces to emit the accepted drafts).
 
-`SequenceGroups` is one of the parts `VllmScheduler` (vllm.py) is made of.
+`SequenceGroups` is one of the parts `VllmScheduler` (scheduler.py) is made of.
 """
 
 from __future__ import annotations
 
 from sim.core.request import Request
-from sim.engine.schedulers.vllm_plan import Seq
+from sim.engine.schedulers.vllm.plan import Seq
 
 
 class SequenceGroups:

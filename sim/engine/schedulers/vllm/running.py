@@ -1,12 +1,12 @@
-"""The vllm policy's running pass and its recompute preemption (`RunningPass`): step 1 in vllm.py's docstring.
+"""The vllm policy's running pass and its recompute preemption (`RunningPass`): step 1 of scheduler.py.
 
 Each running sequence, in admission order, gets the tokens it still lacks, within the caps; one that cannot
 get blocks preempts from the back of the running list (`_allocate_or_preempt`), and a preempted sequence
 returns to the front of the waiting queue with its computed tokens forgotten (`_preempt`), from which
-`Admission` (vllm_admission.py) resumes it.
+`Admission` (admission.py) resumes it.
 
-`RunningPass` is one of the parts `VllmScheduler` (vllm.py) is made of; in fast mode `BulkDecoding`
-(vllm_bulk.py) hands it only the rows handled one by one. `SpeculativeScheduler` (vllm_spec.py) replaces
+`RunningPass` is one of the parts `VllmScheduler` (scheduler.py) is made of; in fast mode `BulkDecoding`
+(bulk.py) hands it only the rows handled one by one. `SpeculativeScheduler` (spec.py) replaces
 `_schedule_running` with its own, which preempts through `_allocate_or_preempt` too.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections import deque
 
 from sim.engine.kv import KvManager
-from sim.engine.schedulers.vllm_plan import Seq, StepInfo
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo
 
 
 class RunningPass:
     """The tokens each running sequence gets this step, and the preemptions that make room for them (see the
-    module docstring). A preempted sequence in bulk is first brought up to date (`_wake`, vllm_bulk.py)."""
+    module docstring). A preempted sequence in bulk is first brought up to date (`_wake`, bulk.py)."""
 
     # shared with the other parts of `VllmScheduler`
     kv: KvManager

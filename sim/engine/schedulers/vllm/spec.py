@@ -23,8 +23,8 @@ from sim.config.speculative import SpeculativeConfig
 from sim.core.request import Request
 from sim.core.step import StepPlan
 from sim.cost.memory import KvBudget
-from sim.engine.schedulers.vllm import VARIANTS, VllmScheduler
-from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm.scheduler import VARIANTS, VllmScheduler
 from sim.engine.speculative import Acceptance, SpecCounts, accepted_drafts
 
 

@@ -19,7 +19,7 @@ the prompt's full blocks only through the prefix cache (so only with `enable_pre
 its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
 
 With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
-records (vllm_bulk.py, and docs/performance.md).
+records (bulk.py, and docs/performance.md).
 
 Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
 k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
@@ -27,13 +27,13 @@ k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; d
 This module holds the scheduler's state, the step (`schedule`, `update`) and the policy's factory; the step's
 parts are mixed into `VllmScheduler` from their own modules, which share its state:
 
-- vllm_admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
-- vllm_running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
-- vllm_bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
-- vllm_groups.py (`SequenceGroups`): a request's sequences, and the tokens the step's rows emit;
-- vllm_plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
+- admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
+- running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
+- bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
+- groups.py (`SequenceGroups`): a request's sequences, and the tokens the step's rows emit;
+- plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
 
-vllm_spec.py subclasses `VllmScheduler` for speculative decoding and registers it in `VARIANTS`.
+spec.py subclasses `VllmScheduler` for speculative decoding and registers it in `VARIANTS`.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from sim.cost.memory import KvBudget
 from sim.engine.kv import KvManager
 from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
-from sim.engine.schedulers.vllm_admission import Admission
-from sim.engine.schedulers.vllm_bulk import BulkDecoding
-from sim.engine.schedulers.vllm_groups import SequenceGroups
-from sim.engine.schedulers.vllm_plan import Seq, StepInfo, VllmPlan
-from sim.engine.schedulers.vllm_running import RunningPass
+from sim.engine.schedulers.vllm.admission import Admission
+from sim.engine.schedulers.vllm.bulk import BulkDecoding
+from sim.engine.schedulers.vllm.groups import SequenceGroups
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm.running import RunningPass
 from sim.io.errors import SimError
 
 
@@ -98,7 +98,7 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
         self.last = StepInfo()
         self._next_sid = 0
         self._open: dict[int, list[Seq]] = {}  # request id -> its unfinished sequences
-        # Bulk decoding (vllm_bulk.py): with `fast`, the running sequences that only decode are advanced in
+        # Bulk decoding (bulk.py): with `fast`, the running sequences that only decode are advanced in
         # bulk, and `last` then lists only the rows handled one by one.
         self.fast = fast
         self._order = 0  # admissions so far: the next admitted sequence's position in the running list
@@ -184,7 +184,7 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
 
 
 # Schedulers that take the place of `VllmScheduler` when a config asks for a feature, by feature; each
-# registers itself here from its own module (vllm_spec.py: "speculative"), as policies do in the registry.
+# registers itself here from its own module (spec.py: "speculative"), as policies do in the registry.
 VARIANTS: dict[str, Callable[[VllmConfig, KvBudget], VllmScheduler]] = {}
 
 

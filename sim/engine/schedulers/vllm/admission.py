@@ -1,13 +1,13 @@
-"""The vllm policy's waiting queue (`Admission`): arrivals into it, and step 2 in vllm.py's docstring.
+"""The vllm policy's waiting queue (`Admission`): arrivals into it, and step 2 in scheduler.py's docstring.
 
 An arriving request is refused if it can never run (`_reject_reason`), else fanned out into its `n` sequences
 and queued; with asynchronous scheduling it is held until the step being formed could have seen it
-(`_release`, called by `VllmScheduler.schedule`). After the running pass (`RunningPass`, vllm_running.py), if
+(`_release`, called by `VllmScheduler.schedule`). After the running pass (`RunningPass`, running.py), if
 nothing was preempted, waiting sequences are admitted FCFS within the budget, `max_num_seqs`, the free blocks
 and the watermark (`_schedule_waiting`); with LoRA, one whose adapter would pass `max_loras` is passed over,
 not blocking (sim/engine/lora.py).
 
-`Admission` is one of the parts `VllmScheduler` (vllm.py) is made of.
+`Admission` is one of the parts `VllmScheduler` (scheduler.py) is made of.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from collections import deque
 from sim.core.request import Request
 from sim.engine.kv import KvManager, cdiv
 from sim.engine.lora import LoraGate
-from sim.engine.schedulers.vllm_plan import Seq, StepInfo
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo
 
 
 class Admission:
     """Arrivals into the waiting queue, and the waiting sequences admitted each step (see the module
-    docstring). An admitted sequence in fast mode starts handled row by row (`_busy`, vllm_bulk.py)."""
+    docstring). An admitted sequence in fast mode starts handled row by row (`_busy`, bulk.py)."""
 
     lora_gate: LoraGate | None = None  # the max_loras rule for waiting requests (sim/engine/lora.py)
 

@@ -6,9 +6,9 @@ when it next needs a row of its own (a new block, the length limit), finishes, i
 (`in_flight`). `StepInfo` then lists only the rows handled one by one. The records are those of the same
 scheduler stepping every row (tests/test_vllm_bulk.py; docs/performance.md).
 
-`BulkDecoding` is one of the parts `VllmScheduler` (vllm.py) is made of: its `_schedule` and `update` hand the
-step to `_schedule_fast` and `_update_fast` in fast mode. The running rows are scheduled by `RunningPass`
-(vllm_running.py), which wakes a sequence in bulk before preempting it.
+`BulkDecoding` is one of the parts `VllmScheduler` (scheduler.py) is made of: its `_schedule` and `update`
+hand the step to `_schedule_fast` and `_update_fast` in fast mode. The running rows are scheduled by
+`RunningPass` (running.py), which wakes a sequence in bulk before preempting it.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from array import array
 
 from sim.core.request import Request
 from sim.engine.kv import Block, KvManager, cdiv
-from sim.engine.schedulers.vllm_plan import Seq, StepInfo
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo
 
 
 class BulkDecoding:
     """Which running sequences are in bulk, how a step counts them, and how one leaves bulk (see the module
-    docstring). The rows handled one by one go through `_schedule_running` (vllm_running.py) and
-    `_emit_rows` (vllm_groups.py), as in a scheduler without bulk decoding."""
+    docstring). The rows handled one by one go through `_schedule_running` (running.py) and
+    `_emit_rows` (groups.py), as in a scheduler without bulk decoding."""
 
     # shared with the other parts of `VllmScheduler`
     kv: KvManager
