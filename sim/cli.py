@@ -330,7 +330,7 @@ def report(
     png: bool = typer.Option(True, "--png/--no-png", help="Also write a PNG per chart."),
 ) -> None:
     """Write DIR/index.html (renders offline) and a PNG per chart from `sim run` / `sim sweep` output."""
-    from sim.report import build_report
+    from sim.report.build import build_report
 
     for path in build_report(directory, scenario, png):
         typer.echo(str(path))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_report import CHARTS, make_report_dir
 
-from sim.report import build_report
+from sim.report.build import build_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = (

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from sim.config.scenario import load_scenario
-from sim.report import build_report, frames
+from sim.report.build import build_report, frames
 from sim.report.fleet import fleet_sections, hit_rates, load_balance, pd_timeline
 from sim.report.inputs import PolicyRun, load_inputs
 from sim.studies.run import run_policy, write_result

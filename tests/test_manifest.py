@@ -15,7 +15,7 @@ import sim
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
-from sim.report import build_report
+from sim.report.build import build_report
 from sim.report.inputs import load_inputs
 from sim.studies import sweep
 from sim.studies.run import run_policy, write_result

@@ -362,8 +362,7 @@ def test_sweep_variants_are_one_grid_axis() -> None:
 
 
 def test_report_puts_the_formats_side_by_side(tmp_path: Path) -> None:
-    from sim.report import build_report
-    from sim.report.build import capacities
+    from sim.report.build import build_report, capacities
     from sim.report.inputs import load_inputs
     from sim.report.quantisation import latency_chart, quantisation_rows
     from sim.studies.sweep import run_sweep

@@ -16,8 +16,7 @@ from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
 from sim.records import stats
-from sim.report import build_report, frames, grid
-from sim.report.build import capacities, run_sections, sweep_sections
+from sim.report.build import build_report, capacities, frames, grid, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
 from sim.report.inputs import PolicyRun, load_inputs
 from sim.studies.points import POINT_SCHEMA

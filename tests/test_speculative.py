@@ -427,7 +427,7 @@ def test_report_speedup_is_the_plain_policys_latency_over_the_speculating_ones()
 
 
 def test_report_has_the_speculative_sections_only_when_a_policy_speculates(tmp_path: Path) -> None:
-    from sim.report import build_report
+    from sim.report.build import build_report
     from sim.studies.run import write_result
 
     sc = scenario({"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 0.6})
