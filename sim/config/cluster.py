@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.catalog.gpus import get_gpu
 from sim.catalog.links import link_names
@@ -84,17 +84,14 @@ class ClusterSection(_Table):
 
 def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str) -> BaseModel:
     """The router's validated knobs; SimError naming the key for an unknown router, knob, policy or GPU."""
-    from pydantic import ValidationError
-
-    routers = ROUTERS
     name, knobs = cluster.router_kind()
     where = "cluster.router" if isinstance(cluster.router, str) else "cluster.router.kind"
-    if name not in routers:
+    if name not in ROUTERS:
         raise SimError(
-            f"{source}: {where}: unknown router {name[:40]!r} (one of {', '.join(sorted(routers))})"
+            f"{source}: {where}: unknown router {name[:40]!r} (one of {', '.join(sorted(ROUTERS))})"
         )
     try:
-        config = routers[name].model_validate(knobs)
+        config = ROUTERS[name].model_validate(knobs)
     except ValidationError as err:
         raise SimError(format_validation_error(err, knobs, source, root="cluster.router")) from None
     if cluster.link not in link_names():

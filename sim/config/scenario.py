@@ -135,7 +135,6 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
         raise SimError(format_validation_error(err, data, source, root="")) from None
-    registry = POLICIES
     configs: dict[str, BaseModel] = {}
     for name, table in scenario.policies.items():
         if not POLICY_NAME.match(name):
@@ -145,17 +144,17 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             )
         if not isinstance(table, dict) or "scheduler" not in table:
             raise SimError(
-                f"{source}: policies.{name}.scheduler: missing (one of {', '.join(sorted(registry))})"
+                f"{source}: policies.{name}.scheduler: missing (one of {', '.join(sorted(POLICIES))})"
             )
         kind = table["scheduler"]
-        if not isinstance(kind, str) or kind not in registry:
+        if not isinstance(kind, str) or kind not in POLICIES:
             raise SimError(
                 f"{source}: policies.{name}.scheduler: unknown scheduler {str(kind)[:40]!r} "
-                f"(one of {', '.join(sorted(registry))})"
+                f"(one of {', '.join(sorted(POLICIES))})"
             )
         knobs = {k: v for k, v in table.items() if k != "scheduler"}
         try:
-            configs[name] = registry[kind].model_validate(knobs)
+            configs[name] = POLICIES[kind].model_validate(knobs)
         except ValidationError as err:
             raise SimError(format_validation_error(err, knobs, source, root=f"policies.{name}")) from None
         if getattr(configs[name], "enable_chunked_prefill", True) is False:
