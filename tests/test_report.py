@@ -311,3 +311,59 @@ def test_sweep_report_draws_log_space_bands(full_report: tuple[Path, list[Path]]
     (data,) = latency.chart.to_dict(validate=False)["datasets"].values()
     for d in data:
         assert d["ci_low"] > 0 and d["ci_low"] * d["ci_high"] == pytest.approx(d["mean"] ** 2)
+
+
+def _drawn_line_at(points: list[tuple[float, float]], x: float, log: bool) -> float:
+    """What a line through `points` reads at `x`, drawn as straight segments between them on screen (a log
+    x axis puts each point at log(x), the linear y axis at y): Vega-Lite's linear interpolation."""
+    pos = np.log if log else (lambda v: v)
+    xs, ys = zip(*sorted(points), strict=True)
+    return float(np.interp(pos(x), pos(np.array(xs)), np.array(ys)))
+
+
+def _diagonal(spec: dict[str, Any]) -> tuple[list[tuple[float, float]], bool]:
+    """The offered-load line of a throughput chart's spec (its points) and whether its rate axis is log."""
+    (diagonal,) = [layer for layer in spec["layer"] if layer.get("mark", {}).get("strokeDash")]
+    values = (
+        diagonal["data"]["values"]
+        if "values" in diagonal["data"]
+        else spec["datasets"][diagonal["data"]["name"]]
+    )
+    scales = [
+        layer["encoding"]["x"].get("scale", {})
+        for outer in spec["layer"]
+        for layer in outer.get("layer", [outer])
+    ]
+    return [(v["rate"], v["mean"]) for v in values], any(s.get("type") == "log" for s in scales)
+
+
+@pytest.mark.parametrize(
+    "rates", [(0.5, 1.0, 2.0, 4.0, 8.0), (0.0625, 0.25, 1.0, 4.0, 12.0), (1.0, 2.0, 4.0)]
+)
+def test_offered_load_line_reads_y_equals_x_on_the_rate_axis(rates: tuple[float, ...]) -> None:
+    """The dashed diagonal of the throughput chart is y = x wherever it is drawn and wherever a reader
+    looks between its points, on the log rate axis of a wide grid as on a linear one: at 1 req/s it reads
+    1 req/s (a two-point line on a log axis read 2.38 there for rates 0.5 to 8)."""
+    from sim.report import charts
+
+    frame = pl.DataFrame(
+        {
+            "series": ["a"] * len(rates),
+            "rate": list(rates),
+            "metric": ["requests_per_s"] * len(rates),
+            "mean": [min(r, 3.0) for r in rates],
+            "ci_low": [0.0] * len(rates),
+            "ci_high": [min(r, 3.0) for r in rates],
+            "n": [2] * len(rates),
+        }  # fmt: skip
+    )
+    spec = charts.throughput_vs_rate(frame, ["a"]).to_dict(validate=True)
+    points, log = _diagonal(spec)
+    assert log == (max(rates) >= 10 * min(rates))
+    assert all(y == x for x, y in points)
+    assert min(x for x, _ in points) == min(rates) and max(x for x, _ in points) == max(rates)
+    assert _drawn_line_at(points, 1.0, log) == pytest.approx(1.0, rel=1e-12)
+    for rate in rates:
+        assert _drawn_line_at(points, rate, log) == pytest.approx(rate, rel=1e-12)
+    for x in np.geomspace(min(rates), max(rates), 997):
+        assert _drawn_line_at(points, float(x), log) == pytest.approx(x, rel=1e-3)
