@@ -36,6 +36,8 @@ class ReportInputs:
     capacity: dict[str, Any] | None = None  # capacity.json as written by the sweep, if any
     run_scenario: Scenario | None = None  # the scenario the per-policy runs were made from
     notes: list[str] = field(default_factory=list)  # caveats the page must show
+    sweep_scenario: Scenario | None = None  # the scenario the sweep ran, from its manifest
+    withheld: dict[str, str] = field(default_factory=dict)  # section key -> why its chart is left out
 
     @property
     def run_rate(self) -> float | None:
@@ -185,7 +187,9 @@ def load_inputs(report_dir: Path, scenario_file: Path | None = None) -> ReportIn
     notes = []
     if run_scenario is not None and points is not None and sweep_scenario is not None:
         notes += _sweep_differences(sweep_scenario, run_scenario)
-    return ReportInputs(name, description, scenario, runs, points, capacity, run_scenario, notes)
+    return ReportInputs(
+        name, description, scenario, runs, points, capacity, run_scenario, notes, sweep_scenario
+    )
 
 
 def _run_scenario(run: PolicyRun) -> Scenario | None:
