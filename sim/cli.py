@@ -178,7 +178,7 @@ def run(
         manifest = result.manifest
     console.print_comparison(sc, summaries, out_dir)
     if manifest is not None:
-        note_mixed_runs(out_dir, manifest)
+        note_mixed_runs(out_dir, manifest, sc)
 
 
 @app.command("schema")

@@ -256,3 +256,47 @@ def test_terminate_signal_lets_the_clean_up_run(tmp_path: Path) -> None:
     assert stop.value.code == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary folder
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_run_beside_a_sweep_of_the_same_scenario_is_not_called_a_different_scenario(
+    tmp_path: Path,
+) -> None:
+    """`sim sweep` then `sim run` of one scenario into one folder: the sweep's folder is no run folder, and
+    its manifest (the scenario as written, defaults left out) read as a run's said `calibration: None there,
+    {} here` and that `sim report` would refuse, which it does not."""
+    path = scenario_file(tmp_path, TINY + '\n[sweep]\nrates = [1, 2]\npolicies = ["continuous"]\n')
+    out = tmp_path / "out"
+    sweep.run_sweep(path, jobs=1, out=out)
+    result = sim_run(str(path), "--out", str(out))
+    assert "different scenario" not in result.output and "note:" not in result.output, result.output
+    inputs = load_inputs(out)
+    assert [r.policy for r in inputs.runs] == ["continuous", "static"] and inputs.notes == []
+
+
+def test_run_and_report_name_the_same_differences_of_a_sweep_beside_the_runs(tmp_path: Path) -> None:
+    """A sweep of another horizon beside the runs: `sim run` says what `sim report` then notes (the same
+    comparison, on validated values, the swept rate left out), and does not claim the report will refuse."""
+    path = scenario_file(tmp_path, TINY + '\n[sweep]\nrates = [1, 2]\npolicies = ["continuous"]\n')
+    out = tmp_path / "out"
+    sweep.run_sweep(path, ["horizon.duration_s=6"], jobs=1, out=out)
+    result = sim_run(str(path), "--set", "workload.arrival.rate=3", "--out", str(out))
+    assert "horizon.duration_s: 6.0 in the sweep, 10.0 in the runs" in result.output, result.output
+    assert "refuse" not in result.output and "workload.arrival.rate" not in result.output
+    (note,) = load_inputs(out).notes
+    assert "horizon.duration_s: 6.0 in the sweep, 10.0 in the runs" in note
+
+
+def test_run_warns_of_exactly_the_run_folders_the_report_refuses(tmp_path: Path) -> None:
+    """The warning of `sim run` and the refusal of `sim report` come from one comparison of the same run
+    folders: a hidden folder or the report's own `charts/` is in neither."""
+    path = scenario_file(tmp_path)
+    out = tmp_path / "out"
+    sim_run(str(path), "--policy", "static", "--out", str(out))
+    for name in (".old", "charts"):
+        (out / name).mkdir()
+        (out / name / "manifest.json").write_text("{}")
+    second = sim_run(str(path), "--set", "seed=6", "--policy", "continuous", "--out", str(out))
+    assert "  static: seed: 5 there, 6 here" in second.output, second.output
+    assert "charts:" not in second.output and ".old:" not in second.output
+    with pytest.raises(SimError, match=r"runs of continuous and static come from different scenarios \(seed"):
+        load_inputs(out)

@@ -19,6 +19,7 @@ from sim.records import stats
 from sim.report.build import build_report, capacities, frames, grid, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
 from sim.report.inputs import PolicyRun, load_inputs
+from sim.report.slo import judge_by_page_slo
 from sim.studies.points import POINT_SCHEMA
 from sim.studies.run import run_policy, write_result
 
@@ -310,3 +311,149 @@ def test_sweep_report_draws_log_space_bands(full_report: tuple[Path, list[Path]]
     (data,) = latency.chart.to_dict(validate=False)["datasets"].values()
     for d in data:
         assert d["ci_low"] > 0 and d["ci_low"] * d["ci_high"] == pytest.approx(d["mean"] ** 2)
+
+
+def _drawn_line_at(points: list[tuple[float, float]], x: float, log: bool) -> float:
+    """What a line through `points` reads at `x`, drawn as straight segments between them on screen (a log
+    x axis puts each point at log(x), the linear y axis at y): Vega-Lite's linear interpolation."""
+    pos = np.log if log else (lambda v: v)
+    xs, ys = zip(*sorted(points), strict=True)
+    return float(np.interp(pos(x), pos(np.array(xs)), np.array(ys)))
+
+
+def _diagonal(spec: dict[str, Any]) -> tuple[list[tuple[float, float]], bool]:
+    """The offered-load line of a throughput chart's spec (its points) and whether its rate axis is log."""
+    (diagonal,) = [layer for layer in spec["layer"] if layer.get("mark", {}).get("strokeDash")]
+    values = (
+        diagonal["data"]["values"]
+        if "values" in diagonal["data"]
+        else spec["datasets"][diagonal["data"]["name"]]
+    )
+    scales = [
+        layer["encoding"]["x"].get("scale", {})
+        for outer in spec["layer"]
+        for layer in outer.get("layer", [outer])
+    ]
+    return [(v["rate"], v["mean"]) for v in values], any(s.get("type") == "log" for s in scales)
+
+
+@pytest.mark.parametrize(
+    "rates", [(0.5, 1.0, 2.0, 4.0, 8.0), (0.0625, 0.25, 1.0, 4.0, 12.0), (1.0, 2.0, 4.0)]
+)
+def test_offered_load_line_reads_y_equals_x_on_the_rate_axis(rates: tuple[float, ...]) -> None:
+    """The dashed diagonal of the throughput chart is y = x wherever it is drawn and wherever a reader
+    looks between its points, on the log rate axis of a wide grid as on a linear one: at 1 req/s it reads
+    1 req/s (a two-point line on a log axis read 2.38 there for rates 0.5 to 8)."""
+    from sim.report import charts
+
+    frame = pl.DataFrame(
+        {
+            "series": ["a"] * len(rates),
+            "rate": list(rates),
+            "metric": ["requests_per_s"] * len(rates),
+            "mean": [min(r, 3.0) for r in rates],
+            "ci_low": [0.0] * len(rates),
+            "ci_high": [min(r, 3.0) for r in rates],
+            "n": [2] * len(rates),
+        }  # fmt: skip
+    )
+    spec = charts.throughput_vs_rate(frame, ["a"]).to_dict(validate=True)
+    points, log = _diagonal(spec)
+    assert log == (max(rates) >= 10 * min(rates))
+    assert all(y == x for x, y in points)
+    assert min(x for x, _ in points) == min(rates) and max(x for x, _ in points) == max(rates)
+    assert _drawn_line_at(points, 1.0, log) == pytest.approx(1.0, rel=1e-12)
+    for rate in rates:
+        assert _drawn_line_at(points, rate, log) == pytest.approx(rate, rel=1e-12)
+    for x in np.geomspace(min(rates), max(rates), 997):
+        assert _drawn_line_at(points, float(x), log) == pytest.approx(x, rel=1e-3)
+
+
+# --- one SLO per page ------------------------------------------------------------------------------------
+
+STRICT = SCENARIO.replace("ttft_s = 1.0", "ttft_s = 0.01")  # the same scenario judged by TTFT ≤ 10 ms
+
+
+def _judged(run: PolicyRun, ttft_s: float, tpot_s: float) -> tuple[float, float]:
+    """Goodput and SLO attainment of a run's records under TTFT ≤ ttft_s and TPOT ≤ tpot_s, by hand."""
+    done = run.requests.filter(pl.col("state") == "finished")
+    good = done.filter((pl.col("ttft") <= ttft_s) & (pl.col("tpot").fill_null(0.0) <= tpot_s)).height
+    return good / run.summary["window_s"], good / done.height
+
+
+def test_report_under_another_slo_recomputes_every_figure_it_states(tmp_path: Path) -> None:
+    """`sim report --scenario` with a stricter SLO than the records were judged by: the page stated
+    "TTFT ≤ 10 ms" beside the runs' 100% attainment under TTFT ≤ 1 s and the sweep's capacities and goodput
+    under it. Now it says it recomputes, and every SLO figure on it is judged by the SLO it states: the
+    runs' goodput and attainment from their requests, the capacities on the sweep's grid; the sweep's
+    goodput, which its points cannot recompute, is left out with the reason."""
+    report_dir = make_report_dir(tmp_path)
+    strict = tmp_path / "strict.toml"
+    strict.write_text(STRICT)
+    recorded = {
+        r.policy: (r.summary["goodput_per_s"], r.summary["slo_attainment"])
+        for r in load_inputs(report_dir).runs
+    }
+    build_report(report_dir, strict, png=False)
+    html = (report_dir / "index.html").read_text()
+    assert "SLO: TTFT ≤ 10 ms, TPOT ≤ 100 ms" in html and "TTFT ≤ 1 s" in html  # both named, in the note
+    assert 'class="note"' in html and "recomputed" in html
+
+    inputs = load_inputs(report_dir, strict)
+    judge_by_page_slo(inputs)
+    for run in inputs.runs:
+        goodput, attained = _judged(run, 0.01, 0.1)
+        assert (run.summary["goodput_per_s"], run.summary["slo_attainment"]) == pytest.approx(
+            (goodput, attained)
+        )
+        assert attained < recorded[run.policy][1]  # the records' own figures are not what the page shows
+        assert f"{attained:.1%}" in html
+    for policy, (_, attained) in recorded.items():
+        assert f"<td>{attained:.1%}</td>" not in html, policy
+    caps = capacities(inputs)
+    assert inputs.capacity is None  # capacity.json was bisected under TTFT ≤ 1 s
+    assert points_capacity(inputs.points, 0.01, 0.1) == [(m.series, m.rate, m.bound) for m in caps]
+    assert [(m.series, m.bound) for m in caps] == [("continuous", "below"), ("static", "below")]
+    (goodput,) = [
+        s for s in sweep_sections(inputs, ["continuous", "static"], caps) if s.key == "goodput_vs_rate"
+    ]
+    assert goodput.chart is None and "TTFT ≤ 1 s" in goodput.missing and "TTFT ≤ 10 ms" in goodput.missing
+    assert "continuous holds" not in html  # the capacity headline under TTFT ≤ 1 s is gone
+
+
+def points_capacity(
+    points: pl.DataFrame | None, ttft_s: float, tpot_s: float
+) -> list[tuple[str, float | None, str]]:
+    assert points is not None
+    marks = grid.capacity_from_grid(points, stats.SloBounds(ttft_s, tpot_s, None))
+    return [(m.series, m.rate, m.bound) for m in marks]
+
+
+def test_report_under_the_records_own_slo_states_their_figures_unchanged(tmp_path: Path) -> None:
+    """With no --scenario, or one of the same SLO, nothing is recomputed and no note says otherwise."""
+    report_dir = make_report_dir(tmp_path)
+    for scenario_file in (None, tmp_path / "mini.toml"):
+        inputs = load_inputs(report_dir, scenario_file)
+        before = [dict(r.summary) for r in inputs.runs]
+        judge_by_page_slo(inputs)
+        assert [r.summary for r in inputs.runs] == before and inputs.notes == [] and inputs.withheld == {}
+        assert inputs.capacity is not None
+
+
+def test_runs_judged_by_another_slo_than_the_sweep_are_recomputed_under_the_page_slo(tmp_path: Path) -> None:
+    """Runs made under TTFT ≤ 10 ms beside a sweep under TTFT ≤ 1 s: the page states the sweep's SLO, so
+    the runs' attainment is recomputed under it, and the page says so."""
+    report_dir = make_report_dir(tmp_path, sweep=False)
+    strict = tmp_path / "strict.toml"
+    strict.write_text(STRICT)
+    sc = load_scenario(strict)
+    for policy in sc.policies:
+        write_result(run_policy(sc, policy, tmp_path), report_dir)
+    write_sweep(report_dir, tmp_path / "mini.toml")
+    inputs = load_inputs(report_dir)
+    judge_by_page_slo(inputs)
+    for run in inputs.runs:
+        assert (run.summary["goodput_per_s"], run.summary["slo_attainment"]) == pytest.approx(
+            _judged(run, 1.0, 0.1)
+        )
+    assert any("recomputed" in n and "TTFT ≤ 10 ms" in n for n in inputs.notes)

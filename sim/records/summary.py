@@ -159,6 +159,25 @@ def _busy(steps: Records, count: int) -> float:
     return _float_agg(steps, pl.col("duration"), ("duration",), count) if count else 0.0
 
 
+def slo_figures(requests: Records, slo: Slo, window_s: float) -> dict[str, float | None]:
+    """`goodput_per_s`, the finished requests within `slo` per second of the measurement window
+    (`window_s`; none without one), and `slo_attainment`, their share of the finished requests (None
+    without any): the figures a run's summary judges by its SLO."""
+    good = _columns(requests, "ttft", "tpot", "e2e", finished=True)
+    finished = good.height
+    if slo.ttft_s is not None:
+        good = good.filter(pl.col("ttft") <= slo.ttft_s)
+    if slo.tpot_s is not None:
+        good = good.filter(pl.col("tpot").fill_null(0.0) <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        good = good.filter(pl.col("e2e") <= slo.e2e_s)
+    span = window_s if window_s > 0 else math.inf  # no window: every rate is 0
+    return {
+        "goodput_per_s": good.height / span,
+        "slo_attainment": good.height / finished if finished else None,
+    }
+
+
 def kv_breakdown(steps: Records) -> dict[str, float]:
     """Time-weighted shares of KV capacity while the engine runs: token states actually stored, slots held
     but unused (reserved-but-unused memory, or the paged allocator's internal fragmentation), and free."""
@@ -212,13 +231,6 @@ def summarize(
     }
     latency["queue_wait"] = _stats(_columns(requests, "queue_wait")["queue_wait"])
     latency["itl"] = _itl_stats(requests, steps)
-    good = _columns(requests, "ttft", "tpot", "e2e", finished=True)
-    if slo.ttft_s is not None:
-        good = good.filter(pl.col("ttft") <= slo.ttft_s)
-    if slo.tpot_s is not None:
-        good = good.filter(pl.col("tpot").fill_null(0.0) <= slo.tpot_s)
-    if slo.e2e_s is not None:
-        good = good.filter(pl.col("e2e") <= slo.e2e_s)
     s = _sums(steps, {
         "count": pl.len(),
         "mean_batch": pl.col("batch_size").mean(),
@@ -245,8 +257,7 @@ def summarize(
             "total_tokens_per_s": all_tokens / span,
         },
         "latency": {name: latency[name] for name in LATENCY_METRICS},
-        "goodput_per_s": good.height / span,
-        "slo_attainment": good.height / finished if finished else None,
+        **slo_figures(requests, slo, window),
         "steps": {
             "count": count,
             "busy_fraction": busy / span,

@@ -13,6 +13,7 @@ from sim.report.inputs import ReportInputs, load_inputs
 from sim.report.lora import lora_sections
 from sim.report.page import Section, chart_png, chart_spec, render_page
 from sim.report.quantisation import quantisation_sections
+from sim.report.slo import GOODPUT_SECTION, judge_by_page_slo
 from sim.report.speculative import speculative_sections
 
 SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")] + [
@@ -78,8 +79,10 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             f"each policy's capacity: the highest rate at which the p99 latencies (mean over replications) "
             "still meet the SLO and no run is overloaded. Goodput falling while throughput holds means "
             "the extra work is served too late to count.",
-            charts.goodput_vs_rate(means, series, caps) if have and means is not None else None,
-            NEED_SWEEP,
+            charts.goodput_vs_rate(means, series, caps)
+            if have and means is not None and GOODPUT_SECTION not in inputs.withheld
+            else None,
+            inputs.withheld.get(GOODPUT_SECTION, NEED_SWEEP),
         ),
     ]
 
@@ -143,6 +146,7 @@ def _meta(inputs: ReportInputs) -> str:
 def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool = True) -> list[Path]:
     """Write `report_dir/index.html` and `report_dir/charts/<chart>.png`; return the paths written."""
     inputs = load_inputs(report_dir, scenario_file)
+    judge_by_page_slo(inputs)
     series = _series(inputs)
     caps = capacities(inputs)
     sweep, per_run = sweep_sections(inputs, series, caps), run_sections(inputs, series)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import altair as alt
@@ -15,12 +16,21 @@ SEGMENT_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8"
 KV_COLORS = {"token states": "#4c78a8", "reserved, unused": "#f58518", "free": "#e5e5e5"}
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue_wait": "queue wait", "itl": "ITL"}
 MIN_SECONDS = 1e-4  # floor for log-scaled latency axes (a zero-width CI touches zero)
+# The widest step, in log(rate), between two points of the offered-load line on a log rate axis: the
+# renderer draws a straight segment between them, which stays within (step)²/8 = 0.03% of y = x.
+DIAGONAL_LOG_STEP = 0.05
+
+
+def log_rates(frame: pl.DataFrame) -> bool:
+    """Whether the rate axis is logarithmic: when the grid spans a decade or more (sweeps are often
+    geometric)."""
+    rates = frame["rate"].drop_nulls()
+    return rates.len() > 0 and float(rates.min()) > 0 and float(rates.max()) >= 10 * float(rates.min())  # type: ignore[arg-type]
 
 
 def rate_axis(frame: pl.DataFrame) -> alt.X:
-    """Arrival rate on x: logarithmic when the grid spans a decade or more (sweeps are often geometric)."""
-    rates = frame["rate"].drop_nulls()
-    wide = rates.len() > 0 and float(rates.min()) > 0 and float(rates.max()) >= 10 * float(rates.min())  # type: ignore[arg-type]
+    """Arrival rate on x, logarithmic or linear as `log_rates` says."""
+    wide = log_rates(frame)
     scale = alt.Scale(type="log", nice=False) if wide else alt.Scale(zero=False)
     return alt.X("rate:Q", title="arrival rate (req/s)" + (" (log)" if wide else ""), scale=scale)
 
@@ -102,12 +112,28 @@ def _vs_rate(frame: pl.DataFrame, series: list[str], title: str) -> alt.LayerCha
     return alt.layer(band, line, data=frame)
 
 
+def diagonal_rates(rates: list[float], log: bool) -> list[float]:
+    """Where the offered-load line y = x is drawn: the grid's rates and 1 req/s when inside it; on a log
+    axis also enough rates between them (at most `DIAGONAL_LOG_STEP` apart in log(rate)) that the straight
+    segments drawn between points follow y = x. A linear axis needs no more: there y = x is straight."""
+    drawn = sorted(set(rates) | ({1.0} if rates and min(rates) < 1.0 < max(rates) else set()))
+    if not log:
+        return drawn
+    out = drawn[:1]
+    for low, high in zip(drawn, drawn[1:], strict=False):
+        steps = math.ceil(math.log(high / low) / DIAGONAL_LOG_STEP)
+        out += [low * (high / low) ** (i / steps) for i in range(1, steps)] + [high]
+    return out
+
+
 def throughput_vs_rate(stats: pl.DataFrame, series: list[str]) -> alt.LayerChart:
-    """Completed requests per second against the offered rate; the dashed diagonal is 'keeps up'."""
+    """Completed requests per second against the offered rate; the dashed diagonal, y = x on the chart's
+    rate axis, is 'keeps up'."""
     frame = stats.filter(pl.col("metric") == "requests_per_s")
-    low, top = float(frame["rate"].min() or 0.0), float(frame["rate"].max() or 1.0)  # type: ignore[arg-type]
+    rates = [float(r) for r in frame["rate"].drop_nulls().unique()]
+    line = [{"rate": r, "mean": r} for r in diagonal_rates(rates, log_rates(frame))]
     diagonal = (
-        alt.Chart(alt.Data(values=[{"rate": low, "mean": low}, {"rate": top, "mean": top}]))
+        alt.Chart(alt.Data(values=line))
         .mark_line(strokeDash=[4, 4], color="#888")
         .encode(x="rate:Q", y="mean:Q")
     )

@@ -11,8 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.config.scenario import Scenario
+from sim.io.errors import SimError
 from sim.io.progress import Stopwatch
-from sim.studies.run import other_scenario_runs
+from sim.report.inputs import describe_differences
+from sim.studies.folder import SWEEP_DIR, other_scenario_runs, read_sweep_scenario, sweep_differences
 from sim.studies.sweep import SweepResult
 
 
@@ -95,9 +97,22 @@ def print_sweep(result: SweepResult, console: Console | None = None) -> None:
     console.print(table)
 
 
-def note_mixed_runs(out_dir: Path, manifest: dict[str, Any]) -> None:
-    """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare."""
+def note_mixed_runs(out_dir: Path, manifest: dict[str, Any], scenario: Scenario) -> None:
+    """Say when `out_dir` also holds runs of another scenario, which `sim report` will not compare, or a
+    sweep of another scenario, which it will show with a caveat (the comparisons `sim report` makes)."""
     others = other_scenario_runs(out_dir, manifest)
+    try:
+        sweep = read_sweep_scenario(out_dir)
+    except SimError as err:
+        typer.echo(f"note: {err}; `sim report {out_dir}` will refuse it")
+        sweep = None
+    diff = sweep_differences(sweep, scenario) if sweep is not None else []
+    if diff:
+        typer.echo(
+            f"note: the sweep in {out_dir / SWEEP_DIR} comes from a different scenario than these runs "
+            f"({describe_differences(diff, 'the sweep', 'the runs')}); `sim report {out_dir}` will show "
+            "its figures beside them with that caveat"
+        )
     if not others:
         return
     typer.echo(f"note: {out_dir} also holds runs of a different scenario; `sim report {out_dir}` will refuse")

@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from sim.config.scenario import Scenario
+from sim.config.sections import SloSection
+from sim.records.summary import Slo
 from sim.report.grid import CapacityMark
 from sim.report.inputs import PolicyRun
+
+SloBounds = SloSection | Slo
 
 
 def fmt_seconds(value: object) -> str:
@@ -26,9 +30,12 @@ def fmt_number(value: object, digits: int = 3) -> str:
 
 
 def slo_text(scenario: Scenario | None) -> str:
-    if scenario is None:
-        return "the scenario's SLO"
-    slo = scenario.slo
+    """The SLO a page states: its scenario's."""
+    return "the scenario's SLO" if scenario is None else bounds_text(scenario.slo)
+
+
+def bounds_text(slo: SloBounds) -> str:
+    """`TTFT ≤ 1 s, TPOT ≤ 100 ms` for an SLO's bounds (an `[slo]` table or a `Slo`)."""
     parts = [
         f"{name} ≤ {fmt_seconds(value)}"
         for name, value in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("E2E", slo.e2e_s))

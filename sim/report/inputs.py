@@ -11,15 +11,8 @@ import polars as pl
 
 from sim.config.scenario import Scenario, load_scenario, validate_scenario
 from sim.io.errors import SimError
-from sim.io.outputs import differences
-from sim.studies.run import (
-    MANIFEST,
-    RUN_FILES,
-    compared_scenario,
-    is_run_folder,
-    manifest_differences,
-    read_manifest,
-)
+from sim.studies.folder import SWEEP_DIR, read_sweep_scenario, run_folders, sweep_differences
+from sim.studies.run import MANIFEST, RUN_FILES, manifest_differences, read_manifest
 
 
 @dataclass(slots=True)
@@ -43,6 +36,8 @@ class ReportInputs:
     capacity: dict[str, Any] | None = None  # capacity.json as written by the sweep, if any
     run_scenario: Scenario | None = None  # the scenario the per-policy runs were made from
     notes: list[str] = field(default_factory=list)  # caveats the page must show
+    sweep_scenario: Scenario | None = None  # the scenario the sweep ran, from its manifest
+    withheld: dict[str, str] = field(default_factory=dict)  # section key -> why its chart is left out
 
     @property
     def run_rate(self) -> float | None:
@@ -108,9 +103,7 @@ def load_runs(report_dir: Path) -> list[PolicyRun]:
     naming the settings that differ: their numbers cannot be compared side by side.
     """
     runs = []
-    for sub in sorted(p for p in report_dir.iterdir() if p.is_dir() and p.name != "sweep"):
-        if sub.name.startswith(".") or not is_run_folder(sub):
-            continue
+    for sub in run_folders(report_dir):
         missing = [f for f in (*RUN_FILES, MANIFEST) if not (sub / f).is_file()]
         if missing:
             raise SimError(
@@ -151,16 +144,17 @@ def load_points(sweep_dir: Path) -> pl.DataFrame | None:
 
 
 def _find_scenario(
-    report_dir: Path, name: str, explicit: Path | None, run_scenario: Scenario | None
+    report_dir: Path,
+    name: str,
+    explicit: Path | None,
+    sweep_scenario: Scenario | None,
+    run_scenario: Scenario | None,
 ) -> Scenario | None:
     """The given file; else the scenario the sweep or the runs recorded; else scenarios/<name>.toml."""
     if explicit is not None:
         return load_scenario(explicit)
-    manifest = report_dir / "sweep" / "manifest.json"
-    if manifest.is_file():
-        raw = _read_json(manifest).get("scenario")
-        if isinstance(raw, dict):
-            return validate_scenario(raw, str(manifest))
+    if sweep_scenario is not None:
+        return sweep_scenario
     if run_scenario is not None:
         return run_scenario
     for candidate in (report_dir / "scenario.toml", Path("scenarios") / f"{name}.toml"):
@@ -176,7 +170,7 @@ def load_inputs(report_dir: Path, scenario_file: Path | None = None) -> ReportIn
     if not report_dir.is_dir():
         raise SimError(f"{report_dir}: no such folder (run `sim run SCENARIO` first)")
     runs = load_runs(report_dir)
-    sweep_dir = report_dir / "sweep"
+    sweep_dir = report_dir / SWEEP_DIR
     points = load_points(sweep_dir) if sweep_dir.is_dir() else None
     if not runs and points is None:
         raise SimError(
@@ -185,14 +179,17 @@ def load_inputs(report_dir: Path, scenario_file: Path | None = None) -> ReportIn
         )
     name = str(runs[0].manifest.get("scenario", report_dir.name)) if runs else report_dir.resolve().name
     run_scenario = _run_scenario(runs[0]) if runs else None
-    scenario = _find_scenario(report_dir, name, scenario_file, run_scenario)
+    sweep_scenario = read_sweep_scenario(report_dir)
+    scenario = _find_scenario(report_dir, name, scenario_file, sweep_scenario, run_scenario)
     capacity_file = sweep_dir / "capacity.json"
     capacity = _read_json(capacity_file) if capacity_file.is_file() else None
     description = scenario.description if scenario else ""
     notes = []
-    if run_scenario is not None and points is not None and scenario is not None:
-        notes += _sweep_differences(scenario, run_scenario)
-    return ReportInputs(name, description, scenario, runs, points, capacity, run_scenario, notes)
+    if run_scenario is not None and points is not None and sweep_scenario is not None:
+        notes += _sweep_differences(sweep_scenario, run_scenario)
+    return ReportInputs(
+        name, description, scenario, runs, points, capacity, run_scenario, notes, sweep_scenario
+    )
 
 
 def _run_scenario(run: PolicyRun) -> Scenario | None:
@@ -200,14 +197,9 @@ def _run_scenario(run: PolicyRun) -> Scenario | None:
     return validate_scenario(raw, f"{run.policy}/{MANIFEST}") if isinstance(raw, dict) else None
 
 
-# What a sweep varies by design: the arrival rate axis (its form per arrival kind).
-SWEPT_KEYS = ("workload.arrival.rate", "workload.arrival.stages", "workload.arrival.users")
-
-
 def _sweep_differences(sweep: Scenario, runs: Scenario) -> list[str]:
     """A caveat when the sweep's scenario differs from the runs' beyond the keys the sweep varies."""
-    varied = set(SWEPT_KEYS) | set((sweep.sweep or {}).get("params", {}))
-    diff = [d for d in differences(compared_scenario(sweep), compared_scenario(runs)) if d[0] not in varied]
+    diff = sweep_differences(sweep, runs)
     if not diff:
         return []
     return [

@@ -316,21 +316,3 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def other_scenario_runs(out_dir: Path, manifest: dict[str, Any]) -> dict[str, list[tuple[str, Any, Any]]]:
-    """Run folders under `out_dir` whose scenario differs from `manifest`'s: folder name -> differences."""
-    found: dict[str, list[tuple[str, Any, Any]]] = {}
-    if not out_dir.is_dir():
-        return found
-    for sub in sorted(p for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if not is_run_folder(sub):
-            continue
-        other = read_manifest(sub)
-        if other is None:
-            diff = [(MANIFEST, "absent (an older run)", "present")]
-        else:
-            diff = manifest_differences(other, manifest)
-        if diff:
-            found[sub.name] = diff
-    return found
