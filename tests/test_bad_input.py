@@ -486,3 +486,45 @@ def test_a_context_longer_than_the_model_serves_is_refused(
         "--set", "horizon.duration_s=20", "--out", out,
     )  # fmt: skip
     assert code == 0
+
+
+def test_step_of_a_model_whose_weights_do_not_fit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-3.1-70B's 141 GB of weights on one 24 GB L4 gave a step time, though `sim run` refuses the
+    replica; the step is refused with the same arithmetic, and runs where the weights fit."""
+    line = refused(capsys, "step", "llama-3.1-70b", "--gpu", "L4", "--batch", "1", "--context", "100")
+    assert "step: llama-3.1-70b does not fit on L4 x1 at bf16: weights 141.1 GB" in line
+    code, _, _ = cli(capsys, "step", "llama-3.1-70b", "--gpu", "H200", "--tp", "2", "--batch", "1",
+                     "--context", "100")  # fmt: skip
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--batch", "1", "--context", "1000000"], "step: --context: 1000001 positions (the cached tokens"),
+        (["--batch", "1", "--context", "131072"], "step: --context: 131073 positions"),
+        (["--prefill", "131073"], "step: --prefill: 131073 positions"),
+    ],
+)
+def test_step_longer_than_the_model_serves_is_refused(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    """A decode at context 1,000,000 on Llama-3.1-8B (131,072 positions) gave a step time, though `sim run`
+    refuses a max_model_len past the model's positions; refused with the same words, and the limit shown."""
+    line = refused(capsys, "step", "llama-3.1-8b", "--gpu", "H200", *args)
+    assert expected in line
+    assert "is longer than llama-3.1-8b serves (131072 positions" in line
+    code, _, _ = cli(capsys, "step", "llama-3.1-8b", "--gpu", "H200", "--batch", "1", "--context", "131071")
+    assert code == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--quantisation"], ["--compare", "llama-3.1-8b"]])
+def test_capacity_at_a_max_model_len_the_model_does_not_serve_is_refused(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    """`--max-model-len 1000000` on Llama-2-7B (4,096 positions) printed capacity figures for it, though
+    `sim run` refuses that max_model_len; refused with the same words, naming the option."""
+    line = refused(capsys, "capacity", "llama-2-7b", *extra, "--gpu", "H100", "--max-model-len", "1000000")
+    assert "--max-model-len: 1000000 is longer than llama-2-7b serves (4096 positions" in line
+    code, _, _ = cli(capsys, "capacity", "llama-2-7b", *extra, "--gpu", "H100", "--max-model-len", "4096")
+    assert code == 0

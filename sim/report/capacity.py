@@ -168,6 +168,11 @@ def capacity_report(
         raise SimError("give at least one model")
     g = get_gpu(gpu)
     specs = [load_model(m) for m in models]
+    try:  # as `sim run` refuses model.max_model_len
+        for spec in specs:
+            spec.check_length(max_model_len or 0)
+    except SimError as err:
+        raise SimError(f"--max-model-len: {err}") from None
     if quantisation:
         _quantisation_report(specs, g, tp, gpu_memory_utilization, max_model_len, typical_len, as_json,
                              weight_group_size)  # fmt: skip
