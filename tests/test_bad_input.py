@@ -528,3 +528,56 @@ def test_capacity_at_a_max_model_len_the_model_does_not_serve_is_refused(
     assert "--max-model-len: 1000000 is longer than llama-2-7b serves (4096 positions" in line
     code, _, _ = cli(capsys, "capacity", "llama-2-7b", *extra, "--gpu", "H100", "--max-model-len", "4096")
     assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [(["model.weight_dtype='bf16'"], "model.weight_dtype"), (["model.kv_dtype='bf16'"], "model.kv_dtype")],
+)
+def test_bf16_on_a_turing_gpu_is_refused_in_a_scenario(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, sets: list[str], key: str
+) -> None:
+    """A T4 (compute capability 7.5) has no bf16; vLLM refuses bfloat16 below 8.0, and `sim run` ran it."""
+    args = ["--set", "model.gpu='T4'", "--set", "model.name='qwen3-4b'"]
+    for s in sets:
+        args += ["--set", s]
+    out = tmp_path / "out"
+    line = refused(capsys, "run", CONVOY, *args, "--out", out)
+    assert f"{key}: bf16 does not run on T4 (compute capability 7.5)" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["step", "qwen3-4b", "--prefill", "8"], "--weight-dtype"),
+        (["step", "qwen3-4b", "--prefill", "8"], "--kv-dtype"),
+        (["capacity", "qwen3-4b"], "--weight-dtype"),
+        (["capacity", "qwen3-4b"], "--kv-dtype"),
+    ],
+)
+def test_bf16_on_a_turing_gpu_is_refused_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], command: list[str], option: str
+) -> None:
+    """`sim step` and `sim capacity` gave figures for bf16 on a T4, which vLLM refuses."""
+    line = refused(capsys, *command, "--gpu", "T4", option, "bf16")
+    assert f"{option}: bf16 does not run on T4 (compute capability 7.5)" in line
+
+
+def test_a_bf16_checkpoint_on_a_turing_gpu_is_served_in_fp16(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's auto dtype serves a bf16 checkpoint in fp16 on a GPU without bf16; the figures said bf16."""
+    code, out, _ = cli(capsys, "capacity", "qwen3-4b", "--gpu", "T4", "--json")
+    assert code == 0
+    figures = json.loads(out)
+    assert (figures["weight_dtype"], figures["kv_dtype"]) == ("fp16", "fp16")
+    code, out, _ = cli(capsys, "step", "qwen3-4b", "--gpu", "T4", "--prefill", "8", "--json")
+    assert code == 0 and json.loads(out)["weight_dtype"] == "fp16"
+    code, out, _ = cli(capsys, "capacity", "qwen3-4b", "--gpu", "L4", "--json")
+    assert json.loads(out)["weight_dtype"] == "bf16"
+
+
+def test_gemma2_on_a_turing_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM serves Gemma-2 on a GPU without bf16 in fp32 (it refuses fp16 for gemma2), a format the
+    simulator does not model; it was costed as bf16."""
+    line = refused(capsys, "capacity", "gemma-2-9b", "--gpu", "T4")
+    assert "gemma-2-9b on T4 (compute capability 7.5)" in line and "fp32" in line

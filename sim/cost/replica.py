@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import quantisation_info
@@ -31,6 +32,13 @@ def build_cost_and_memory(
         raise SimError(f"{source}: model.name: {err}") from None
     try:
         gpu = get_gpu(m.gpu)
+    except SimError as err:
+        raise SimError(f"{source}: model.gpu: {err}") from None
+    check_formats(
+        gpu, m.weight_dtype, m.kv_dtype, (f"{source}: model.weight_dtype", f"{source}: model.kv_dtype")
+    )
+    try:
+        model = served_model(model, gpu)
     except SimError as err:
         raise SimError(f"{source}: model.gpu: {err}") from None
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
@@ -73,8 +74,9 @@ def print_step(
     from rich.table import Table
 
     c, q = step_rows(batch, context, prefill)
-    spec = load_model(model)
     g = get_gpu(gpu)
+    check_formats(g, weight_dtype, kv_dtype, ("step: --weight-dtype", "step: --kv-dtype"))
+    spec = served_model(load_model(model), g)
     check_servable(spec, g, tp, weight_dtype, kv_dtype, weight_group_size, context, prefill)
     cost = KernelCostModel(
         spec, g, tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration), weight_group_size
