@@ -486,3 +486,98 @@ def test_a_context_longer_than_the_model_serves_is_refused(
         "--set", "horizon.duration_s=20", "--out", out,
     )  # fmt: skip
     assert code == 0
+
+
+def test_step_of_a_model_whose_weights_do_not_fit_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-3.1-70B's 141 GB of weights on one 24 GB L4 gave a step time, though `sim run` refuses the
+    replica; the step is refused with the same arithmetic, and runs where the weights fit."""
+    line = refused(capsys, "step", "llama-3.1-70b", "--gpu", "L4", "--batch", "1", "--context", "100")
+    assert "step: llama-3.1-70b does not fit on L4 x1 at bf16: weights 141.1 GB" in line
+    code, _, _ = cli(capsys, "step", "llama-3.1-70b", "--gpu", "H200", "--tp", "2", "--batch", "1",
+                     "--context", "100")  # fmt: skip
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--batch", "1", "--context", "1000000"], "step: --context: 1000001 positions (the cached tokens"),
+        (["--batch", "1", "--context", "131072"], "step: --context: 131073 positions"),
+        (["--prefill", "131073"], "step: --prefill: 131073 positions"),
+    ],
+)
+def test_step_longer_than_the_model_serves_is_refused(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    """A decode at context 1,000,000 on Llama-3.1-8B (131,072 positions) gave a step time, though `sim run`
+    refuses a max_model_len past the model's positions; refused with the same words, and the limit shown."""
+    line = refused(capsys, "step", "llama-3.1-8b", "--gpu", "H200", *args)
+    assert expected in line
+    assert "is longer than llama-3.1-8b serves (131072 positions" in line
+    code, _, _ = cli(capsys, "step", "llama-3.1-8b", "--gpu", "H200", "--batch", "1", "--context", "131071")
+    assert code == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--quantisation"], ["--compare", "llama-3.1-8b"]])
+def test_capacity_at_a_max_model_len_the_model_does_not_serve_is_refused(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    """`--max-model-len 1000000` on Llama-2-7B (4,096 positions) printed capacity figures for it, though
+    `sim run` refuses that max_model_len; refused with the same words, naming the option."""
+    line = refused(capsys, "capacity", "llama-2-7b", *extra, "--gpu", "H100", "--max-model-len", "1000000")
+    assert "--max-model-len: 1000000 is longer than llama-2-7b serves (4096 positions" in line
+    code, _, _ = cli(capsys, "capacity", "llama-2-7b", *extra, "--gpu", "H100", "--max-model-len", "4096")
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [(["model.weight_dtype='bf16'"], "model.weight_dtype"), (["model.kv_dtype='bf16'"], "model.kv_dtype")],
+)
+def test_bf16_on_a_turing_gpu_is_refused_in_a_scenario(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, sets: list[str], key: str
+) -> None:
+    """A T4 (compute capability 7.5) has no bf16; vLLM refuses bfloat16 below 8.0, and `sim run` ran it."""
+    args = ["--set", "model.gpu='T4'", "--set", "model.name='qwen3-4b'"]
+    for s in sets:
+        args += ["--set", s]
+    out = tmp_path / "out"
+    line = refused(capsys, "run", CONVOY, *args, "--out", out)
+    assert f"{key}: bf16 does not run on T4 (compute capability 7.5)" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["step", "qwen3-4b", "--prefill", "8"], "--weight-dtype"),
+        (["step", "qwen3-4b", "--prefill", "8"], "--kv-dtype"),
+        (["capacity", "qwen3-4b"], "--weight-dtype"),
+        (["capacity", "qwen3-4b"], "--kv-dtype"),
+    ],
+)
+def test_bf16_on_a_turing_gpu_is_refused_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], command: list[str], option: str
+) -> None:
+    """`sim step` and `sim capacity` gave figures for bf16 on a T4, which vLLM refuses."""
+    line = refused(capsys, *command, "--gpu", "T4", option, "bf16")
+    assert f"{option}: bf16 does not run on T4 (compute capability 7.5)" in line
+
+
+def test_a_bf16_checkpoint_on_a_turing_gpu_is_served_in_fp16(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's auto dtype serves a bf16 checkpoint in fp16 on a GPU without bf16; the figures said bf16."""
+    code, out, _ = cli(capsys, "capacity", "qwen3-4b", "--gpu", "T4", "--json")
+    assert code == 0
+    figures = json.loads(out)
+    assert (figures["weight_dtype"], figures["kv_dtype"]) == ("fp16", "fp16")
+    code, out, _ = cli(capsys, "step", "qwen3-4b", "--gpu", "T4", "--prefill", "8", "--json")
+    assert code == 0 and json.loads(out)["weight_dtype"] == "fp16"
+    code, out, _ = cli(capsys, "capacity", "qwen3-4b", "--gpu", "L4", "--json")
+    assert json.loads(out)["weight_dtype"] == "bf16"
+
+
+def test_gemma2_on_a_turing_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM serves Gemma-2 on a GPU without bf16 in fp32 (it refuses fp16 for gemma2), a format the
+    simulator does not model; it was costed as bf16."""
+    line = refused(capsys, "capacity", "gemma-2-9b", "--gpu", "T4")
+    assert "gemma-2-9b on T4 (compute capability 7.5)" in line and "fp32" in line

@@ -28,6 +28,7 @@ from sim.io import tomltext
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CONFIG = json.loads((ROOT / "sim" / "catalog" / "models" / "llama-2-7b.json").read_text())
+OPT_CONFIG = json.loads((ROOT / "sim" / "catalog" / "models" / "opt-13b.json").read_text())
 
 settings.register_profile(
     "fuzz", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
@@ -216,6 +217,29 @@ def config_files(draw: st.DrawFn) -> bytes:
 
 
 @st.composite
+def inconsistent_configs(draw: st.DrawFn) -> tuple[bytes, str]:
+    """A config.json whose head shapes no checkpoint has, and the key its refusal must name: more KV heads
+    than heads, KV heads that split the heads unevenly, or (no head_dim) a hidden size not a multiple of the
+    heads, in Llama's or OPT's family."""
+    heads = draw(st.sampled_from([8, 12, 32, 40, 64]))
+    kind = draw(st.sampled_from(["more_kv_heads", "uneven_kv_heads", "hidden", "opt_hidden"]))
+    data = dict(OPT_CONFIG if kind == "opt_hidden" else LLAMA_CONFIG)
+    data["num_attention_heads"] = heads
+    data["hidden_size"] = heads * draw(st.sampled_from([64, 128]))
+    key = "num_key_value_heads"
+    if kind == "more_kv_heads":
+        data[key] = heads * draw(st.integers(2, 8))
+    elif kind == "uneven_kv_heads":
+        data[key] = draw(st.integers(1, heads - 1).filter(lambda n: heads % n != 0))
+    else:
+        key = "hidden_size"
+        data[key] += draw(st.integers(1, heads - 1))
+        if kind == "hidden":
+            data["num_key_value_heads"] = draw(st.sampled_from([n for n in (1, 2, 4, 8) if heads % n == 0]))
+    return json.dumps(data).encode(), key
+
+
+@st.composite
 def replay_traces(draw: st.DrawFn) -> bytes:
     rows = [
         {"id": f"r{i}", "arrival_step": draw(st.integers(0, 20)), "prompt_len": draw(st.integers(1, 200)),
@@ -324,6 +348,20 @@ def test_fuzz_capacity(config: bytes, gpu: str) -> None:
         code, out, err = _run_cli(["capacity", str(root / "config.json"), "--gpu", gpu, "--json"])
         _check_outcome(code, out, err)
         assert _files(root) == {root / "config.json"}
+
+
+@settings(FUZZ, max_examples=60)
+@given(config=inconsistent_configs(), command=st.sampled_from(["capacity", "step"]))
+def test_fuzz_inconsistent_head_shapes_are_refused(config: tuple[bytes, str], command: str) -> None:
+    """A config.json with impossible head shapes exits 2 with one `error:` line naming the key."""
+    data, key = config
+    with _workdir() as root:
+        (root / "config.json").write_bytes(data)
+        args = [command, str(root / "config.json"), "--gpu", "H200"]
+        code, out, err = _run_cli([*args, "--prefill", "8"] if command == "step" else args)
+        assert code == 2, (out, err)
+        _check_outcome(code, out, err)
+        assert len(err.splitlines()) == 1 and f"config.json: {key}: " in err, err
 
 
 @settings(FUZZ, max_examples=150)

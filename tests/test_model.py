@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +239,43 @@ def test_position_limit_follows_rope_scaling_as_vllm_derives_it() -> None:
         position_limit(4096, {"rope_type": "dynamic", "factor": "big"}, "x")
     assert load_model("opt-13b").position_limit == 2048
     assert load_model("deepseek-v3").position_limit == 163_840  # yarn: 4,096 x 40
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"num_key_value_heads": 64},
+            "c.json: num_key_value_heads: 64 does not divide num_attention_heads (32)",
+        ),
+        (
+            {"num_key_value_heads": 12},
+            "c.json: num_key_value_heads: 12 does not divide num_attention_heads (32)",
+        ),
+        ({"hidden_size": 4100}, "c.json: hidden_size: 4100 is not a multiple of num_attention_heads (32)"),
+        ({"hidden_size": 16, "num_key_value_heads": 32}, "c.json: hidden_size: 16 is not a multiple of"),
+    ],
+)
+def test_impossible_head_shapes_are_refused_naming_the_key(changes: dict[str, object], expected: str) -> None:
+    """64 KV heads for 32 query heads, 12 KV heads that split them unevenly, and a hidden size that is not
+    heads x head_dim with no head_dim given built a model spec, its KV bytes and FLOPs from shapes vLLM
+    cannot load."""
+    with pytest.raises(SimError, match=re.escape(expected)):
+        from_config({**_llama_config(), **changes}, "c", "c", "c.json")
+
+
+def test_an_explicit_head_dim_allows_hidden_size_other_than_heads_times_head_dim() -> None:
+    """Gemma-2, Qwen3 and Mistral-Nemo give head_dim, and heads x head_dim differs from hidden_size."""
+    m = from_config({**_llama_config(), "hidden_size": 4100, "head_dim": 128}, "c", "c", "c.json")
+    assert (m.hidden_size, m.head_dim) == (4100, 128)
+    for name in ("gemma-2-9b", "qwen3-4b", "mistral-nemo-12b"):
+        spec = load_model(name)
+        assert spec.hidden_size != spec.num_heads * spec.head_dim
+
+
+def test_opt_hidden_size_not_a_multiple_of_heads_is_refused() -> None:
+    """OPT has no head_dim: its head width is hidden_size / num_attention_heads, which must be whole."""
+    raw = {**json.loads((Path(__file__).parents[1] / "sim/catalog/models/opt-13b.json").read_text())}
+    raw["hidden_size"] = 5121
+    with pytest.raises(SimError, match=re.escape("o.json: hidden_size: 5121 is not a multiple of num_atten")):
+        from_config(raw, "o", "o", "o.json")

@@ -521,3 +521,56 @@ def test_trace_with_a_repeated_column_is_refused(tmp_path: Path) -> None:
     (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,,\n0,5,2,,\n")  # blank names
     assert len(list(Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path)
                     .open_loop())) == 1  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("header", "column", "field", "expected"),
+    [
+        (
+            "arrival_s,prompt_len,output_len",
+            "prompt_len",
+            "prompt",
+            "'prompt_tokens' or 'num_prefill_tokens'",
+        ),
+        (
+            "arrival_s,prompt_tokens,output_len",
+            "output_len",
+            "output",
+            "'output_tokens' or 'num_decode_tokens'",
+        ),
+        ("arrival_s,input_tokens,output_tokens", "input_tokens", "prompt", "'prompt_tokens'"),
+        ("arrival_s,prompt_tokens,completion_tokens", "completion_tokens", "output", "'output_tokens'"),
+        ("TIMESTAMP,arrival_s,ContextTokens,GeneratedTokens", "ContextTokens", "prompt", "'prompt_tokens'"),
+        ("arrival_s,prompt_tokens,GeneratedTokens", "GeneratedTokens", "output", "'output_tokens'"),
+    ],
+)
+def test_trace_length_columns_under_other_names_are_refused(
+    tmp_path: Path, header: str, column: str, field: str, expected: str
+) -> None:
+    """A trace whose lengths sit under a name the replay does not read (`prompt_len`, `completion_tokens`,
+    Azure 2023's `ContextTokens`) ran with lengths drawn from `[workload]`, the column ignored without a word;
+    it is refused, naming the column found and the ones read."""
+    cells = ",".join(str(i + 1) for i in range(header.count(",") + 1))
+    (tmp_path / "t.csv").write_text(f"{header}\n{cells}\n")
+    table = {
+        "arrival": {"kind": "trace", "path": "t.csv"},
+        "prompt": {"kind": "fixed", "value": 7},
+        "output": {"kind": "fixed", "value": 7},
+    }
+    with pytest.raises(SimError, match=re.escape(f"column {column!r} looks like {field} lengths")) as e:
+        Workload(parse_workload(table), 0, tmp_path)
+    assert expected in str(e.value)
+    assert f"workload.{field}" in str(e.value)
+
+
+def test_trace_extra_columns_that_are_not_lengths_replay(tmp_path: Path) -> None:
+    """Ids, timestamps, an adapter, an acceptance rate and prefix columns beside the length columns are
+    legitimate, as is a length-like column beside a recognised one for that length."""
+    (tmp_path / "t.csv").write_text(
+        "request_id,timestamp,arrival_s,prompt_tokens,output_tokens,acceptance_rate,prefix_group,prefix_len,"
+        "prompt_chars,input_tokens\n7,2024-01-01,0,10,3,0.7,0,4,55,10\n"
+    )
+    reqs = list(
+        Workload(parse_workload({"arrival": {"kind": "trace", "path": "t.csv"}}), 0, tmp_path).open_loop()
+    )
+    assert [(r.prompt_len, r.output_len, r.prefix_len) for r in reqs] == [(10, 3, 4)]

@@ -1,4 +1,16 @@
-"""A `ModelSpec` from a Hugging Face decoder config.json: each family's shape, checked key by key."""
+"""A `ModelSpec` from a Hugging Face decoder config.json: each family's shape, checked key by key.
+
+Head shapes no checkpoint can have are refused, naming the key (`_check_heads`):
+- `num_key_value_heads` must divide `num_attention_heads` (more KV heads than query heads included): each KV
+  head serves a whole group of query heads, and vLLM's attention layer asserts
+  `num_heads % num_kv_heads == 0` (vllm/attention/layer.py, `Attention.__init__`).
+- Without `head_dim`, `hidden_size` must be a multiple of `num_attention_heads`. transformers and vLLM both
+  take the head width as `getattr(config, "head_dim", hidden_size // num_attention_heads)`; a remainder
+  there floor-divides to a width no published checkpoint has (transformers refused it before head_dim was a
+  config key, and OPT, which has no head_dim, still raises "embed_dim must be divisible by num_heads").
+  A config that gives `head_dim` may make heads x head_dim differ from hidden_size, as Gemma-2, Qwen3 and
+  Mistral-Nemo do.
+"""
 
 from __future__ import annotations
 
@@ -187,10 +199,26 @@ def _base(c: _Cfg) -> dict[str, Any]:
     }
 
 
+def _check_heads(c: _Cfg, hidden: int, heads: int, kv_heads: int, head_dim: int | None) -> None:
+    """Refuse KV heads that do not divide the query heads, and a hidden size that is not a whole number of
+    heads when the config gives no head_dim (see the module docstring for vLLM's and transformers' rules)."""
+    if heads % kv_heads:
+        raise SimError(
+            f"{c.source}: num_key_value_heads: {kv_heads} does not divide num_attention_heads ({heads}); "
+            "each KV head serves a whole group of query heads"
+        )
+    if head_dim is None and hidden % heads:
+        raise SimError(
+            f"{c.source}: hidden_size: {hidden} is not a multiple of num_attention_heads ({heads}), and the "
+            "config gives no head_dim to set the head width"
+        )
+
+
 def _parse_llama_like(mt: str, c: _Cfg) -> dict[str, Any]:
     s = _base(c)
     H, L, nh = s["hidden_size"], s["num_layers"], s["num_heads"]
     nkv = c.get("num_key_value_heads", nh)
+    _check_heads(c, H, nh, nkv, c.get("head_dim"))
     hd = c.get("head_dim", H // nh)
     q, kv = nh * hd, nkv * hd
     attn = H * q + 2 * H * kv + q * H
@@ -273,6 +301,7 @@ def _moe_layout(mt: str, c: _Cfg, H: int, L: int) -> dict[str, int]:
 def _parse_opt(c: _Cfg) -> dict[str, Any]:
     s = _base(c)
     H, L, nh, V = s["hidden_size"], s["num_layers"], s["num_heads"], s["vocab_size"]
+    _check_heads(c, H, nh, nh, None)
     ffn = c.req("ffn_dim")
     proj = c.get("word_embed_proj_dim", H)
     bias = c.get("enable_bias", True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.catalog.dtypes import ONLINE_QUANT_DTYPES, dtype_bytes, normalize_dtype
+from sim.io.errors import SimError
 
 
 def causal_pairs(new: np.ndarray | int, cached: np.ndarray | int, window: int | None = None) -> np.ndarray:
@@ -111,6 +112,16 @@ class ModelSpec:
     default_weight_dtype: str
     quant: Quantization = Quantization()  # the checkpoint's own quantization (quantization_config)
     position_limit: int = 0  # the longest sequence it serves (`position_limit`); 0: its config does not say
+
+    def check_length(self, length: int, what: str = "") -> None:
+        """Refuse a sequence of `length` positions (`what` describes it) past `position_limit`, as vLLM
+        refuses a max_model_len past it: the one check behind `sim run`, `sim step` and `sim capacity`."""
+        limit = self.position_limit
+        if limit and length > limit:
+            raise SimError(
+                f"{length}{what} is longer than {self.name} serves ({limit} positions, from its config's "
+                "max_position_embeddings and rope_scaling; vLLM refuses it too)"
+            )
 
     @property
     def is_moe(self) -> bool:

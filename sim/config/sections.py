@@ -6,7 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sim.catalog.gpu_formats import check_formats
+from sim.catalog.gpus import get_gpu
 from sim.catalog.quantisation import check_dtype, check_group_size
+from sim.io.errors import SimError
 from sim.io.limits import (
     MAX_BLOCK_SIZE,
     MAX_COUNT,
@@ -49,6 +52,18 @@ class ModelSection(StrictTable):
     @model_validator(mode="after")
     def _group_size(self) -> ModelSection:
         check_group_size(self.weight_dtype, self.weight_group_size)
+        return self
+
+    @model_validator(mode="after")
+    def _formats_the_gpu_runs(self) -> ModelSection:
+        try:
+            gpu = get_gpu(self.gpu)
+        except SimError:  # an unknown GPU is reported, with its key, where the replica is built
+            return self
+        try:
+            check_formats(gpu, self.weight_dtype, self.kv_dtype, ("weight_dtype", "kv_dtype"))
+        except SimError as err:
+            raise ValueError(str(err)) from None
         return self
 
     @model_validator(mode="before")

@@ -109,7 +109,8 @@ class ClosedLoopArrival(_Config):
 class TraceArrival(_Config):
     """Replay a CSV / JSON-lines trace: `arrival_s, prompt_tokens, output_tokens[, prefix_group, prefix_len]`.
 
-    The Azure trace names `arrived_at, num_prefill_tokens, num_decode_tokens` are accepted too.
+    The Azure trace names `arrived_at, num_prefill_tokens, num_decode_tokens` are accepted too; a length
+    column under any other name (`prompt_len`, `completion_tokens`) is refused rather than left unread.
     Arrival times are multiplied by `time_scale` (0.5 replays twice as fast).
     """
 

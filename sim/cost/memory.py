@@ -22,6 +22,7 @@ from sim.config.sections import ModelSection
 from sim.io.errors import SimError
 
 GB = 1e9
+DEFAULT_MEMORY_UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
 FIXED_RESERVE = int(0.15 * 2**30)
 PROFILE_TOKENS = 2048  # vLLM's default max_num_batched_tokens for online serving
 SAMPLER_SEQS = 256  # vLLM's default max_num_seqs
@@ -126,7 +127,7 @@ def kv_memory(
     model: ModelSpec,
     gpu: Gpu,
     tp: int = 1,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
     weight_dtype: str | None = None,
     kv_dtype: str | None = None,
     block_size: int = 16,

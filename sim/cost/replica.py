@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import quantisation_info
@@ -33,12 +34,17 @@ def build_cost_and_memory(
         gpu = get_gpu(m.gpu)
     except SimError as err:
         raise SimError(f"{source}: model.gpu: {err}") from None
-    limit = model.position_limit
-    if limit and m.max_model_len > limit:
-        raise SimError(
-            f"{source}: model.max_model_len: {m.max_model_len} is longer than {model.name} serves ({limit} "
-            "positions, from its config's max_position_embeddings and rope_scaling; vLLM refuses it too)"
-        )
+    check_formats(
+        gpu, m.weight_dtype, m.kv_dtype, (f"{source}: model.weight_dtype", f"{source}: model.kv_dtype")
+    )
+    try:
+        model = served_model(model, gpu)
+    except SimError as err:
+        raise SimError(f"{source}: model.gpu: {err}") from None
+    try:
+        model.check_length(m.max_model_len)
+    except SimError as err:
+        raise SimError(f"{source}: model.max_model_len: {err}") from None
     gs = m.weight_group_size
     cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
     mem = replica_kv_memory(m, model, gpu, source)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.catalog.dtypes import dtype_bytes
+from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
@@ -167,7 +168,12 @@ def capacity_report(
     if not models:
         raise SimError("give at least one model")
     g = get_gpu(gpu)
-    specs = [load_model(m) for m in models]
+    specs = [served_model(load_model(m), g) for m in models]
+    try:  # as `sim run` refuses model.max_model_len
+        for spec in specs:
+            spec.check_length(max_model_len or 0)
+    except SimError as err:
+        raise SimError(f"--max-model-len: {err}") from None
     if quantisation:
         _quantisation_report(specs, g, tp, gpu_memory_utilization, max_model_len, typical_len, as_json,
                              weight_group_size)  # fmt: skip
@@ -321,8 +327,9 @@ def lora_capacity_report(
         config = LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank)
     except ValidationError as err:
         raise SimError(f"--max-lora-rank: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    model = load_model(model_name)
-    kv = kv_memory(model, get_gpu(gpu), tp, util, weight_dtype, kv_dtype)
+    g = get_gpu(gpu)
+    model = served_model(load_model(model_name), g)
+    kv = kv_memory(model, g, tp, util, weight_dtype, kv_dtype)
     out = lora_capacity(model, kv, config, typical_len)
     if as_json:
         print(json.dumps({"model": model.name, "gpu": kv.gpu, "tp": tp, "lora": out}))
@@ -356,6 +363,7 @@ def print_capacity(
     """`sim capacity`: one model's KV capacity, several side by side, or one with a draft model, LoRA slots
     or each weight and KV-cache format; the options checked together first."""
     check_format_options(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
+    check_formats(get_gpu(gpu), weight_dtype, kv_dtype, ("--weight-dtype", "--kv-dtype"))
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
     if draft_model is not None and max_loras:

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.catalog.gpus import get_gpu
+from sim.catalog.gpu_formats import check_formats, served_model
+from sim.catalog.gpus import Gpu, get_gpu
+from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
 from sim.cost.kernel_model import KernelCostModel
-from sim.cost.memory import check_tp
+from sim.cost.memory import DEFAULT_MEMORY_UTILIZATION, kv_memory
 from sim.io.errors import SimError
 from sim.io.limits import MAX_COUNT, MAX_TOKENS
 
@@ -36,6 +38,25 @@ def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tu
     return np.ones(batch, dtype=np.int64), np.full(batch, context, dtype=np.int64)
 
 
+def check_servable(
+    spec: ModelSpec, gpu: Gpu, tp: int, weight_dtype: str | None, kv_dtype: str | None,
+    weight_group_size: int | None, context: int | None, prefill: int | None,
+) -> None:  # fmt: skip
+    """Refuse a step `sim run` would refuse: a sequence past the model's positions (`check_length`), or
+    weights that do not fit on the GPUs at vLLM's default memory share (`kv_memory`, which checks tp too)."""
+    try:
+        if prefill is not None:
+            spec.check_length(prefill, " positions")
+        elif context is not None:
+            spec.check_length(context + 1, " positions (the cached tokens and the new one)")
+    except SimError as err:
+        raise SimError(f"step: {'--prefill' if prefill is not None else '--context'}: {err}") from None
+    try:
+        kv_memory(spec, gpu, tp, DEFAULT_MEMORY_UTILIZATION, weight_dtype, kv_dtype, 16, weight_group_size)
+    except SimError as err:
+        raise SimError(f"step: {err}") from None
+
+
 def print_step(
     model: str,
     gpu: str,
@@ -53,12 +74,13 @@ def print_step(
     from rich.table import Table
 
     c, q = step_rows(batch, context, prefill)
-    spec = load_model(model)
-    check_tp(spec, tp)
+    g = get_gpu(gpu)
+    check_formats(g, weight_dtype, kv_dtype, ("step: --weight-dtype", "step: --kv-dtype"))
+    spec = served_model(load_model(model), g)
+    check_servable(spec, g, tp, weight_dtype, kv_dtype, weight_group_size, context, prefill)
     cost = KernelCostModel(
-        spec, get_gpu(gpu), tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration),
-        weight_group_size,
-    )  # fmt: skip
+        spec, g, tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration), weight_group_size
+    )
     summary = step_summary(cost, c, q)
     if as_json:
         print(json.dumps(summary, indent=2))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from sim.catalog.gpu_formats import served_model
 from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
@@ -127,7 +128,7 @@ def draft_capacity(
 ) -> dict[str, Any]:
     """KV capacity of `model` without and with a draft model beside it (JSON-ready, bytes per GPU)."""
     g = get_gpu(gpu)
-    target = load_model(model)
+    target = served_model(load_model(model), g)
     mem = kv_memory(target, g, tp, gpu_memory_utilization, weight_dtype, kv_dtype)
     cost = CostModel(target, g, tp, weight_dtype, kv_dtype)
     try:

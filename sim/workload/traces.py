@@ -1,7 +1,18 @@
-"""Trace replay: arrival times, lengths and per-request columns read from a CSV or JSON-lines trace."""
+"""Trace replay: arrival times, lengths and per-request columns read from a CSV or JSON-lines trace.
+
+A trace field is read from the first of its names in `TRACE_COLUMNS` that the trace has; any other column
+(an id, a timestamp, an acceptance rate) is left alone. A length read under another name is not guessed: a
+trace that lacks a field's names but has a column that looks like that length (`prompt_len`, `input_tokens`,
+`completion_tokens`, Azure 2023's `ContextTokens`: a prompt or output word and a length word, `LENGTH_WORDS`)
+is refused, naming the column found and the names read, rather than run with lengths drawn from
+`[workload]` while the trace's own sit unread. The names are not mapped because their meaning differs
+between traces (a `prompt_len` in characters, an `input_tokens` that counts cached tokens or not); the
+user renames the column, or drops it to draw the lengths from `workload.prompt` / `workload.output`.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +38,29 @@ TRACE_COLUMNS: dict[str, tuple[str, ...]] = {
     "prefix_len": ("prefix_len",),
     "adapter": ("adapter",),
 }
+
+
+# Words that make a column look like a field's length, when it has none of that field's names.
+LENGTH_WORDS: dict[str, frozenset[str]] = {
+    "prompt": frozenset({"prompt", "input", "prefill", "context", "request", "query"}),
+    "output": frozenset({"output", "completion", "decode", "generated", "generation", "response", "answer"}),
+}
+_TOKEN_WORDS = frozenset({"len", "length", "lengths", "tokens", "token", "toks", "tok", "ntokens"})
+
+
+def _words(name: str) -> set[str]:
+    """A column name's lower-case words: `ContextTokens`, `context_tokens` and `context-tokens` alike."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w.lower() for w in re.split(r"[^A-Za-z0-9]+", spaced) if w}
+
+
+def _unread_length(columns: list[str], key: str) -> str | None:
+    """The first column that looks like the `key` length (`prompt`, `output`) under a name not read."""
+    for name in columns:
+        words = _words(name)
+        if words & LENGTH_WORDS[key] and words & _TOKEN_WORDS:
+            return name
+    return None
 
 
 def _num(x: float) -> str:
@@ -56,6 +90,15 @@ class TraceProcess(ArrivalProcess):
             raise SimError(
                 f"{path}: no arrival column (expected one of {', '.join(TRACE_COLUMNS['arrival'])})"
             )
+        for key in LENGTH_WORDS:
+            unread = None if found[key] is not None else _unread_length(table.columns, key)
+            if unread is not None:
+                names = " or ".join(repr(n) for n in TRACE_COLUMNS[key])
+                raise SimError(
+                    f"{path}: column {unread!r} looks like {key} lengths but is not read: a trace's {key} "
+                    f"lengths are read from {names}; rename the column, or drop it to draw the lengths "
+                    f"from workload.{key}"
+                )
         if len(table) == 0:
             raise SimError(f"{path}: trace has no rows")
         times = self._bounded(table, found["arrival"], 0, MAX_SECONDS / config.time_scale, whole=False)
