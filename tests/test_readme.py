@@ -119,3 +119,15 @@ def test_help_shows_table_names_in_brackets(command: str, shown: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"])
     text = re.sub(r"[\s│]+", " ", result.output)  # the help wraps in a box
     assert result.exit_code == 0 and shown in text, text
+
+
+def test_the_readme_shows_validate_as_make_validate_runs_it() -> None:
+    """The bar is judged at the scale it was measured at: the README's command is the Makefile's."""
+    make = re.search(r"\$\(BIN\)/sim (validate ground-truth [^\n]*)", (ROOT / "Makefile").read_text())
+    assert make is not None, "Makefile: the validate target is gone"
+    made = shlex.split(make.group(1))
+    made = made[: made.index("--out")] if "--out" in made else made
+    shown = re.search(r"^sim (validate ground-truth [^#\[]*)", README, re.M)
+    assert shown is not None, "README: the validate command is gone"
+    assert shlex.split(shown.group(1)) == made
+    assert f"--scale {made[made.index('--scale') + 1]}" in README.split("## Correctness")[1]

@@ -16,10 +16,11 @@ from sim.cli import app
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
-from sim.report.fidelity import bar_misses
+from sim.report.fidelity import bar_misses, bar_text
 from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, residuals
 from sim.studies.calibration_trace import recost, step_seconds, trace_row
 from sim.studies.validate import (
+    BAR_SCALE,
     CPU_OFFLOAD_NOTE,
     CSV_COLUMNS,
     MEDIAN_BAR_PCT,
@@ -251,3 +252,27 @@ def test_two_stage_rows_are_fitted_per_stage(tiny_trace) -> None:  # type: ignor
     staged = replace(tiny_trace, exp_key=next(iter(STAGE_MEASURED)))
     assert staged.stage0_end_s > 0 and (staged.arrival < staged.stage0_end_s).any()
     assert len(residuals(params, [staged])) == 8  # the same four per stage
+
+
+def _ten_percent_off(rows, scale, cal, jobs, done):  # type: ignore[no-untyped-def]
+    return [Prediction(r.exp_key, {m: v * 1.1 for m, v in r.measured().items()}, False) for r in rows]
+
+
+@pytest.mark.parametrize("scale", ["1", "0.05"])
+def test_the_bar_is_not_judged_at_a_scale_it_was_not_measured_at(
+    scale: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MEDIAN_BAR_PCT holds at --scale BAR_SCALE only: elsewhere the medians are shown, exit 0, and the
+    output says at which scale the bar applies."""
+    monkeypatch.setattr("sim.report.fidelity.predict_all", _ten_percent_off)
+    res = CliRunner().invoke(app, ["validate", "ground-truth", "--scale", scale, "--jobs", "1"])
+    text = re.sub(r"\s+", " ", res.output)
+    assert res.exit_code == 0, res.output
+    assert "median over rows" in text
+    assert f"the bar ({bar_text()}) applies at --scale {BAR_SCALE:g}" in text
+
+
+def test_the_bar_is_judged_at_the_scale_it_was_measured_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sim.report.fidelity.predict_all", _ten_percent_off)
+    res = CliRunner().invoke(app, ["validate", "ground-truth", "--scale", f"{BAR_SCALE:g}", "--jobs", "1"])
+    assert res.exit_code == 2 and "median above the README's bar" in res.output, res.output

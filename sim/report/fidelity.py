@@ -14,6 +14,7 @@ from sim.config.calibration import Calibration
 from sim.io.errors import SimError
 from sim.io.progress import progress
 from sim.studies.validate import (
+    BAR_SCALE,
     FRONTEND_KEY,
     MEDIAN_BAR_PCT,
     METRICS,
@@ -140,6 +141,12 @@ def run_ground_truth(
         for path in write_outputs(frame, out):
             console.print(f"wrote {path}")
     if csv_path is None and not keys:
+        if scale != BAR_SCALE:
+            console.print(
+                f"the bar ({bar_text()}) applies at --scale {BAR_SCALE:g}, the scale it was measured at "
+                f"(`make validate`); not judged at --scale {scale:g}"
+            )
+            return frame
         missed = bar_misses(frame)
         if missed:
             raise SimError(f"{default_csv().name}: steady-state median above the README's bar: {missed}")

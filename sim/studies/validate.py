@@ -56,9 +56,12 @@ CSV_COLUMNS = (
     "exp_key", "metric", "predicted_ms", "measured_ms", "ape_pct", "signed_pct",
     "overloaded", "sim_overloaded",
 )  # fmt: skip
-# The bar the README states: median absolute % error over the steady-state rows. A run of the whole shipped
-# set that misses it fails (`make validate` exits non-zero).
+# The bar the README states: median absolute % error over the steady-state rows, the cross-validated medians
+# of the shipped set with its stages shortened by BAR_SCALE. A run of the whole shipped set at that scale that
+# misses it fails (`make validate` exits non-zero); at another scale the medians differ (shorter stages hold
+# fewer requests), so they are shown but not judged.
 MEDIAN_BAR_PCT = {"e2e_mean": 4.9, "ttft_mean": 5.9, "itl_mean": 4.8}
+BAR_SCALE = 0.25
 
 
 def load_frontend(path: str | Path | None = None) -> float:
