@@ -131,3 +131,32 @@ def test_the_readme_shows_validate_as_make_validate_runs_it() -> None:
     assert shown is not None, "README: the validate command is gone"
     assert shlex.split(shown.group(1)) == made
     assert f"--scale {made[made.index('--scale') + 1]}" in README.split("## Correctness")[1]
+
+
+def _about(quoted: str, value_s: float) -> bool:
+    """`quoted` (ms, as the README writes it) is `value_s` rounded to the digits the README gives."""
+    digits = len(quoted.split(".")[1]) if "." in quoted else 0
+    return f"{value_s * 1e3:.{digits}f}" == quoted
+
+
+def test_the_tpot_and_itl_figures_the_readme_quotes_are_the_convoy_runs(repo_like: Path) -> None:
+    """The figures under "Why static batching's TPOT exceeds its ITL" are the run it names, as shipped."""
+    text = re.sub(r"\s+", " ", README)
+    run = re.search(r"In the convoy scenario \(`sim (run [^`]+)`\)", text)
+    quoted = re.search(
+        r"static batching's mean TPOT is about ([\d.]+) ms against a mean ITL of about ([\d.]+) ms; "
+        r".*? the two agree \(mean TPOT and ITL both about ([\d.]+) ms\)",
+        text,
+    )
+    assert run is not None and quoted is not None, "README: the TPOT / ITL figures are gone"
+    result = runner.invoke(app, [*shlex.split(run.group(1)), "--out", "out"])
+    assert result.exit_code == 0, result.output
+    lat = {
+        p: json.loads((repo_like / "out" / p / "summary.json").read_text())["latency"]
+        for p in ("static", "continuous")
+    }
+    static_tpot, static_itl, both = quoted.groups()
+    assert _about(static_tpot, lat["static"]["tpot"]["mean"]), lat["static"]["tpot"]
+    assert _about(static_itl, lat["static"]["itl"]["mean"]), lat["static"]["itl"]
+    assert _about(both, lat["continuous"]["tpot"]["mean"]), lat["continuous"]["tpot"]
+    assert _about(both, lat["continuous"]["itl"]["mean"]), lat["continuous"]["itl"]
