@@ -160,3 +160,30 @@ def test_the_tpot_and_itl_figures_the_readme_quotes_are_the_convoy_runs(repo_lik
     assert _about(static_itl, lat["static"]["itl"]["mean"]), lat["static"]["itl"]
     assert _about(both, lat["continuous"]["tpot"]["mean"]), lat["continuous"]["tpot"]
     assert _about(both, lat["continuous"]["itl"]["mean"]), lat["continuous"]["itl"]
+
+
+def _convoy_named(path: Path, name: str, policy: str) -> Path:
+    text = (ROOT / "scenarios" / "convoy.toml").read_text()
+    text = text.replace('name = "convoy"', f"name = {json.dumps(name)}", 1)
+    path.write_text(text.replace("[policies.static]", f"[policies.{json.dumps(policy)}]", 1))
+    return path
+
+
+def test_names_become_folders_as_the_readme_says(repo_like: Path) -> None:
+    """What the README says of a scenario `name` or policy name that is no plain folder name holds."""
+    text = re.sub(r"\s+", " ", README)
+    refused = re.search(r"any other character, such as `([^`]+)`, is refused with exit code 2", text)
+    hashed = re.search(
+        r"a scenario named `([^`]+)` writes to `reports/([^`]+)/`, a policy named `([^`]+)` .*? to "
+        r"`([^`]+)/`",
+        text,
+    )
+    assert refused is not None and hashed is not None, "README: what becomes of names is gone"
+    bad = refused.group(1)
+    for name, policy, key in ((bad, "static", "name"), ("convoy", bad, f"policies.{bad}")):
+        result = runner.invoke(app, ["run", str(_convoy_named(repo_like / "bad.toml", name, policy)), *SMALL])
+        assert result.exit_code == 2 and f"bad.toml: {key}:" in result.output, result.output
+    scenario, folder, policy, policy_folder = hashed.groups()
+    invoke(["run", str(_convoy_named(repo_like / "odd.toml", scenario, policy))])
+    assert sorted(p.name for p in (repo_like / "reports").iterdir()) == [folder]
+    assert (repo_like / "reports" / folder / policy_folder / "summary.json").is_file()
