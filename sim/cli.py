@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+import sim
 from sim.io.errors import SimError
 from sim.io.limits import (
     MAX_BLOCK_SIZE,
@@ -54,6 +55,21 @@ app = _Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"servesim {sim.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
+    """servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV)."""
 
 
 def _print_error(message: str) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+import sim
+from sim.cli import app, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -187,3 +188,9 @@ def test_names_become_folders_as_the_readme_says(repo_like: Path) -> None:
     invoke(["run", str(_convoy_named(repo_like / "odd.toml", scenario, policy))])
     assert sorted(p.name for p in (repo_like / "reports").iterdir()) == [folder]
     assert (repo_like / "reports" / folder / policy_folder / "summary.json").is_file()
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"servesim {sim.__version__}\n"
