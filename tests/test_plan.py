@@ -137,3 +137,50 @@ def test_pareto_front_by_hand_and_chart_spec_valid() -> None:
     # d costs more than b and is slower; e misses the SLO: the front is a, b.
     assert front["config"].to_list() == ["a", "b"]
     front_chart(rows, front).to_dict(validate=True)
+
+
+def _page_of(rule: str, front_rows: int) -> tuple[str, dict]:
+    import polars as pl
+
+    from sim.report.plan import front_chart, plan_page
+
+    rows = pl.DataFrame({
+        "config": ["a", "b", "c"], "cost_per_hour": [1.0, 2.0, 3.0], "gpus": [1, 2, 3],
+        "ttft_p99": [0.9, 0.5, 0.2], "tpot_p99": [0.01] * 3, "goodput_per_s": [1.0] * 3,
+        "meets_slo": [True, True, False], "mode": ["colocated"] * 3, "gpu": ["A100-80GB"] * 3, "tp": [1] * 3,
+        "knobs": ["{}"] * 3, "counts": [[1], [2], [3]],
+    })  # fmt: skip
+    result = plan.PlanResult(
+        20.0, 0.9, 3, 0, 0, rows=rows.to_dicts(), best=rows.row(0, named=True), rule=rule,
+        slo={"ttft_s": 0.5, "tpot_s": 0.03, "e2e_s": None},
+    )  # fmt: skip
+    front = plan.pareto(rows).head(front_rows)
+    return plan_page(result, rows, front, "plan.toml"), front_chart(rows, front).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("rule", "stated"),
+    [
+        (
+            "goodput",
+            "goodput (requests per second meeting TTFT ≤ 0.5 s and TPOT ≤ 0.03 s) is at least 90% of",
+        ),
+        ("p99", "every p99 latency is within its bound: p99 TTFT ≤ 0.5 s, p99 TPOT ≤ 0.03 s"),
+    ],
+)
+def test_plan_page_states_the_slo_and_the_rule_it_judged_by(rule: str, stated: str) -> None:
+    html, _ = _page_of(rule, 2)
+    assert stated in html and f"--rule {rule}" in html
+
+
+@pytest.mark.parametrize("front_rows", [1, 2])
+def test_plan_page_draws_the_front_its_caption_names(front_rows: int) -> None:
+    """The front is drawn (ringed configurations, joined by a line when there are two or more) and the
+    caption says how many configurations are on it."""
+    html, spec = _page_of("goodput", front_rows)
+    layers = spec["layer"]
+    rings = [layer for layer in layers if layer["mark"].get("filled") is False]
+    assert len(rings) == 1 and len(rings[0]["data"]["values"]) == front_rows
+    assert any(layer["mark"]["type"] == "line" for layer in layers)
+    named = "1 configuration" if front_rows == 1 else f"{front_rows} configurations"
+    assert f"Pareto front ({named}" in html

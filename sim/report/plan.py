@@ -12,9 +12,30 @@ from sim.io.outputs import atomic_write
 from sim.report.page import Section, chart_spec, render_page
 from sim.studies.plan import PlanResult, pareto
 
+SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
+
+
+def slo_rule(result: PlanResult) -> str:
+    """The SLO and the rule a configuration was judged by, as one sentence."""
+    bounds = [(name, result.slo[key]) for key, name in SLO_NAMES if result.slo.get(key) is not None]
+    if result.rule == "p99":
+        within = ", ".join(f"p99 {name} ≤ {bound:g} s" for name, bound in bounds) or "no bound given"
+        test = f"every p99 latency is within its bound: {within}"
+    else:
+        each = " and ".join(f"{name} ≤ {bound:g} s" for name, bound in bounds)
+        test = (
+            f"its goodput (requests per second meeting {each}) is at least {result.attainment:.0%} of "
+            f"{result.rate:g} req/s"
+        )
+    return (
+        f"Judged by --rule {result.rule}: a configuration meets the SLO when its run at "
+        f"{result.rate:g} req/s is not overloaded and {test}."
+    )
+
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
-    """Every simulated configuration (cost vs p99 TTFT; filled: meets the SLO) and the front's step line."""
+    """Every simulated configuration (cost vs p99 TTFT; filled: meets the SLO); the front's configurations
+    ringed and joined by a step line."""
     data = rows.select(
         "config", "cost_per_hour", "gpus", "ttft_p99", "tpot_p99", "goodput_per_s", "meets_slo"
     )
@@ -28,12 +49,18 @@ def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
             tooltip=["config:N", "cost_per_hour:Q", "gpus:Q", "ttft_p99:Q", "tpot_p99:Q", "goodput_per_s:Q"],
         )
     )
+    on_front = alt.Data(values=front.select("config", "cost_per_hour", "ttft_p99").to_dicts())
     line = (
-        alt.Chart(alt.Data(values=front.select("cost_per_hour", "ttft_p99").to_dicts()))
+        alt.Chart(on_front)
         .mark_line(interpolate="step-after", color="#333")
         .encode(x="cost_per_hour:Q", y="ttft_p99:Q")
     )
-    return alt.layer(points, line).properties(width=640, height=320)
+    rings = (
+        alt.Chart(on_front)
+        .mark_point(size=260, filled=False, color="#333", strokeWidth=1.5)
+        .encode(x="cost_per_hour:Q", y="ttft_p99:Q", tooltip=["config:N"])
+    )
+    return alt.layer(points, line, rings).properties(width=640, height=320)
 
 
 def _fmt(value: object, digits: int = 3) -> str:
@@ -70,15 +97,19 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         else f"No configuration met the SLO at {result.rate:g} req/s."
     ]
     meta = (
-        f"{scenario}; grid of {result.grid_size} configurations: {result.unfit} do not fit the model, "
+        f"{slo_rule(result)} {scenario}; grid of {result.grid_size} configurations: "
+        f"{result.unfit} do not fit the model, "
         f"{result.theory_pruned} ruled out by theory, "
         f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
     sections, specs = [], {}
+    on_front = f"{front.height} configuration{'' if front.height == 1 else 's'}"
     note = (
-        "Each point is one simulated configuration; the line is the cost-latency Pareto front of those "
-        "meeting the SLO."
+        "Each point is one simulated configuration (coloured by whether it meets the SLO). Ringed: the "
+        f"cost-latency Pareto front ({on_front}), the configurations meeting the SLO that no cheaper one "
+        "beats on p99 TTFT, joined by a step line when there are two or more (the search stops at the "
+        "answer unless --explore runs more)."
     )
     if rows.height:
         chart = front_chart(rows, front)
@@ -103,6 +134,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "scenario": str(scenario_path),
         "rate": result.rate,
         "attainment": result.attainment,
+        "rule": result.rule,
+        "slo": result.slo,
         "grid_size": result.grid_size,
         "theory_pruned": result.theory_pruned,
         "does_not_fit": result.unfit,

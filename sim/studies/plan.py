@@ -144,6 +144,8 @@ class PlanResult:
     capacity_pruned: int = 0
     unfit: int = 0  # configurations whose GPU and TP cannot hold the model
     rate_set: dict[str, Any] = field(default_factory=dict)  # the override that sets the rate
+    rule: str = "goodput"  # how a run is judged against the SLO (`meets`)
+    slo: dict[str, float | None] = field(default_factory=dict)  # the scenario's [slo] bounds (s)
 
     def reproduce(self, row: dict[str, Any]) -> list[str]:
         """`--set` arguments that make `sim run` run `row`'s configuration at the planned rate."""
@@ -203,7 +205,15 @@ def search(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
     )
     result = PlanResult(
-        rate, attainment, total, total - unfit - len(cands), 0, unfit=unfit, rate_set=rate_set
+        rate,
+        attainment,
+        total,
+        total - unfit - len(cands),
+        0,
+        unfit=unfit,
+        rate_set=rate_set,
+        rule=rule,
+        slo=scenario.slo.model_dump(),
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
