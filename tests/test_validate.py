@@ -16,7 +16,7 @@ from sim.cli import app
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
-from sim.report.fidelity import bar_misses, bar_text
+from sim.report.fidelity import bar_misses, bar_text, fidelity_chart
 from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, residuals
 from sim.studies.calibration_trace import recost, step_seconds, trace_row
 from sim.studies.validate import (
@@ -276,3 +276,41 @@ def test_the_bar_is_judged_at_the_scale_it_was_measured_at(monkeypatch: pytest.M
     monkeypatch.setattr("sim.report.fidelity.predict_all", _ten_percent_off)
     res = CliRunner().invoke(app, ["validate", "ground-truth", "--scale", f"{BAR_SCALE:g}", "--jobs", "1"])
     assert res.exit_code == 2 and "median above the README's bar" in res.output, res.output
+
+
+def _frame_ten_percent_off() -> pl.DataFrame:
+    rows = load_rows()
+    return compare(rows, _ten_percent_off(rows, 1.0, None, 1, None))
+
+
+def test_fidelity_page_fits_a_screen_with_its_legend_inside() -> None:
+    """Seven 300-px facets in four columns put the legend past 1,400 px, off a laptop screen."""
+    import vl_convert as vlc
+
+    spec = fidelity_chart(_frame_ten_percent_off(), "verdict").to_dict()
+    svg = vlc.vegalite_to_svg(spec)
+    width = float(re.search(r'<svg[^>]* width="([\d.]+)"', svg).group(1))  # type: ignore[union-attr]
+    assert width <= 1100, width
+    legend = spec["spec"]["layer"][0]["encoding"]["color"]["legend"]
+    assert legend["orient"] in ("top", "bottom")
+
+
+def test_fidelity_page_states_that_the_run_missed_the_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sim.report.fidelity.predict_all", _ten_percent_off)
+    args = ["validate", "ground-truth", "--scale", f"{BAR_SCALE:g}", "--jobs", "1", "--out", str(tmp_path)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    html = (tmp_path / "fidelity.html").read_text()
+    assert "Missed the bar: steady-state median e2e_mean 10.0% > 4.9%" in html
+    assert "steady-state median absolute error: e2e_mean 10.0%, ttft_mean 10.0%, itl_mean 10.0%" in html
+
+
+def test_fidelity_page_states_when_the_bar_was_not_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sim.report.fidelity.predict_all", _ten_percent_off)
+    args = ["validate", "ground-truth", "--scale", "1", "--jobs", "1", "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert f"applies at --scale {BAR_SCALE:g}" in (tmp_path / "fidelity.html").read_text()
