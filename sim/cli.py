@@ -21,6 +21,7 @@ from sim.io.limits import (
     RUN_MAX_TOKENS,
 )
 from sim.io.paths import out_file_problem, out_folder_problem
+from sim.report.help import install as _whole_option_names
 
 FORCE_HELP = (
     f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
@@ -48,6 +49,7 @@ class _Typer(typer.Typer):
         return decorator
 
 
+_whole_option_names()
 app = _Typer(
     name="sim",
     help="servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV).",

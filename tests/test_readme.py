@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import sim
@@ -194,3 +195,21 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"servesim {sim.__version__}\n"
+
+
+def _commands() -> list[list[str]]:
+    group = typer.main.get_command(app)
+    return [[], *([name] for name in group.commands)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: " ".join(c) or "sim")
+def test_help_at_80_columns_shows_every_option_name_whole(command: list[str]) -> None:
+    """Rich shrank the options table's columns alike: `--long-prefill-t…` in `sim replay-steps --help`."""
+    group = typer.main.get_command(app)
+    params = (group.commands[command[0]] if command else group).params  # type: ignore[attr-defined]
+    names = [n for p in params for n in (*p.opts, *p.secondary_opts) if n.startswith("-")]
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and max(map(len, lines)) <= 80, result.output
+    for name in names:
+        assert re.search(re.escape(name) + r"(?![\w…-])", result.output), (name, result.output)
