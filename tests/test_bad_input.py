@@ -595,3 +595,12 @@ def test_more_kv_blocks_than_the_memory_holds_are_refused(
     few = {"name": "llama-2-7b", "gpu": "A100-80GB", "num_kv_blocks": 40}
     code, _, err = cli(capsys, "run", scenario(tmp_path, model=few), "--out", tmp_path / "p")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("option", [["--weight-dtype", "fp8"], ["--kv-dtype", "fp8"]])
+def test_capacity_quantisation_with_a_chosen_format_is_refused(
+    capsys: pytest.CaptureFixture[str], option: list[str]
+) -> None:
+    """`--quantisation` shows every format and used to ignore `--weight-dtype` and `--kv-dtype` silently."""
+    line = refused(capsys, "capacity", "llama-3.1-8b", "--gpu", "H100", "--quantisation", *option)
+    assert f"{option[0]} goes without --quantisation" in line

@@ -137,3 +137,14 @@ def test_pareto_front_by_hand_and_chart_spec_valid() -> None:
     # d costs more than b and is slower; e misses the SLO: the front is a, b.
     assert front["config"].to_list() == ["a", "b"]
     front_chart(rows, front).to_dict(validate=True)
+
+
+def test_plan_refuses_an_empty_gpu_list_and_names_a_tp_that_does_not_divide_the_heads(scenario: Path) -> None:
+    """`--gpus ""` used to fall back to model.gpu, and `--tp 3` was counted as not fitting in memory."""
+    for gpus in ("", " , "):
+        with pytest.raises(SimError, match="--gpus: give one or more GPU types"):
+            plan_space.grid_options(gpus, "1", "", "", "colocated")
+    res = runner.invoke(app, ["plan", str(scenario), "--rate", "5", "--tp", "1,3"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "--tp: tensor parallel degree 3 must divide the 32 attention heads" in res.output
+    assert "memory" not in res.output

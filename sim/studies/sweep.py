@@ -41,7 +41,7 @@ from sim.config.sweep import SweepConfig, parse_sweep
 from sim.io.errors import SimError
 from sim.io.outputs import atomic_write, path_component
 from sim.records import stats
-from sim.studies.executor import execute, open_executor
+from sim.studies.executor import check_executor, execute, open_executor
 from sim.studies.points import Task, point_frame, point_path, point_scenario, rate_key, read_point
 
 # --- the [sweep] table --------------------------------------------------------------------------------
@@ -129,6 +129,7 @@ def run_sweep(
     console: Console | None = None,
 ) -> SweepResult:
     """Expand, run (resuming), aggregate and optionally search capacity; write under `<out>/sweep/`."""
+    check_executor(executor, address)
     path = Path(path)
     source = str(path)
     raw = apply_overrides(read_toml(path), dict(parse_override(o) for o in overrides), source)
