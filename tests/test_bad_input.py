@@ -581,3 +581,26 @@ def test_gemma2_on_a_turing_gpu_is_refused(capsys: pytest.CaptureFixture[str]) -
     simulator does not model; it was costed as bf16."""
     line = refused(capsys, "capacity", "gemma-2-9b", "--gpu", "T4")
     assert "gemma-2-9b on T4 (compute capability 7.5)" in line and "fp32" in line
+
+
+def test_more_kv_blocks_than_the_memory_holds_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`num_kv_blocks` beyond what the GPU has left after the weights is refused with the blocks that fit."""
+    big = {"name": "llama-2-7b", "gpu": "A100-80GB", "num_kv_blocks": 4194304}
+    line = refused(capsys, "run", scenario(tmp_path, model=big), "--out", tmp_path / "o")
+    assert "small.toml: model.num_kv_blocks: 4,194,304 blocks" in line
+    assert "at most 7,511 fit" in line and "GB" in line
+    assert not (tmp_path / "o").exists()
+    few = {"name": "llama-2-7b", "gpu": "A100-80GB", "num_kv_blocks": 40}
+    code, _, err = cli(capsys, "run", scenario(tmp_path, model=few), "--out", tmp_path / "p")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("option", [["--weight-dtype", "fp8"], ["--kv-dtype", "fp8"]])
+def test_capacity_quantisation_with_a_chosen_format_is_refused(
+    capsys: pytest.CaptureFixture[str], option: list[str]
+) -> None:
+    """`--quantisation` shows every format and used to ignore `--weight-dtype` and `--kv-dtype` silently."""
+    line = refused(capsys, "capacity", "llama-3.1-8b", "--gpu", "H100", "--quantisation", *option)
+    assert f"{option[0]} goes without --quantisation" in line

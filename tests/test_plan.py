@@ -184,3 +184,14 @@ def test_plan_page_draws_the_front_its_caption_names(front_rows: int) -> None:
     assert any(layer["mark"]["type"] == "line" for layer in layers)
     named = "1 configuration" if front_rows == 1 else f"{front_rows} configurations"
     assert f"Pareto front ({named}" in html
+
+
+def test_plan_refuses_an_empty_gpu_list_and_names_a_tp_that_does_not_divide_the_heads(scenario: Path) -> None:
+    """`--gpus ""` used to fall back to model.gpu, and `--tp 3` was counted as not fitting in memory."""
+    for gpus in ("", " , "):
+        with pytest.raises(SimError, match="--gpus: give one or more GPU types"):
+            plan_space.grid_options(gpus, "1", "", "", "colocated")
+    res = runner.invoke(app, ["plan", str(scenario), "--rate", "5", "--tp", "1,3"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "--tp: tensor parallel degree 3 must divide the 32 attention heads" in res.output
+    assert "memory" not in res.output

@@ -141,3 +141,26 @@ def test_a_closed_loop_run_with_a_progress_bar_gives_the_same_results(tmp_path: 
     plain = run_policy(sc, "continuous", tmp_path)
     assert with_bar.requests.equals(plain.requests) and with_bar.steps.equals(plain.steps)
     assert len(calls) >= 2 and calls[-1] == plain.summary["requests"]["arrived"]
+
+
+def test_a_sweep_on_a_terminal_shows_the_capacity_search_as_its_own_bar_with_time_left(
+    tmp_path: Path,
+) -> None:
+    """The grid bar keeps the grid's total (it used to grow when the search added points); the search has
+    its own bar and total; each bar shows an ETA."""
+    from sim.studies import sweep
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY + "\n[sweep]\nrates = [0.5, 2, 16, 64]\ncapacity_steps = 2\n")
+    screen = terminal()
+    res = sweep.run_sweep(
+        path, ["horizon.duration_s=5"], jobs=1, find_capacity=True, out=tmp_path, console=screen
+    )
+    searched = res.points.height - 8
+    assert searched > 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.file.getvalue())  # type: ignore[attr-defined]
+    final = text.split("\r")[-1] if "\r" in text else text
+    grid = re.findall(r"grid points .*? (\d+)/(\d+) .*?ETA", final)
+    search = re.findall(r"capacity search.*? (\d+)/(\d+) .*?ETA", final)
+    assert grid and grid[-1] == ("8", "8"), final
+    assert search and search[-1] == (str(searched), str(searched)), final

@@ -129,3 +129,42 @@ def test_paged_memory_holds_more_sequences_than_reservations(tmp_path: Path) -> 
     for summary in (reserved, paged):
         shares = summary["kv_memory"]
         assert sum(shares.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ('model.tp="2"', "model.tp"),
+        ('horizon.drain="yes"', "horizon.drain"),
+        ("horizon.max_requests=20.0", "horizon.max_requests"),
+        ("workload.output={kind = 'fixed', value = 10.5}", "workload.output.value"),
+        ("workload.prompt={kind = 'fixed', value = 100.5}", "workload.prompt.value"),
+        ('seed="3"', "seed"),
+        ('model.gpu_memory_utilization="0.9"', "model.gpu_memory_utilization"),
+        ("policies.static.max_batch_size=4.5", "policies.static.max_batch_size"),
+    ],
+)
+def test_typos_of_type_are_refused_not_coerced(override: str, key: str) -> None:
+    """A quoted number, a "yes" for a boolean and a fractional token count are refused, naming the key."""
+    with pytest.raises(SimError) as err:
+        load_scenario(CONVOY, [override])
+    assert f"convoy.toml: {key}:" in str(err.value)
+
+
+def test_strict_types_keep_toml_numbers_and_whole_floats() -> None:
+    """A TOML int where a float is expected, `--set model.tp=2`, and staged arrays still validate."""
+    sc = load_scenario(
+        CONVOY,
+        [
+            "model.tp=2",
+            "model.gpu_memory_utilization=1",
+            "horizon.duration_s=2",
+            "workload.arrival={kind = 'staged', stages = [[1, 2], [3.5, 4]]}",
+            "workload.output={kind = 'fixed', value = 12.0}",
+        ],
+    )
+    assert sc.model.tp == 2
+    assert sc.model.gpu_memory_utilization == 1.0
+    assert sc.horizon.duration_s == 2.0
+    assert sc.workload.arrival.stages == [(1.0, 2.0), (3.5, 4.0)]
+    assert sc.workload.output.value == 12.0

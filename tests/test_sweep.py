@@ -293,3 +293,12 @@ def test_every_scenario_validates_and_runs_briefly(path: Path) -> None:
     for policy in scenario.policies:
         summary = run_policy(scenario, policy, path.parent).summary
         assert summary["requests"]["arrived"] > 0
+
+
+def test_address_without_the_dask_executor_is_refused_before_any_point_runs(tmp_path: Path) -> None:
+    """`--address` with the process executor used to be dropped silently; it is refused, writing nothing."""
+    with pytest.raises(SimError, match="--address tcp://10.0.0.1:8786 goes with --executor dask"):
+        sweep.run_sweep(
+            write(tmp_path), executor="process", address="tcp://10.0.0.1:8786", out=tmp_path / "o"
+        )
+    assert not (tmp_path / "o").exists()

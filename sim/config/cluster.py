@@ -31,7 +31,7 @@ ROLES = ("both", "prefill", "decode")
 
 
 class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class GroupSection(_Table):
@@ -113,16 +113,16 @@ def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str
 
 
 class _NoKnobs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class PowerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     choices: int = Field(2, ge=1, le=64, description="Replicas sampled per request.")
 
 
 class AffinityConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     load_factor: float = Field(
         1.25, ge=1.0, le=100.0, description="Bound on a replica's load, as a multiple of the mean."
     )

@@ -23,7 +23,7 @@ MAX_CV = 100.0
 class Distribution(BaseModel):
     """Fields shared by every distribution: optional clamps applied after sampling."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     min: float | None = Field(None, ge=0, le=MAX_TOKENS, description="lower clamp (lengths: at least 1)")
     max: float | None = Field(None, ge=0, le=MAX_TOKENS, description="upper clamp")
 

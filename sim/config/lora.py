@@ -29,7 +29,7 @@ DISK_BANDWIDTH = 2e9
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 Rank = Annotated[int, Field(ge=1, le=512)]

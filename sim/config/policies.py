@@ -12,7 +12,7 @@ class VllmConfig(BaseModel):
     """Knobs of the `vllm` policy. Prefix caching is off by default (vLLM v1 turns it on) so that runs
     without shared prefixes pay no lookups; enable it for workloads with prefix groups."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
@@ -64,7 +64,7 @@ class SarathiConfig(VllmConfig):
 
 
 class StaticConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     max_batch_size: int = Field(32, ge=1, description="Requests per batch.")
     batch_timeout_s: float = Field(
         0.0,
@@ -74,7 +74,7 @@ class StaticConfig(BaseModel):
 
 
 class ContinuousConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     max_num_seqs: int = Field(
         256, ge=1, description="Most sequences running at once (a request with n > 1 is n sequences)."
     )

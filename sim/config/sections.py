@@ -21,7 +21,7 @@ from sim.io.limits import (
 
 
 class StrictTable(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class ModelSection(StrictTable):

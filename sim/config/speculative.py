@@ -20,7 +20,7 @@ NGRAM_S_PER_ROW = 5e-6
 class SpeculativeConfig(BaseModel):
     """The `speculative` table of a `vllm` / `sarathi` policy."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     method: Literal["draft", "ngram", "eagle", "mtp"]
     num_speculative_tokens: int = Field(ge=1, le=MAX_SPEC_TOKENS, description="Draft tokens k per step.")

@@ -16,7 +16,7 @@ from sim.io.errors import SimError
 class RateRange(BaseModel):
     """`{start, stop, num}` (evenly spaced, both ends included) or `{start, stop, step}`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     start: float = Field(gt=0)
     stop: float = Field(gt=0)
     num: int | None = Field(None, ge=1)
@@ -41,7 +41,7 @@ class RateRange(BaseModel):
 class SweepConfig(BaseModel):
     """The `[sweep]` table (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     rates: list[float] | RateRange | None = None
     policies: list[str] | None = Field(None, min_length=1)
     replications: int = Field(1, ge=1, le=1000)

@@ -48,7 +48,7 @@ DEFAULT_MAX_TOKENS = 1024
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class PoissonArrival(_Config):
@@ -73,7 +73,15 @@ class DeterministicArrival(_Config):
     rate: float = Field(gt=0, le=MAX_RATE)
 
 
-Stage = tuple[Annotated[float, Field(ge=0, le=MAX_RATE)], Annotated[float, Field(gt=0, le=MAX_SECONDS)]]
+def _array_as_tuple(v: Any) -> Any:
+    """A TOML array read as the tuple it stands for (strict mode takes only a tuple)."""
+    return tuple(v) if isinstance(v, list) else v
+
+
+Stage = Annotated[
+    tuple[Annotated[float, Field(ge=0, le=MAX_RATE)], Annotated[float, Field(gt=0, le=MAX_SECONDS)]],
+    BeforeValidator(_array_as_tuple),
+]
 
 
 class StagedArrival(_Config):
@@ -209,6 +217,8 @@ class WorkloadConfig(_Config):
             d = getattr(self, name)
             if isinstance(d, FixedDist) and d.value < 1:
                 raise ValueError(f"{name}.value: a length must be >= 1 (got {d.value:g})")
+            if isinstance(d, FixedDist) and not d.value.is_integer():
+                raise ValueError(f"{name}.value: a token count must be a whole number (got {d.value:g})")
             if d is not None and d.max is not None and d.max < 1:
                 raise ValueError(f"{name}.max: a length must be >= 1 (got {d.max:g})")
             if d is not None and d.min is not None and d.max is not None and math.ceil(d.min) > d.max:

@@ -63,6 +63,11 @@ class KvMemory:
         """Sequences of `length` tokens that fit at once."""
         return self.num_blocks // max(1, self.blocks_per_seq(length))
 
+    @property
+    def max_blocks(self) -> int:
+        """KV blocks the budget holds after the weights alone: no run, however little it reserves, has more"""
+        return max(0, self.budget_bytes - self.weight_bytes) // self.block_bytes
+
     def to_dict(self) -> dict[str, object]:
         """Plain dict with integer byte counts (weight_group_size only when set)."""
         out = {**asdict(self), "token_capacity": self.token_capacity}
@@ -88,6 +93,20 @@ def replica_kv_memory(section: ModelSection, model: ModelSpec, gpu: Gpu, source:
                          m.weight_group_size)  # fmt: skip
     except SimError as err:
         raise SimError(f"{source}: model: {err}") from None
+
+
+def check_kv_blocks(mem: KvMemory, blocks: int) -> None:
+    """SimError when `blocks` KV blocks (a given num_kv_blocks) need more memory than the GPU has left."""
+    if blocks <= mem.max_blocks:
+        return
+    left = mem.budget_bytes - mem.weight_bytes
+    raise SimError(
+        f"{blocks:,} blocks of {mem.block_bytes:,} bytes ({blocks * mem.block_bytes / GB:,.1f} GB per GPU) "
+        f"exceed the {left / GB:.1f} GB the {mem.gpu} x{mem.tp} has left for KV "
+        f"({mem.gpu_memory_utilization:g} x {mem.memory_bytes / GB:.1f} GB, less "
+        f"{mem.weight_bytes / GB:.1f} GB of weights): at most {mem.max_blocks:,} fit "
+        f"({mem.num_blocks:,} after the activation reserve, the count used when num_kv_blocks is left out)"
+    )
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str) -> int:

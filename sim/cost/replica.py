@@ -11,7 +11,7 @@ from sim.catalog.models import load_model
 from sim.catalog.quantisation import quantisation_info
 from sim.config.calibration import Calibration
 from sim.config.scenario import Scenario
-from sim.cost.memory import KvBudget, replica_kv_memory
+from sim.cost.memory import KvBudget, check_kv_blocks, replica_kv_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
 
@@ -49,6 +49,10 @@ def build_cost_and_memory(
     cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
     mem = replica_kv_memory(m, model, gpu, source)
     blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
+    try:
+        check_kv_blocks(mem, blocks)
+    except SimError as err:
+        raise SimError(f"{source}: model.num_kv_blocks: {err}") from None
     info = {
         "model": m.name,
         "gpu": gpu.name,

@@ -362,6 +362,12 @@ def print_capacity(
 ) -> None:  # fmt: skip
     """`sim capacity`: one model's KV capacity, several side by side, or one with a draft model, LoRA slots
     or each weight and KV-cache format; the options checked together first."""
+    for option, value in (("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype)):
+        if quantisation and value is not None:
+            raise SimError(
+                f"{option} goes without --quantisation, which shows every weight and KV-cache format "
+                "side by side: drop one"
+            )
     check_format_options(weight_dtype, kv_dtype, weight_group_size, any_int=quantisation)
     check_formats(get_gpu(gpu), weight_dtype, kv_dtype, ("--weight-dtype", "--kv-dtype"))
     if len(models) > 1 and not compare:

@@ -13,9 +13,19 @@ from sim.io.errors import SimError
 from sim.studies.points import Task, run_point, write_point
 
 
+def check_executor(kind: str, address: str | None) -> None:
+    """SimError for an --address the executor would not use (only a dask scheduler has one)."""
+    if address is not None and kind == "process":
+        raise SimError(
+            f"--address {address} goes with --executor dask; the process executor runs the points on "
+            "this machine (add --executor dask, or drop --address)"
+        )
+
+
 @contextmanager
 def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executor | None]:
     """A `concurrent.futures.Executor` for the points; None means run them in-process, one by one."""
+    check_executor(kind, address)
     if kind == "dask":
         if address is None:
             raise SimError("--executor dask needs --address tcp://HOST:PORT (a dask scheduler)")

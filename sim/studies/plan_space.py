@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
 from sim.config.scenario import Scenario
+from sim.cost.memory import check_tp
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
@@ -152,6 +154,7 @@ def candidates(
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
     grid (what brute force would run); and how many of its configurations the model does not fit."""
     prices = price_table(scenario)
+    _check_tps(scenario, tps)
     out: list[Candidate] = []
     total = unfit = 0
     for name in gpus:
@@ -187,6 +190,22 @@ def candidates(
     return sorted(out), total, unfit
 
 
+def _check_tps(scenario: Scenario, tps: Sequence[int]) -> None:
+    """SimError for a TP degree that does not divide the model's attention heads, given on purpose (the
+    default grid keeps such a degree, counted with those that do not fit)."""
+    if tuple(tps) == DEFAULT_TPS:
+        return
+    try:
+        model = load_model(scenario.model.name)
+    except SimError:  # reported, with its key, where the replica is built
+        return
+    for tp in tps:
+        try:
+            check_tp(model, tp)
+        except SimError as err:
+            raise SimError(f"--tp: {err}") from None
+
+
 def _ints(text: str, option: str) -> list[int]:
     """Whole numbers in [1, 1000000], comma-separated, as an option gives them."""
     try:
@@ -212,5 +231,9 @@ def grid_options(
         "max_num_seqs": _ints(max_num_seqs, "--max-num-seqs"),
         "max_num_batched_tokens": _ints(max_num_batched_tokens, "--max-num-batched-tokens"),
     }
-    gpu_list = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
+    gpu_list = None if gpus is None else [g.strip() for g in gpus.split(",") if g.strip()]
+    if gpu_list == []:
+        raise SimError(
+            f"--gpus: give one or more GPU types, comma-separated, e.g. A100-80GB,H100-SXM (got {gpus!r})"
+        )
     return gpu_list, tps, knobs, mode_list

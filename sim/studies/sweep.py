@@ -34,14 +34,22 @@ from typing import Any
 import numpy as np
 import polars as pl
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import SweepConfig, parse_sweep
 from sim.io.errors import SimError
 from sim.io.outputs import atomic_write, path_component
 from sim.records import stats
-from sim.studies.executor import execute, open_executor
+from sim.studies.executor import check_executor, execute, open_executor
 from sim.studies.points import Task, point_frame, point_path, point_scenario, rate_key, read_point
 
 # --- the [sweep] table --------------------------------------------------------------------------------
@@ -89,15 +97,23 @@ def _check_manifest(sweep_dir: Path, points_dir: Path, raw: dict[str, Any], forc
 
 
 class _Runner:
-    """Runs tasks through one executor, skipping finished points, with a progress bar."""
+    """Runs tasks through one executor, skipping finished points, each stage with its own progress bar."""
 
     def __init__(self, executor: Executor | None, points_dir: Path, force: bool, progress: Progress) -> None:
         self.executor, self.points_dir, self.force, self.progress = executor, points_dir, force, progress
         self.rows: dict[str, dict[str, Any]] = {}
         self.ran = self.resumed = 0
-        self.bar = progress.add_task("runs", total=0)
+        self.done: dict[TaskID, int] = {}
 
-    def run(self, tasks: list[Task]) -> None:
+    def stage(self, description: str) -> TaskID:
+        """A new bar for one stage of the sweep (the grid, the capacity search)."""
+        bar = self.progress.add_task(description, total=0)
+        self.done[bar] = 0
+        return bar
+
+    def run(self, tasks: list[Task], bar: TaskID, later: int = 0) -> None:
+        """Run the tasks not yet done on `bar`, whose total is what it ran, these, and at most `later`
+        more points this stage may still run."""
         todo = []
         for task in tasks:
             path = point_path(self.points_dir, task.key)
@@ -109,12 +125,21 @@ class _Runner:
                 self.resumed += 1
             else:  # not run yet, or its file is damaged: (re)do it
                 todo.append(task)
-        self.progress.update(self.bar, total=self.ran + len(todo))
+        self.progress.update(bar, total=self.done[bar] + len(todo) + later)
         if todo and not self.progress.console.is_terminal:  # no live bar: say what is starting
             self.progress.console.print(f"running {len(todo)} points ({self.resumed} already done)…")
-        for row in execute(todo, self.executor, self.points_dir, lambda: self.progress.advance(self.bar)):
+
+        def advance() -> None:
+            self.done[bar] += 1
+            self.progress.advance(bar)
+
+        for row in execute(todo, self.executor, self.points_dir, advance):
             self.rows[row["point_key"]] = row
         self.ran += len(todo)
+
+    def finish(self, bar: TaskID) -> None:
+        """Close a stage that ran fewer points than its total allowed for."""
+        self.progress.update(bar, total=self.done[bar])
 
 
 def run_sweep(
@@ -129,6 +154,7 @@ def run_sweep(
     console: Console | None = None,
 ) -> SweepResult:
     """Expand, run (resuming), aggregate and optionally search capacity; write under `<out>/sweep/`."""
+    check_executor(executor, address)
     path = Path(path)
     source = str(path)
     raw = apply_overrides(read_toml(path), dict(parse_override(o) for o in overrides), source)
@@ -168,7 +194,7 @@ def run_sweep(
     console = console or Console()
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=not console.is_terminal,
+        TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not console.is_terminal,
     )  # fmt: skip
     with open_executor(executor, jobs, address) as ex, progress:
         runner = _Runner(ex, points_dir, force, progress)
@@ -180,7 +206,7 @@ def run_sweep(
             for t in tasks_at(policy, rate, params)
         ]
         keys = [t.key for t in grid_tasks]
-        runner.run(grid_tasks)
+        runner.run(grid_tasks, runner.stage("grid points"))
         capacity = None
         if find_capacity:
             capacity = _search_capacity(base, policies, grid, rates, cfg, tasks_at, runner)
@@ -236,13 +262,22 @@ def _search_capacity(
         for policy in policies
         for i, params in enumerate(grid)
     }
-    for _ in range(cfg.capacity_steps):
+    bar = None
+    for step in range(cfg.capacity_steps):
         mids = {k: m for k, cap in caps.items() if (m := stats.bisect_midpoint(cap, integer)) is not None}
         if not mids:
             break
-        runner.run([t for (policy, i), mid in mids.items() for t in tasks_at(policy, mid, grid[i])])
+        tasks = [t for (policy, i), mid in mids.items() for t in tasks_at(policy, mid, grid[i])]
+        label = f"capacity search, round {step + 1} of {cfg.capacity_steps}"
+        if bar is None:
+            bar = runner.stage(label)
+        runner.progress.update(bar, description=label)
+        # later rounds bisect at most the series this one does
+        runner.run(tasks, bar, later=len(tasks) * (cfg.capacity_steps - step - 1))
         for (policy, i), mid in mids.items():
             stats.record(caps[(policy, i)], mid, passes(policy, i, mid))
+    if bar is not None:
+        runner.finish(bar)
     return {
         "scenario": base.name,
         "slo": base.slo.model_dump(),
