@@ -174,3 +174,25 @@ def test_an_output_path_that_cannot_be_written_is_one_error_line_naming_it_and_w
     if out:
         assert str(out)[:20] in line, line
     assert files_under(in_tmp) == before
+
+
+@pytest.mark.parametrize("blocker", ["index.html", "charts", "charts/latency_cdf.png"])
+def test_a_report_file_that_cannot_be_written_is_one_error_line_naming_it(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], blocker: str
+) -> None:
+    """A folder named index.html (or a chart's PNG), or a file named charts, makes `sim report` exit 2
+    with one `error:` line naming that path; no temporary file is left behind."""
+    (in_tmp / "quick.toml").write_text(QUICK)
+    code, _, stderr = run_main(["run", "quick.toml", "--out", "out", "--policy", "static"], capsys)
+    assert code == 0, stderr
+    in_the_way = in_tmp / "out" / blocker
+    if blocker == "charts":
+        in_the_way.write_text("")
+    else:
+        in_the_way.mkdir(parents=True)
+    before = files_under(in_tmp)
+    code, stdout, stderr = run_main(["report", "out"], capsys)
+    assert code == 2 and "Traceback" not in stdout + stderr, (code, stdout, stderr)
+    (line,) = stderr.splitlines()
+    assert line.startswith("error: ") and str(Path("out") / blocker) in line, line
+    assert not [p.name for p in files_under(in_tmp) - before if p.name.startswith(".")]

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli import app, main
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
@@ -251,3 +251,26 @@ def test_two_stage_rows_are_fitted_per_stage(tiny_trace) -> None:  # type: ignor
     staged = replace(tiny_trace, exp_key=next(iter(STAGE_MEASURED)))
     assert staged.stage0_end_s > 0 and (staged.arrival < staged.stage0_end_s).any()
     assert len(residuals(params, [staged])) == 8  # the same four per stage
+
+
+@pytest.mark.parametrize(
+    "content",
+    [bytes(range(256)) * 4, b"\xff\xfeexp_key,model_hf\n", b"exp_key,model_hf\nx\x00y,z\n"],
+    ids=["random bytes", "utf-16 mark", "nul byte"],
+)
+def test_a_binary_ground_truth_csv_is_one_error_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    """A ground-truth CSV that is not UTF-8 text (or holds a NUL byte) is a user error naming the file,
+    for `load_rows` and for `sim validate` and `sim calibrate`, never a UnicodeDecodeError."""
+    path = tmp_path / "binary.csv"
+    path.write_bytes(content)
+    with pytest.raises(SimError, match=re.escape(str(path))):
+        load_rows(path)
+    for args in (["validate", "ground-truth", str(path)], ["calibrate", str(path)]):
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        stderr = capsys.readouterr().err
+        assert stop.value.code == 2, stderr
+        (line,) = stderr.splitlines()
+        assert line.startswith("error: ") and str(path) in line, line
