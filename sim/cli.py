@@ -258,12 +258,15 @@ def sweep(
     out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
+    from sim.io.outputs import exit_on_terminate
     from sim.report.console import print_sweep
     from sim.studies.run_size import check_sweep_size
     from sim.studies.sweep import run_sweep
 
     check_sweep_size(scenario, set_, force)
-    print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
+    with exit_on_terminate():
+        result = run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out)
+    print_sweep(result)
 
 
 @app.command("plan")
