@@ -29,6 +29,8 @@ def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executo
             client = Client(address, timeout="10s")
         except (OSError, TimeoutError) as err:
             raise SimError(f"--address {address}: cannot reach a dask scheduler ({err})") from None
+        except ValueError as err:
+            raise SimError(f"--address {address}: not a dask scheduler address ({err})") from None
         try:
             yield client.get_executor()
         finally:
