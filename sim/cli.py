@@ -20,7 +20,7 @@ from sim.io.limits import (
     RUN_MAX_REQUESTS,
     RUN_MAX_TOKENS,
 )
-from sim.io.paths import out_file_problem, out_folder_problem
+from sim.io.paths import out_file_problem, out_folder_problem, shown
 from sim.report.help import install as _whole_option_names
 
 FORCE_HELP = (
@@ -109,10 +109,23 @@ def _out_option(
     def callback(value: Path | None) -> Path | None:
         why = None if value is None else problem(value)
         if why is not None:
-            raise typer.BadParameter(f"{value}: {why}")
+            raise typer.BadParameter(f"{shown(value)}: {why}")
         return value
 
-    return typer.Option(None, name, help=help, callback=callback)
+    return typer.Option(None, name, help=help, parser=_nonempty_path, metavar="<path>", callback=callback)
+
+
+def _nonempty_path(value: str) -> Path:
+    """A path option's text as a Path; the empty text is refused (it would mean the working folder)."""
+    if not value:
+        raise typer.BadParameter("an empty path; give a folder or file name")
+    return Path(value)
+
+
+def _out_folder(value: Path) -> Path:
+    if (why := out_folder_problem(value)) is not None:
+        raise typer.BadParameter(f"{shown(value)}: {why}")
+    return value
 
 
 @app.command("replay-steps")
@@ -183,7 +196,7 @@ def run(
             raise SimError(f"{scenario}: no policy {name!r} (have: {', '.join(sc.policies)})")
     out_dir = out or Path("reports") / path_component(sc.name)
     if (why := out_folder_problem(out_dir)) is not None:
-        raise SimError(f"output folder {out_dir}: {why}")
+        raise SimError(f"output folder {shown(out_dir)}: {why}")
     check_run_size(sc, scenario.parent, str(scenario), force)
     summaries, manifest = [], None
     for name in names:
@@ -263,12 +276,15 @@ def sweep(
     out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
+    from sim.io.outputs import exit_on_terminate
     from sim.report.console import print_sweep
     from sim.studies.run_size import check_sweep_size
     from sim.studies.sweep import run_sweep
 
     check_sweep_size(scenario, set_, force)
-    print_sweep(run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out))
+    with exit_on_terminate():
+        result = run_sweep(scenario, set_, jobs, executor, address, force, find_capacity, out)
+    print_sweep(result)
 
 
 @app.command("plan")
@@ -341,7 +357,12 @@ def validate(
 
 @app.command("report")
 def report(
-    directory: Path = typer.Argument(..., help="A scenario's output folder, e.g. reports/convoy."),
+    directory: Path = typer.Argument(
+        ...,
+        help="A scenario's output folder, e.g. reports/convoy.",
+        parser=_nonempty_path,
+        callback=_out_folder,
+    ),
     scenario: Path | None = typer.Option(
         None, "--scenario", help="Scenario TOML (default: the sweep's manifest, else scenarios/<name>.toml)."
     ),

@@ -1,4 +1,6 @@
-"""Fuzzing the command line with generated scenario, trace and config.json files, well-formed and broken.
+"""Fuzzing the command line with generated scenario, trace and config.json files, well-formed and broken,
+and with generated output paths: symbolic link loops, links to nothing, names and paths too long for the
+file system, the empty path, files in the way, odd names.
 
 Every outcome is exit 0 or exit 2 with only `error: ...` lines: never a traceback, never a negative or NaN
 latency, never a file outside the output folder. Horizons are a few dozen requests so that each example
@@ -372,3 +374,89 @@ def test_fuzz_replay_steps(trace: bytes, out_name: str) -> None:
         code, out, err = _run_cli(["replay-steps", str(root / "t.json"), "--out", str(root / out_name)])
         _check_outcome(code, out, err)
         assert _files(root) <= {root / "t.json", root / "steps.jsonl"}
+
+
+# --- output paths -----------------------------------------------------------------------------------------
+
+SMALL_RUN = tomltext.dumps(
+    {
+        "name": "paths",
+        "seed": 1,
+        "model": {"name": "llama-2-7b", "gpu": "H100"},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 5.0},
+            "prompt": {"kind": "fixed", "value": 16},
+            "output": {"kind": "fixed", "value": 4},
+        },
+        "horizon": {"max_requests": 4},
+        "policies": {"c": {"scheduler": "continuous", "max_num_seqs": 4}},
+    }
+)
+OUT_KINDS = [
+    "name", "nested", "dot", "existing folder", "symlink loop", "inside a symlink loop", "dangling symlink",
+    "inside a dangling symlink", "symlink to a folder", "long name", "long path", "empty", "file",
+    "inside a file", "read-only folder",
+]  # fmt: skip
+names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/"), min_size=1, max_size=12
+)
+
+
+def make_out(root: Path, kind: str, name: str, size: int) -> str:
+    """An output path of `kind` under `root`, made ready (links, files, folders) as the kind needs."""
+    if kind in ("symlink loop", "inside a symlink loop"):
+        (root / "loop").symlink_to("loop")
+    if kind in ("dangling symlink", "inside a dangling symlink"):
+        (root / "dangling").symlink_to(root / "missing" / name)
+    if kind in ("file", "inside a file"):
+        (root / "plain").write_text("")
+    paths = {
+        "name": str(root / name),
+        "nested": str(root / name / name),
+        "dot": ".",
+        "existing folder": str(root),
+        "symlink loop": str(root / "loop"),
+        "inside a symlink loop": str(root / "loop" / name),
+        "dangling symlink": str(root / "dangling"),
+        "inside a dangling symlink": str(root / "dangling" / name),
+        "symlink to a folder": str(root / "linked"),
+        "long name": str(root / ("n" * size)),
+        "long path": str(root / "/".join(["d" * 50] * (size // 10))),
+        "empty": "",
+        "file": str(root / "plain"),
+        "inside a file": str(root / "plain" / name),
+        "read-only folder": str(root / "read-only" / name),
+    }
+    if kind == "symlink to a folder":
+        (root / "target").mkdir()
+        (root / "linked").symlink_to(root / "target")
+    if kind == "read-only folder":
+        (root / "read-only").mkdir(mode=0o555)
+    return paths[kind]
+
+
+@settings(FUZZ, max_examples=60)
+@given(kind=st.sampled_from(OUT_KINDS), name=names, size=st.integers(240, 600))
+def test_fuzz_run_out_paths(kind: str, name: str, size: int) -> None:
+    """`sim run --out` on generated output paths: exit 0 with every file under the output folder, or
+    exit 2 with only `error:` lines and nothing written. A read-only folder is writable for root (as the
+    tests run here), so there its run may succeed; elsewhere it must be refused."""
+    with _workdir() as root:
+        (root / "s.toml").write_text(SMALL_RUN)
+        out = make_out(root, kind, name, size)
+        before = _files(root)
+        code, stdout, err = _run_cli(["run", str(root / "s.toml"), "--out", out])
+        _check_outcome(code, stdout, err)
+        new = _files(root) - before
+        if code == 2:
+            assert new == set(), sorted(map(str, new))
+        else:
+            folder = Path(out).resolve()
+            assert new and all(folder in p.resolve().parents for p in new), (out, sorted(map(str, new)))
+            _check_latencies(Path(out))
+        if kind == "read-only folder" and os.geteuid() != 0:
+            assert code == 2 and "not writable" in err, err
+        if kind in ("symlink loop", "inside a symlink loop", "dangling symlink", "empty") or (
+            kind == "long name" and size > 255
+        ):
+            assert code == 2, (kind, err)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_manifest import TINY
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli import app, main
 from sim.io.outputs import SAFE_CHARS, path_component
 from sim.studies import sweep
 
@@ -102,3 +102,97 @@ def test_outputs_get_the_modes_the_umask_gives(tmp_path: Path, umask: int) -> No
     for name, mode in found.items():
         expected = (0o777 if (out / name).is_dir() else 0o666) & ~umask
         assert mode == expected, f"{name}: {oct(mode)} (expected {oct(expected)})"
+
+
+# --- output paths that cannot be written: one `error:` line, exit 2, before any work ------------------
+
+QUICK = TINY.replace("duration_s = 10", "duration_s = 1") + "\n[sweep]\nrates = [1]\nreplications = 1\n"
+REPLAY_TRACE = '[{"id": "r0", "arrival_step": 0, "prompt_len": 8, "max_tokens": 2}]'
+
+
+def _symlink_loop(root: Path) -> str:
+    (root / "loop").symlink_to("loop")
+    return str(root / "loop")
+
+
+def _dangling_symlink(root: Path) -> str:
+    (root / "dangling").symlink_to(root / "missing" / "x")
+    return str(root / "dangling")
+
+
+def _file_in_the_way(root: Path) -> str:
+    (root / "plain").write_text("")
+    return str(root / "plain" / "sub")
+
+
+BAD_OUTPUTS = {
+    "symlink loop": (_symlink_loop, "loops"),
+    "inside a symlink loop": (lambda root: _symlink_loop(root) + "/sub", "loops"),
+    "dangling symlink": (_dangling_symlink, "does not exist"),
+    "inside a dangling symlink": (lambda root: _dangling_symlink(root) + "/sub", "does not exist"),
+    "5000-character path": (lambda root: str(root / ("a/" * 2500)), "too long"),
+    "300-character name": (lambda root: str(root / ("b" * 300)), "at most 255"),
+    "file in the way": (_file_in_the_way, "file"),
+    "empty": (lambda root: "", "empty"),
+}
+OUTPUT_COMMANDS = {
+    "run --out": lambda out: ["run", "quick.toml", "--out", out],
+    "sweep --out": lambda out: ["sweep", "quick.toml", "--jobs", "1", "--out", out],
+    "plan --out": lambda out: ["plan", "quick.toml", "--rate", "1", "--out", out],
+    "validate --out": lambda out: ["validate", "ground-truth", "--out", out],
+    "calibrate --write": lambda out: ["calibrate", "--write", out],
+    "replay-steps --out": lambda out: ["replay-steps", "trace.json", "--out", out],
+    "report DIR": lambda out: ["report", out],
+}
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`sim ARGS` as the console command runs it: its exit code, stdout and stderr."""
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    captured = capsys.readouterr()
+    return stop.value.code if isinstance(stop.value.code, int) else 0, captured.out, captured.err
+
+
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+@pytest.mark.parametrize("kind", BAD_OUTPUTS)
+def test_an_output_path_that_cannot_be_written_is_one_error_line_naming_it_and_why(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], kind: str, command: str
+) -> None:
+    """Symlink loops, dangling links, over-long paths and names, a file in the way and the empty path are
+    refused by every command that writes, before it starts: exit 2, one `error:` line with the reason, the
+    path shown (shortened when long), nothing written."""
+    (in_tmp / "quick.toml").write_text(QUICK)
+    (in_tmp / "trace.json").write_text(REPLAY_TRACE)
+    make, reason = BAD_OUTPUTS[kind]
+    out = make(in_tmp)
+    before = files_under(in_tmp)
+    code, stdout, stderr = run_main(OUTPUT_COMMANDS[command](out), capsys)
+    assert code == 2 and "Traceback" not in stdout + stderr, (code, stdout, stderr)
+    (line,) = stderr.splitlines()
+    assert line.startswith("error: ") and reason in line and len(line) < 400, line
+    if out:
+        assert str(out)[:20] in line, line
+    assert files_under(in_tmp) == before
+
+
+@pytest.mark.parametrize("blocker", ["index.html", "charts", "charts/latency_cdf.png"])
+def test_a_report_file_that_cannot_be_written_is_one_error_line_naming_it(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], blocker: str
+) -> None:
+    """A folder named index.html (or a chart's PNG), or a file named charts, makes `sim report` exit 2
+    with one `error:` line naming that path; no temporary file is left behind."""
+    (in_tmp / "quick.toml").write_text(QUICK)
+    code, _, stderr = run_main(["run", "quick.toml", "--out", "out", "--policy", "static"], capsys)
+    assert code == 0, stderr
+    in_the_way = in_tmp / "out" / blocker
+    if blocker == "charts":
+        in_the_way.write_text("")
+    else:
+        in_the_way.mkdir(parents=True)
+    before = files_under(in_tmp)
+    code, stdout, stderr = run_main(["report", "out"], capsys)
+    assert code == 2 and "Traceback" not in stdout + stderr, (code, stdout, stderr)
+    (line,) = stderr.splitlines()
+    assert line.startswith("error: ") and str(Path("out") / blocker) in line, line
+    assert not [p.name for p in files_under(in_tmp) - before if p.name.startswith(".")]

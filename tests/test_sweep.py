@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +253,14 @@ def test_sweep_errors(tmp_path: Path) -> None:
         sweep.run_sweep(path, executor="threads", out=tmp_path)
     with pytest.raises(SimError, match="--jobs"):
         sweep.run_sweep(path, jobs=0, out=tmp_path)
+
+
+@pytest.mark.parametrize("address", ["foo", "tcp://[::1", "inproc://192.0.2.9/1/1"])
+def test_a_malformed_dask_address_is_a_user_error(tmp_path: Path, address: str) -> None:
+    """An --address dask cannot parse is a SimError naming it, not dask's ValueError."""
+    pytest.importorskip("dask.distributed")
+    with pytest.raises(SimError, match=re.escape(f"--address {address}: ")):
+        sweep.run_sweep(write(tmp_path), executor="dask", address=address, out=tmp_path)
 
 
 def test_cli_prints_errors_without_traceback(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli import app, main
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
@@ -314,3 +314,26 @@ def test_fidelity_page_states_when_the_bar_was_not_judged(
     args = ["validate", "ground-truth", "--scale", "1", "--jobs", "1", "--out", str(tmp_path)]
     assert CliRunner().invoke(app, args).exit_code == 0
     assert f"applies at --scale {BAR_SCALE:g}" in (tmp_path / "fidelity.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [bytes(range(256)) * 4, b"\xff\xfeexp_key,model_hf\n", b"exp_key,model_hf\nx\x00y,z\n"],
+    ids=["random bytes", "utf-16 mark", "nul byte"],
+)
+def test_a_binary_ground_truth_csv_is_one_error_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    """A ground-truth CSV that is not UTF-8 text (or holds a NUL byte) is a user error naming the file,
+    for `load_rows` and for `sim validate` and `sim calibrate`, never a UnicodeDecodeError."""
+    path = tmp_path / "binary.csv"
+    path.write_bytes(content)
+    with pytest.raises(SimError, match=re.escape(str(path))):
+        load_rows(path)
+    for args in (["validate", "ground-truth", str(path)], ["calibrate", str(path)]):
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        stderr = capsys.readouterr().err
+        assert stop.value.code == 2, stderr
+        (line,) = stderr.splitlines()
+        assert line.startswith("error: ") and str(path) in line, line

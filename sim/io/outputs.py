@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.io.errors import SimError
+from sim.io.paths import shown
 
 SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 MAX_COMPONENT = 100  # characters kept from a name before its hash suffix
@@ -46,14 +47,28 @@ def create_file(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
 
 
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError in the block (a folder where the file goes, a name too long, no permission) becomes a
+    SimError naming `path` and the reason."""
+    try:
+        yield
+    except OSError as exc:
+        raise SimError(f"cannot write {shown(path)}: {exc.strerror or exc}") from None
+
+
 def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
-    """Call `write(tmp)` on a temporary sibling of `path`, then rename it into place (normal file mode)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Call `write(tmp)` on a temporary sibling of `path`, then rename it into place (normal file mode).
+    Making the folder, the temporary file or the rename failing is a SimError naming `path`; what
+    `write` raises is passed on as it is."""
     tmp = _temp_name(path, "tmp")
-    create_file(tmp)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        create_file(tmp)
     try:
         write(str(tmp))
-        os.replace(tmp, path)
+        with writing(path):
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -70,18 +85,20 @@ def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Pa
     written); on an error or an interrupt the temporary folder is removed and `target` is left as it was."""
     if target.exists() and not (target.is_dir() and is_ours(target)):
         raise SimError(f"{target}: exists and is not one of our output folders; give another --out")
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(target, "new")
-    tmp.mkdir()
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     try:
         yield tmp
-        if target.exists():
-            old = _temp_name(target, "old")
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, target)
+        with writing(target):
+            if target.exists():
+                old = _temp_name(target, "old")
+                os.rename(target, old)
+                os.rename(tmp, target)
+                shutil.rmtree(old)
+            else:
+                os.rename(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.io.errors import SimError
 from sim.io.outputs import atomic_write, write_text
+from sim.io.paths import out_folder_problem, shown
 from sim.records import stats
 from sim.report import charts, frames, grid
 from sim.report.fleet import fleet_sections
@@ -147,6 +149,8 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     """Write `report_dir/index.html` and `report_dir/charts/<chart>.png`; return the paths written."""
     inputs = load_inputs(report_dir, scenario_file)
     judge_by_page_slo(inputs)
+    if png and (why := out_folder_problem(report_dir / PNG_DIR)) is not None:
+        raise SimError(f"{shown(report_dir / PNG_DIR)}: {why}")
     series = _series(inputs)
     caps = capacities(inputs)
     sweep, per_run = sweep_sections(inputs, series, caps), run_sections(inputs, series)

@@ -39,6 +39,8 @@ def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executo
             client = Client(address, timeout="10s")
         except (OSError, TimeoutError) as err:
             raise SimError(f"--address {address}: cannot reach a dask scheduler ({err})") from None
+        except ValueError as err:
+            raise SimError(f"--address {address}: not a dask scheduler address ({err})") from None
         try:
             yield client.get_executor()
         finally:
@@ -51,10 +53,30 @@ def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executo
             return
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["sim.studies.sweep"])
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+        try:
             yield pool
+        except BaseException:
+            stop_workers(pool)
+            raise
+        pool.shutdown(wait=True)
     else:
         raise SimError(f"--executor: unknown executor {kind!r} (process or dask)")
+
+
+def stop_workers(pool: ProcessPoolExecutor, grace_s: float = 2.0) -> None:
+    """End a pool at once, for an error or an interrupt (SIGTERM, Ctrl-C): queued tasks are dropped and
+    every worker is terminated (killed if it has not stopped within `grace_s`), so that none outlives the
+    command, however long its current task would have run."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # no public handle before 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(grace_s)
+        if worker.is_alive():
+            worker.kill()
+            worker.join(grace_s)
 
 
 def execute(

@@ -147,11 +147,13 @@ def load_rows(path: str | Path | None = None) -> list[GroundTruthRow]:
     """Read a ground-truth CSV (default: the shipped calibration set)."""
     path = Path(path) if path is not None else default_csv()
     try:
-        with path.open(newline="") as fh:
+        with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             rows = [GroundTruthRow(r.get("exp_key", "").strip(), dict(r)) for r in reader]
     except OSError as exc:
         raise SimError(f"cannot read ground truth {path}: {exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SimError(f"{path}: not a UTF-8 CSV file ({exc})") from None
     if not rows:
         raise SimError(f"{path}: no rows")
     required = ("exp_key", "model_hf", "gpu", "output_len", "e2e_mean_ms")
