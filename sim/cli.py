@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -21,36 +19,14 @@ from sim.io.limits import (
     RUN_MAX_TOKENS,
 )
 from sim.io.paths import out_file_problem, out_folder_problem, shown
-from sim.report.help import install as _whole_option_names
+from sim.report.options import GuardedTyper, nonempty_path, out_folder, out_option, print_error
 
 FORCE_HELP = (
     f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
 )
 
 
-class _Typer(typer.Typer):
-    """A Typer app whose commands turn `SimError` into `error: ...` on stderr and exit code 2."""
-
-    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        register = super().command(*args, **kwargs)
-
-        def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(func)
-            def guarded(*a: Any, **kw: Any) -> Any:
-                try:
-                    return func(*a, **kw)
-                except SimError as exc:
-                    _print_error(str(exc))
-                    raise typer.Exit(2) from None
-
-            register(guarded)
-            return func
-
-        return decorator
-
-
-_whole_option_names()
-app = _Typer(
+app = GuardedTyper(
     name="sim",
     help="servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV).",
     no_args_is_help=True,
@@ -74,12 +50,6 @@ def _options(
     """servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV)."""
 
 
-def _print_error(message: str) -> None:
-    """Each line of an error as `error: ...` on stderr."""
-    for line in message.splitlines() or [""]:
-        typer.echo(f"error: {line}", err=True)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `sim` console command and `python -m sim`.
 
@@ -93,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
             typer.echo(ctx.get_help())
         else:
-            _print_error(exc.format_message() if hasattr(exc, "format_message") else str(exc))
+            print_error(exc.format_message() if hasattr(exc, "format_message") else str(exc))
         code = 2
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
@@ -101,37 +71,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _out_option(
-    help: str, problem: Callable[[Path], str | None] = out_folder_problem, name: str = "--out"
-) -> Any:
-    """An output path option refusing, before the command runs, a path for which `problem` finds one."""
-
-    def callback(value: Path | None) -> Path | None:
-        why = None if value is None else problem(value)
-        if why is not None:
-            raise typer.BadParameter(f"{shown(value)}: {why}")
-        return value
-
-    return typer.Option(None, name, help=help, parser=_nonempty_path, metavar="<path>", callback=callback)
-
-
-def _nonempty_path(value: str) -> Path:
-    """A path option's text as a Path; the empty text is refused (it would mean the working folder)."""
-    if not value:
-        raise typer.BadParameter("an empty path; give a folder or file name")
-    return Path(value)
-
-
-def _out_folder(value: Path) -> Path:
-    if (why := out_folder_problem(value)) is not None:
-        raise typer.BadParameter(f"{shown(value)}: {why}")
-    return value
-
-
 @app.command("replay-steps")
 def replay_steps(
     trace: Path = typer.Argument(..., help="Trace: id, arrival_step, prompt_len, max_tokens, prefix_*, n."),
-    out: Path | None = _out_option("Write the steps as JSONL here.", out_file_problem),
+    out: Path | None = out_option("Write the steps as JSONL here.", out_file_problem),
     compare: Path | None = typer.Option(None, "--compare", help="Expected steps (.jsonl[.gz]) to compare."),
     block_size: int | None = typer.Option(None, "--block-size", min=1, max=MAX_BLOCK_SIZE),
     num_blocks: int | None = typer.Option(None, "--num-blocks", min=2, max=MAX_KV_BLOCKS),
@@ -176,7 +119,7 @@ def run(
     scenario: Path = typer.Argument(..., help="Scenario TOML file."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set workload.arrival.rate=4"),
     policy: list[str] = typer.Option([], "--policy", help="Run only these policies (default: all)."),
-    out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
+    out: Path | None = out_option("Output folder (default: reports/<scenario>)."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
@@ -273,7 +216,7 @@ def sweep(
         False, "--force", help="Redo points whose files exist; run points over the size limit."
     ),
     find_capacity: bool = typer.Option(False, "--find-capacity", help="Bisect the capacity under \\[slo]."),
-    out: Path | None = _out_option("Output folder (default: reports/<scenario>)."),
+    out: Path | None = out_option("Output folder (default: reports/<scenario>)."),
 ) -> None:
     """Run the scenario's sweep table (rates x policies x params x replications); aggregate with CIs."""
     from sim.io.outputs import exit_on_terminate
@@ -313,7 +256,7 @@ def plan(
     ),
     rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
-    out: Path | None = _out_option("Output folder (default: reports/<scenario>/plan)."),
+    out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
     """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
     from sim.config.scenario import load_scenario
@@ -337,7 +280,7 @@ def plan(
 def validate(
     target: str = typer.Argument(..., help="What to validate against: ground-truth."),
     csv: Path | None = typer.Argument(None, help="Ground-truth CSV (default: the shipped calibration set)."),
-    out: Path | None = _out_option("Write fidelity.csv and fidelity.html here."),
+    out: Path | None = out_option("Write fidelity.csv and fidelity.html here."),
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
@@ -360,8 +303,8 @@ def report(
     directory: Path = typer.Argument(
         ...,
         help="A scenario's output folder, e.g. reports/convoy.",
-        parser=_nonempty_path,
-        callback=_out_folder,
+        parser=nonempty_path,
+        callback=out_folder,
     ),
     scenario: Path | None = typer.Option(
         None, "--scenario", help="Scenario TOML (default: the sweep's manifest, else scenarios/<name>.toml)."
@@ -398,7 +341,7 @@ def calibrate(
     jobs: int = typer.Option(
         2, "--jobs", min=1, max=1024, help="Rows simulated in parallel (1: in-process)."
     ),
-    write: Path | None = _out_option(
+    write: Path | None = out_option(
         "Write the TOML here (default: print it).", out_file_problem, name="--write"
     ),
 ) -> None:
