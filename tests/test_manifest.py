@@ -300,3 +300,39 @@ def test_run_warns_of_exactly_the_run_folders_the_report_refuses(tmp_path: Path)
     assert "charts:" not in second.output and ".old:" not in second.output
     with pytest.raises(SimError, match=r"runs of continuous and static come from different scenarios \(seed"):
         load_inputs(out)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
+
+
+def test_the_next_run_removes_what_a_killed_run_left_beside_its_output(tmp_path: Path) -> None:
+    """SIGKILL runs no clean-up: a killed `sim run` leaves its hidden temporary folder (`.static.new-...`)
+    beside the output, and a killed sweep a half-written point file. The next run into the same folder
+    removes them; a temporary of a writer still running is left alone."""
+    import os
+
+    out = tmp_path / "out"
+    dead, live = _dead_pid(), os.getpid()
+    killed = out / f".static.new-{dead}-0123abcd"
+    (killed / "static").mkdir(parents=True)
+    (killed / "static" / "requests.parquet").write_bytes(b"half")
+    running = out / f".continuous.new-{live}-89abcdef"
+    running.mkdir()
+    sim_run(str(scenario_file(tmp_path)), "--out", str(out))
+    assert not killed.exists() and running.is_dir()
+    points = out / "sweep" / "points"
+    points.mkdir(parents=True)
+    half = points / f".static__rate=1.0__rep=0.parquet.tmp-{dead}-4567cdef"
+    half.write_bytes(b"PAR1 half")
+    sweep_table = "\n[sweep]\nrates = [1]\nreplications = 1\n"
+    path = scenario_file(tmp_path, TINY.replace("duration_s = 10", "duration_s = 2") + sweep_table)
+    result = runner.invoke(app, ["sweep", str(path), "--jobs", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert not half.exists()

@@ -255,7 +255,7 @@ def test_sweep_errors(tmp_path: Path) -> None:
         sweep.run_sweep(path, jobs=0, out=tmp_path)
 
 
-@pytest.mark.parametrize("address", ["foo", "tcp://[::1", "inproc://192.0.2.9/1/1"])
+@pytest.mark.parametrize("address", ["foo", "tcp://[::1"])
 def test_a_malformed_dask_address_is_a_user_error(tmp_path: Path, address: str) -> None:
     """An --address dask cannot parse is a SimError naming it, not dask's ValueError."""
     pytest.importorskip("dask.distributed")

@@ -9,8 +9,10 @@ a mix. Both create files and folders with the modes the process's umask gives (l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -38,8 +40,47 @@ def path_component(name: str, reserved: frozenset[str] = frozenset()) -> str:
     return f"{safe.replace('.', '-') if not safe.strip('.') else safe}-{digest}"
 
 
+# A temporary sibling of what is being written: `.NAME.KIND-PID-XXXXXXXX`, KIND one of tmp (a file being
+# written), new (a run folder being made), old (one being replaced), PID the writing process.
+LEFTOVER = re.compile(r"^\..+\.(?:tmp|new|old)-(\d+)-[0-9a-f]{8}$")
+
+
 def _temp_name(path: Path, kind: str) -> Path:
-    return path.parent / f".{path.name}.{kind}-{secrets.token_hex(4)}"
+    return path.parent / f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or a pid this platform cannot ask about: assume alive
+        return True
+    return True
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Remove the temporary files and folders in `folder` whose writer is no longer running (a killed
+    `sim run` or `sim sweep`: SIGKILL runs no clean-up); a write in progress is left alone. Returns what
+    was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = LEFTOVER.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
 
 
 def create_file(path: Path) -> None:
@@ -62,16 +103,19 @@ def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
     Making the folder, the temporary file or the rename failing is a SimError naming `path`; what
     `write` raises is passed on as it is."""
     tmp = _temp_name(path, "tmp")
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        create_file(tmp)
-    try:
+    with _interrupts_held(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(_unlink_missing_ok, tmp)  # an error at any point leaves no file behind
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            create_file(tmp)
         write(str(tmp))
         with writing(path):
             os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+
+def _unlink_missing_ok(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def write_text(path: Path, text: str) -> None:
@@ -88,8 +132,10 @@ def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Pa
     tmp = _temp_name(target, "new")
     with writing(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
-    try:
+        remove_leftovers(target.parent)
+    try:  # the temporary is made inside: an interrupt at any point leaves no folder behind
+        with writing(target):
+            tmp.mkdir()
         yield tmp
         with writing(target):
             if target.exists():
@@ -107,19 +153,48 @@ def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Pa
 @contextmanager
 def exit_on_terminate() -> Iterator[None]:
     """While the block runs, SIGTERM (`kill PID`) exits through Python (SystemExit 143) instead of stopping
-    the process dead, so that `finally` clauses, such as `replace_folder`'s clean-up, still run."""
+    the process dead, so that `finally` clauses, such as `replace_folder`'s clean-up, still run; SIGTERM and
+    Ctrl-C (SIGINT, KeyboardInterrupt) that arrive while a file is put in place (`atomic_write`) are raised
+    once it is, never inside the library writing it (which would turn them into its own errors)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def terminate(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def interrupt(signum: int, frame: object) -> None:
+        if _HELD["depth"]:
+            _HELD["pending"] = signum
+            return
+        _raise_interrupt(signum)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+# Interrupts held while a file is put in place: how deep the writes nest, and the signal that came meanwhile.
+_HELD: dict[str, Any] = {"depth": 0, "pending": None}
+
+
+def _raise_interrupt(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold `exit_on_terminate`'s interrupts until the block ends, then raise the one that came."""
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        signum, _HELD["pending"] = _HELD["pending"], None
+        if not _HELD["depth"] and signum is not None:
+            _raise_interrupt(signum)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
