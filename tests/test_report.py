@@ -159,6 +159,23 @@ def test_runs_only_says_the_sweep_charts_need_sim_sweep(tmp_path: Path) -> None:
     assert not (report_dir / "charts").exists()
 
 
+def test_the_missing_charts_hint_names_the_folder_the_page_reads(tmp_path: Path) -> None:
+    """A page made from runs written with `--out` used to say `sim sweep SCENARIO.toml`, which writes the
+    sweep to reports/<scenario>/, not beside the runs: the hint names the folder the page was read from."""
+    for root in ("runs", "sweep"):
+        (tmp_path / root).mkdir()
+    runs_only = make_report_dir(tmp_path / "runs", sweep=False)
+    custom = tmp_path / "elsewhere"
+    runs_only.rename(custom)
+    build_report(custom, tmp_path / "runs" / "mini.toml", png=False)
+    html = (custom / "index.html").read_text()
+    assert html.count(f"<code>sim sweep SCENARIO.toml --out {custom}</code>") == 3
+    sweep_only = make_report_dir(tmp_path / "sweep", runs=False)
+    build_report(sweep_only, tmp_path / "sweep" / "mini.toml", png=False)
+    html = (sweep_only / "index.html").read_text()
+    assert f"<code>sim run SCENARIO.toml --out {sweep_only}</code>" in html
+
+
 def test_sweep_only_renders_sweep_charts(tmp_path: Path) -> None:
     report_dir = make_report_dir(tmp_path, runs=False)
     build_report(report_dir, png=False)

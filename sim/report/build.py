@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
 from sim.io.errors import SimError
@@ -25,12 +26,12 @@ SWEEP_METRICS = [f"{m}_{q}" for m in ("ttft", "tpot", "e2e") for q in ("p50", "p
 TIMELINE_REQUESTS = 60
 PNG_DIR = "charts"
 
-NEED_SWEEP = (
-    "This chart needs sweep results: run <code>sim sweep SCENARIO.toml</code>, then this command again."
-)
-NEED_RUN = (
-    "This chart needs per-policy runs: run <code>sim run SCENARIO.toml</code>, then this command again."
-)
+
+def need(what: str, command: str, inputs: ReportInputs) -> str:
+    """A missing chart's box: the command that writes its records into the folder this page reads."""
+    out = "" if inputs.folder is None else f" --out {escape(str(inputs.folder))}"
+    code = f"<code>sim {command} SCENARIO.toml{out}</code>"
+    return f"This chart needs {what}: run {code}, then this command again."
 
 
 def _series(inputs: ReportInputs) -> list[str]:
@@ -64,7 +65,7 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "axis is. Look for the knee: the rate where p99 leaves the floor and climbs steeply is where a "
             "policy starts to queue.",
             charts.latency_vs_rate(grid.log_bands(means), series) if have and means is not None else None,
-            NEED_SWEEP,
+            need("sweep results", "sweep", inputs),
         ),
         Section(
             "throughput_vs_rate",
@@ -72,7 +73,7 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "Finished requests per second; the dashed diagonal is the offered load. A policy keeps up while "
             "it follows the diagonal; where it bends away, requests pile up in the queue.",
             charts.throughput_vs_rate(means, series) if have and means is not None else None,
-            NEED_SWEEP,
+            need("sweep results", "sweep", inputs),
         ),
         Section(
             "goodput_vs_rate",
@@ -84,7 +85,7 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             charts.goodput_vs_rate(means, series, caps)
             if have and means is not None and GOODPUT_SECTION not in inputs.withheld
             else None,
-            inputs.withheld.get(GOODPUT_SECTION, NEED_SWEEP),
+            inputs.withheld.get(GOODPUT_SECTION, need("sweep results", "sweep", inputs)),
         ),
     ]
 
@@ -100,7 +101,7 @@ def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
             "Cumulative share of finished requests by time to first token and end-to-end latency. A curve "
             "further left is faster; a long flat tail is the requests that waited behind others.",
             charts.latency_cdf(frames.cdfs(runs), series) if runs else None,
-            NEED_RUN,
+            need("per-policy runs", "run", inputs),
         ),
         Section(
             "convoy_timeline",
@@ -111,7 +112,7 @@ def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
             "stuck behind long ones: the convoy effect. Under continuous batching a request leaves as "
             "soon as it is done.",
             charts.convoy_timeline(frames.timeline(runs, TIMELINE_REQUESTS)) if runs else None,
-            NEED_RUN,
+            need("per-policy runs", "run", inputs),
         ),
         Section(
             "utilisation",
@@ -120,7 +121,7 @@ def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
             "means the engine is busy with work that does not let newcomers in; KV allocated far above KV "
             "used is memory reserved for tokens that are never generated.",
             charts.utilisation_over_time(frames.timeseries(runs), series) if runs else None,
-            NEED_RUN,
+            need("per-policy runs", "run", inputs),
         ),
         Section(
             "kv_breakdown",
@@ -129,7 +130,7 @@ def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
             "memory reserved for a request but unused (padding, reservations for the longest possible "
             "output, partly filled blocks), and free memory.",
             charts.kv_breakdown(frames.kv_shares(runs)) if runs else None,
-            NEED_RUN,
+            need("per-policy runs", "run", inputs),
         ),
     ]
 

@@ -38,6 +38,7 @@ class ReportInputs:
     notes: list[str] = field(default_factory=list)  # caveats the page must show
     sweep_scenario: Scenario | None = None  # the scenario the sweep ran, from its manifest
     withheld: dict[str, str] = field(default_factory=dict)  # section key -> why its chart is left out
+    folder: Path | None = None  # where the records were read: the --out of the runs and the sweep
 
     @property
     def run_rate(self) -> float | None:
@@ -188,7 +189,16 @@ def load_inputs(report_dir: Path, scenario_file: Path | None = None) -> ReportIn
     if run_scenario is not None and points is not None and sweep_scenario is not None:
         notes += _sweep_differences(sweep_scenario, run_scenario)
     return ReportInputs(
-        name, description, scenario, runs, points, capacity, run_scenario, notes, sweep_scenario
+        name,
+        description,
+        scenario,
+        runs,
+        points,
+        capacity,
+        run_scenario,
+        notes,
+        sweep_scenario,
+        folder=report_dir,
     )
 
 
