@@ -16,25 +16,23 @@ from sim.io.errors import SimError
 from sim.io.paths import out_folder_problem, shown
 
 
-class _WholeNamesCommand(TyperCommand):
-    """A command whose help shows every option name whole (sim/report/help.py, loaded with the help only:
-    the rich tables cost a run's start-up a fifth of a second)."""
+class _WholeNames:
+    """Help that shows every option name whole (sim/report/help.py, loaded with the help only: its rich
+    tables would cost every run's start-up a fifth of a second)."""
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from sim.report.help import install
 
         install()
-        super().format_help(ctx, formatter)
+        super().format_help(ctx, formatter)  # type: ignore[misc]
 
 
-class _WholeNamesGroup(TyperGroup):
-    """The `sim` group, whose help shows every option name whole, as its commands' do."""
+class _WholeNamesCommand(_WholeNames, TyperCommand):
+    """A command of `sim` (its help shows every option name whole)."""
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from sim.report.help import install
 
-        install()
-        super().format_help(ctx, formatter)
+class _WholeNamesGroup(_WholeNames, TyperGroup):
+    """The `sim` group (its help shows every option name whole)."""
 
 
 class GuardedTyper(typer.Typer):

@@ -111,10 +111,6 @@ def knob_grid(
     return combos
 
 
-def _mean_lengths(scenario: Scenario, base_dir: Path) -> tuple[float, float]:
-    return request_lengths(scenario.workload, None, base_dir)
-
-
 def work_bounds(
     scenario: Scenario,
     policy: str,
@@ -129,7 +125,7 @@ def work_bounds(
         cost, budget, _ = build_cost_and_memory(group_scenario(scenario, gpu, tp))
     except SimError:
         return None
-    prompt, output = _mean_lengths(scenario, base_dir)
+    prompt, output = request_lengths(scenario.workload, None, base_dir)
     p, o = max(1, round(prompt)), max(1.0, output)
     t_pre = cost.step_time(np.array([p], np.int64), np.array([0], np.int64))[0]
     seqs = dict(knobs).get("max_num_seqs", int(getattr(scenario.policy(policy)[1], "max_num_seqs", 256)))
