@@ -1,9 +1,8 @@
 """Weight and KV-cache formats: which tensor-core peak the layers' GEMMs run at, and at what share; the dtypes
 and group sizes a scenario or an option may name.
 
-One definition for both cost models (the engine's roofline in sim/cost/roofline.py and the kernel-level model
-in
-sim/cost/kernel_model.py):
+One definition for both cost models (the engine's roofline in sim/cost/roofline.py and the kernel-level
+model in sim/cost/kernel_model.py):
 
 - 16-bit (and fp32) weights: the GPU's peak for that dtype.
 - W8A8 (fp8, or int8 with 8-bit activations from a checkpoint): the 8-bit peak where the GPU has one, else the

@@ -1,8 +1,6 @@
 """The two cost models' parameters (`Calibration`: the engine's roofline; `KernelCalibration`: the
-kernel-level
-model of `sim step`), read from the `[calibration]` table of a parameter file: the shipped one by default, or
-a
-user's; a scenario's `[calibration]` overrides the first."""
+kernel-level model of `sim step`), read from the `[calibration]` table of a parameter file: the shipped one
+by default, or a user's; a scenario's `[calibration]` overrides the first."""
 
 from __future__ import annotations
 

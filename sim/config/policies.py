@@ -29,8 +29,7 @@ class VllmConfig(BaseModel):
         0.0, ge=0.0, lt=1.0, description="share of KV blocks kept free at admission beside running sequences"
     )
     # --- speculative decoding (sim/config/speculative.py) and LoRA (sim/config/lora.py), left out of dumps
-    # when
-    # absent so records and manifests without them are unchanged ---
+    # when absent so records and manifests without them are unchanged ---
     speculative: SpeculativeConfig | None = Field(None, exclude_if=lambda v: v is None)
     lora: LoraConfig | None = Field(
         None, description="serve LoRA adapters (sim/config/lora.py)", exclude_if=lambda v: v is None

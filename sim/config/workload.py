@@ -182,8 +182,8 @@ class WorkloadConfig(_Config):
     ignore_eos: bool = False
     prefix: PrefixConfig | None = None
     shared_prefix: SharedPrefixProfile | None = None
-    # LoRA adapter per request (sim/config/lora.py); left out of dumps when absent, so records stay as they
-    # were
+    # LoRA adapter per request (sim/config/lora.py); left out of dumps when absent, so records stay as
+    # they were
     lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")

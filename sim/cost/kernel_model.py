@@ -2,8 +2,8 @@
 
 Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
 of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
-the checks
-against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays the engine's.
+the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
+the engine's.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU):
 
@@ -25,9 +25,8 @@ preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step take
 
 Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
 (sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any
-GPU in
-the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times were
-fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
+GPU in the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times
+were fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
 parameter with its source.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill

@@ -94,8 +94,7 @@ class CostModel:
         self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
         self.cal = calibration or Calibration()
         # Matmul rate of the weight format (sim/catalog/quantisation.py): 8-bit peak for W8A8, 16-bit peak
-        # with
-        # dequantization for weight-only INT4/INT8.
+        # with dequantization for weight-only INT4/INT8.
         self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
         self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
         m = model

@@ -1,5 +1,4 @@
-"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `sim.engine.replica`)
-routes
+"""Many replicas on one SimPy clock: an arrival process (or closed-loop users, as in `engine.replica`) routes
 each request to a replica, and for disaggregated serving a prefilled request's KV moves over a link to a
 decode replica.
 
@@ -185,8 +184,7 @@ class Fleet:
             self.users.ended(req)
         self._check_done()
 
-    # --- closed-loop users (`sim.engine.replica`'s, with the router between them and the replicas)
-    # ---------------
+    # --- closed-loop users (`engine.replica`'s, with the router between them and the replicas) ------------
     def _close_arrivals(self) -> None:
         self.arrivals_done = True
         self._check_done()
