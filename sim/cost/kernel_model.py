@@ -26,8 +26,8 @@ preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step take
 Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
 (sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any
 GPU in the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times
-were fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists every
-parameter with its source.
+were fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists
+every parameter with its source.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
 chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
