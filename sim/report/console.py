@@ -135,7 +135,7 @@ def print_sweep(result: SweepResult, console: Console | None = None) -> None:
     table.add_column("policy")
     table.add_column("params")
     table.add_column("capacity", justify="right")
-    table.add_column("p99 latencies at capacity over", justify="right")
+    table.add_column("latencies at capacity cover", justify="right")
     for cap in result.capacity["capacities"]:
         table.add_row(
             cap["policy"],
