@@ -19,7 +19,7 @@ from sim.io.errors import SimError
 from sim.records import stats
 from sim.report.build import build_report, capacities, frames, grid, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
-from sim.report.inputs import PolicyRun, load_inputs
+from sim.report.inputs import PolicyRun, ReportInputs, load_inputs
 from sim.report.slo import judge_by_page_slo
 from sim.studies.points import POINT_SCHEMA
 from sim.studies.run import run_policy, write_result
@@ -553,3 +553,45 @@ def test_a_normal_runs_page_says_what_its_latencies_cover(tmp_path: Path) -> Non
     cdf = main[main.index('<section id="latency_cdf">') :]
     cdf = cdf[: cdf.index("</section>")]
     assert "The curves cover only the requests that finished" in cdf and all(c in cdf for c in cover.values())
+
+
+def test_a_sweep_page_says_what_its_latencies_cover() -> None:
+    """The latency-against-rate chart is made of each point's latencies over its finished requests: its
+    note adds up how many of the sweep's requests that is, and how many runs were overloaded."""
+    points = pl.DataFrame(
+        [point_row(p, r, rep) for p in HELD for r in RATES for rep in range(2)], schema=POINT_SCHEMA
+    )
+    arrived, finished = int(points["arrived"].sum()), int(points["finished"].sum())
+    over = int(points["overloaded"].sum())
+    assert 0 < over < points.height and finished < arrived
+    (latency, *_) = sweep_sections(load_inputs_of(points), [], [])
+    assert latency.key == "latency_vs_rate"
+    assert (
+        f"Latencies cover only the requests that finished: over the sweep's {points.height} runs, "
+        f"{finished:,} of {arrived:,} requests ({arrived - finished:,} unfinished); {over} of the "
+        f"{points.height} runs overloaded."
+    ) in latency.note
+
+
+def load_inputs_of(points: pl.DataFrame) -> ReportInputs:
+    return ReportInputs(name="mini", points=points)
+
+
+def test_each_latency_says_what_it_covers_in_words() -> None:
+    """The phrases the pages and tables use: a queue wait covers the requests ever scheduled, a TPOT the
+    finished ones with more than one token; one overloaded run of two is named alone."""
+    from sim.report.coverage import count_text, metric_text, overload_sentence
+
+    assert count_text(784, 1738) == "784 of 1,738 requests (954 unfinished)"
+    assert count_text(120, 120) == "120 of 120 requests (all finished)"
+    assert metric_text("queue_wait", 590, 33, 611) == "590 of 611 requests (21 never scheduled)"
+    assert metric_text("tpot", 31, 33, 611, "") == "31 of 611 (578 unfinished, 2 of one token)"
+    assert metric_text("tpot", 31, 33, 33) == "31 of 33 requests (2 of one token)"
+    summary = {"overloaded": True, "requests": {"arrived": 611, "finished": 33}}
+    calm = {"overloaded": False, "requests": {"arrived": 100, "finished": 100}}
+    line = overload_sentence([("static", summary), ("continuous", calm)], 30.0)
+    assert line == (
+        "Overloaded at 30 req/s: static piles up requests faster than it finishes them, so the latencies "
+        "below cover only the requests that finished: static 33 of 611 requests (578 unfinished)."
+    )
+    assert overload_sentence([("continuous", calm)], 30.0) is None

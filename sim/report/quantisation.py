@@ -111,8 +111,8 @@ def quantisation_rows(inputs: ReportInputs, caps: list[CapacityMark]) -> list[di
             "rate": rate,
             **{k: float(at[k].mean()) if at.height and at[k].null_count() < at.height else None
                for k in LATENCIES},
-            "finished": int(at["finished"].sum()) if at.height else None,
-            "arrived": int(at["arrived"].sum()) if at.height else None,
+            **{k: int(at[k].sum()) if at.height and k in at.columns else None
+               for k in ("finished", "arrived")},
         })  # fmt: skip
     return rows
 
