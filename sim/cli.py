@@ -127,6 +127,7 @@ def run(
     from sim.config.scenario import load_scenario
     from sim.io.outputs import exit_on_terminate, path_component
     from sim.io.progress import Stopwatch, run_progress
+    from sim.records.summary import latency_counts
     from sim.report import console
     from sim.report.console import note_mixed_runs
     from sim.studies.run import run_to_folder
@@ -141,7 +142,7 @@ def run(
     if (why := out_folder_problem(out_dir)) is not None:
         raise SimError(f"output folder {shown(out_dir)}: {why}")
     check_run_size(sc, scenario.parent, str(scenario), force)
-    summaries, manifest = [], None
+    summaries, counts, manifest = [], [], None
     for name in names:
         watch = Stopwatch()
         progress = run_progress(name, sc.horizon.duration_s, sc.horizon.max_requests)
@@ -149,8 +150,9 @@ def run(
             result = run_to_folder(sc, name, out_dir, scenario.parent, source=str(scenario), progress=hook)
         typer.echo(console.run_line(result.summary, watch))
         summaries.append(result.summary)
+        counts.append(latency_counts(result.requests))
         manifest = result.manifest
-    console.print_comparison(sc, summaries, out_dir)
+    console.print_comparison(sc, summaries, out_dir, counts)
     if manifest is not None:
         note_mixed_runs(out_dir, manifest, sc)
 

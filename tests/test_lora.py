@@ -342,6 +342,26 @@ def test_closed_loop_users_name_adapters_too() -> None:
     assert max(np.bincount(ids)) < 600 / 5 + 4 * np.sqrt(600 * 0.2 * 0.8)
 
 
+def test_report_section_over_adapter_counts_says_what_its_latencies_cover() -> None:
+    """The p99 TTFT per adapter count covers only the finished requests of those points: the section says
+    how many, over the points of the adapter sweep alone."""
+    import polars as pl
+
+    from sim.report.lora import lora_sections
+
+    key = '{"workload.lora.adapters": %d}'
+    points = pl.DataFrame({
+        "policy": ["a", "a", "b"], "rate": [4.0] * 3, "params": [key % 1, key % 100, '{"x": 1}'],
+        "requests_per_s": [4.0, 2.0, 1.0], "ttft_p99": [0.1, 5.0, 9.0], "arrived": [100, 100, 100],
+        "finished": [100, 60, 10], "overloaded": [False, True, True],
+    })  # fmt: skip
+    (section,) = lora_sections(points)
+    assert (
+        "Latencies cover only the requests that finished: over the sweep's 2 runs, 160 of 200 requests "
+        "(40 unfinished); 1 of the 2 runs overloaded."
+    ) in section.note
+
+
 def test_report_section_of_runs() -> None:
     import polars as pl
 

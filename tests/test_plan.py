@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -139,21 +140,26 @@ def test_pareto_front_by_hand_and_chart_spec_valid() -> None:
     front_chart(rows, front).to_dict(validate=True)
 
 
-def _page_of(rule: str, front_rows: int) -> tuple[str, dict]:
+def _result_of(rule: str, extra: dict | None = None) -> tuple[plan.PlanResult, Any]:
     import polars as pl
-
-    from sim.report.plan import front_chart, plan_page
 
     rows = pl.DataFrame({
         "config": ["a", "b", "c"], "cost_per_hour": [1.0, 2.0, 3.0], "gpus": [1, 2, 3],
         "ttft_p99": [0.9, 0.5, 0.2], "tpot_p99": [0.01] * 3, "goodput_per_s": [1.0] * 3,
         "meets_slo": [True, True, False], "mode": ["colocated"] * 3, "gpu": ["A100-80GB"] * 3, "tp": [1] * 3,
-        "knobs": ["{}"] * 3, "counts": [[1], [2], [3]],
+        "knobs": ["{}"] * 3, "counts": [[1], [2], [3]], **(extra or {}),
     })  # fmt: skip
     result = plan.PlanResult(
         20.0, 0.9, 3, 0, 0, rows=rows.to_dicts(), best=rows.row(0, named=True), rule=rule,
         slo={"ttft_s": 0.5, "tpot_s": 0.03, "e2e_s": None},
     )  # fmt: skip
+    return result, rows
+
+
+def _page_of(rule: str, front_rows: int, extra: dict | None = None) -> tuple[str, dict]:
+    from sim.report.plan import front_chart, plan_page
+
+    result, rows = _result_of(rule, extra)
     front = plan.pareto(rows).head(front_rows)
     return plan_page(result, rows, front, "plan.toml"), front_chart(rows, front).to_dict()
 
@@ -184,6 +190,23 @@ def test_plan_page_draws_the_front_its_caption_names(front_rows: int) -> None:
     assert any(layer["mark"]["type"] == "line" for layer in layers)
     named = "1 configuration" if front_rows == 1 else f"{front_rows} configurations"
     assert f"Pareto front ({named}" in html
+
+
+def test_plan_page_and_table_say_how_many_requests_each_configurations_latencies_cover(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration's p99 TTFT covers only its finished requests: the page and the terminal table say how
+    many, beside it."""
+    from sim.report.plan import print_plan
+
+    counts = {"arrived": [100, 100, 1000], "finished": [100, 98, 400], "overrides": ["{}"] * 3}
+    html, _ = _page_of("goodput", 2, counts)
+    cells = ["100 of 100 (all finished)", "98 of 100 (2 unfinished)", "400 of 1,000 (600 unfinished)"]
+    assert "<th>latencies over</th>" in html and all(f"<td>{c}</td>" in html for c in cells)
+    monkeypatch.setenv("COLUMNS", "200")
+    print_plan(_result_of("goodput", counts)[0], tmp_path)
+    out = capsys.readouterr().out
+    assert "latencies over" in out and all(c in out for c in cells), out
 
 
 def test_plan_refuses_an_empty_gpu_list_and_names_a_tp_that_does_not_divide_the_heads(scenario: Path) -> None:

@@ -1,6 +1,6 @@
 """What `sim run` says on screen: a progress bar on a terminal (fed at a coarse interval, not at all
-elsewhere), one line per run, and one line per reason requests were rejected; progress of replay and
-validation."""
+elsewhere), one line per run, one line per reason requests were rejected, and how many requests each
+latency of its table covers; progress of replay and validation."""
 
 from __future__ import annotations
 
@@ -112,6 +112,42 @@ def test_validation_reports_each_finished_row() -> None:
     seen: list[int] = []
     preds = predict_all(rows, 0.02, None, 1, seen.append)
     assert seen == list(range(1, len(rows) + 1)) and len(preds) == len(rows)
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """The rows of a rich table on screen: label -> cells."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line)[1:-1]]
+        if len(cells) > 1:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_run_table_says_how_many_requests_each_latency_covers(tmp_path: Path) -> None:
+    """At 40 req/s most requests never finish. The table printed their TTFT, TPOT and E2E, computed over the
+    finished requests only, and the queue wait, over those ever scheduled, without saying so: a row before
+    the latencies now states what each covers, counted from the records."""
+    path = tmp_path / "tiny.toml"
+    text = TINY.replace("rate = 2.0 }", "rate = 40.0 }")
+    path.write_text(text.replace("duration_s = 10", "duration_s = 5"))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(path), "--out", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    scheduled, finished = [], []
+    for policy in ("static", "continuous"):
+        req = pl.read_parquet(out / policy / "requests.parquet")
+        n, queued = req.height, int(req["queue_wait"].is_not_null().sum())
+        done = int((req["state"] == "finished").sum())
+        assert done < queued < n  # overloaded: some never scheduled, more never finished
+        scheduled.append(f"{queued:,} of {n:,} ({n - queued:,} never scheduled)")
+        finished.append(f"{done:,} of {n:,} ({n - done:,} unfinished)")
+    rows = table_rows(result.output)
+    assert rows["overloaded"] == ["YES", "YES"]
+    assert rows["queue_wait covers"] == scheduled, result.output
+    assert rows["ttft, tpot, itl, e2e cover"] == finished, result.output
+    labels = list(rows)
+    assert labels.index("ttft, tpot, itl, e2e cover") < labels.index("queue_wait p50 (ms)")
 
 
 def test_a_sweep_off_a_terminal_says_what_it_starts(tmp_path: Path) -> None:

@@ -388,10 +388,16 @@ variants = [{ "model.weight_dtype" = "bf16" }, { "model.kv_dtype" = "fp8" }]
     assert points is not None
     at2 = points.filter((points["rate"] == 2.0) & points["params"].str.contains("kv_dtype"))
     assert rows[1]["rate"] == 2.0 and rows[1]["ttft_p99"] == pytest.approx(float(at2["ttft_p99"].mean()))
+    # the latencies at that rate cover the finished requests of its replications, said in the table
+    sums = (int(at2["finished"].sum()), int(at2["arrived"].sum()))
+    assert (rows[1]["finished"], rows[1]["arrived"]) == sums
     latency_chart(rows).to_dict(validate=True)
     build_report(out, path, png=False)
     html = (out / "index.html").read_text()
     assert "What quantisation buys" in html and "fp8 KV" in html and f"{expected[1]:,}" in html
+    assert "<th>latencies over at 2 req/s</th>" in html
+    done, n = rows[1]["finished"], rows[1]["arrived"]
+    assert f"<td>{done:,} of {n:,} requests (" in html
     assert math.isfinite(rows[0]["itl_p50"])
 
 

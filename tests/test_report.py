@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from sim.io.errors import SimError
 from sim.records import stats
 from sim.report.build import build_report, capacities, frames, grid, run_sections, sweep_sections
 from sim.report.headline import capacity_sentence
-from sim.report.inputs import PolicyRun, load_inputs
+from sim.report.inputs import PolicyRun, ReportInputs, load_inputs
 from sim.report.slo import judge_by_page_slo
 from sim.studies.points import POINT_SCHEMA
 from sim.studies.run import run_policy, write_result
@@ -474,3 +475,123 @@ def test_runs_judged_by_another_slo_than_the_sweep_are_recomputed_under_the_page
             _judged(run, 1.0, 0.1)
         )
     assert any("recomputed" in n and "TTFT ≤ 10 ms" in n for n in inputs.notes)
+
+
+# --- what the latencies cover ------------------------------------------------------------------------------
+
+
+def runs_dir(root: Path, scenario_text: str) -> Path:
+    """reports/mini/ with real runs of both policies of `scenario_text` (no sweep)."""
+    scenario_file = root / "mini.toml"
+    scenario_file.write_text(scenario_text)
+    report_dir = root / "reports" / "mini"
+    report_dir.mkdir(parents=True)
+    sc = load_scenario(scenario_file)
+    for policy in sc.policies:
+        write_result(run_policy(sc, policy, root), report_dir)
+    return report_dir
+
+
+def covered(report_dir: Path) -> dict[str, str]:
+    """Per policy, what its latencies cover, as the page must say it: `static 33 of 611 requests (...)`."""
+    out = {}
+    for run in load_inputs(report_dir).runs:
+        req = run.summary["requests"]
+        rest = req["arrived"] - req["finished"]
+        tail = f"{rest:,} unfinished" if rest else "all finished"
+        out[run.policy] = f"{run.policy} {req['finished']:,} of {req['arrived']:,} requests ({tail})"
+    return out
+
+
+def page_text(report_dir: Path) -> str:
+    """The page's <main>, unescaped."""
+    html = (report_dir / "index.html").read_text()
+    return unescape(html[html.index("<main>") : html.index("</main>")])
+
+
+def test_an_overloaded_runs_headline_says_so_before_any_latency_and_what_they_cover(tmp_path: Path) -> None:
+    """At 30 req/s both policies pile up requests and most never finish. The headline used to open with
+    'static keeps p99 TTFT at 9 s against 15 s' over the few survivors, without saying so: it now says
+    first that the runs are overloaded, and each latency sentence and table says how many requests it
+    covers."""
+    text = SCENARIO.replace("rate = 3.0", "rate = 30.0").replace("duration_s = 40", "duration_s = 10")
+    report_dir = runs_dir(tmp_path, text)
+    assert all(r.summary["overloaded"] for r in load_inputs(report_dir).runs)
+    build_report(report_dir, png=False)
+    main = page_text(report_dir)
+    leads = re.findall(r'<p class="lead">(.*?)</p>', main)
+    cover = covered(report_dir)
+    assert all("unfinished" in c for c in cover.values())
+    assert leads[0].startswith("Overloaded at 30 req/s: continuous and static pile up requests faster")
+    assert all(c in leads[0] for c in cover.values()), leads[0]
+    after_meta = main[main.index('<p class="meta">') :]
+    after_meta = after_meta[after_meta.index("</p>") :]  # the meta line states the SLO, not a latency
+    first_latency = min(after_meta.index(word) for word in ("TTFT", "TPOT", "E2E", " ms", " s "))
+    assert after_meta.index("Overloaded at 30 req/s") < first_latency
+    assert "over the requests that finished: " in leads[1] and all(c in leads[1] for c in cover.values())
+    note = re.search(r'</table><p class="coverage">(.*?)</p>', main)
+    assert note is not None and note[1].startswith("TTFT, TPOT and E2E cover only the requests that finished")
+    assert all(c in note[1] for c in cover.values())
+
+
+def test_a_normal_runs_page_says_what_its_latencies_cover(tmp_path: Path) -> None:
+    """A run that keeps up and drains says no overload, and still states that its latencies cover every
+    request, beside the headline, the table and the latency distributions."""
+    text = SCENARIO.replace("rate = 3.0", "rate = 1.0")
+    text = text.replace("duration_s = 40", "duration_s = 20\ndrain = true")
+    report_dir = runs_dir(tmp_path, text)
+    assert not any(r.summary["overloaded"] for r in load_inputs(report_dir).runs)
+    build_report(report_dir, png=False)
+    main = page_text(report_dir)
+    cover = covered(report_dir)
+    assert all(c.endswith("(all finished)") for c in cover.values())
+    leads = re.findall(r'<p class="lead">(.*?)</p>', main)
+    assert "Overloaded" not in main and leads[0].startswith("At 1 req/s, ")
+    assert all(c in leads[0] for c in cover.values()), leads[0]
+    note = re.search(r'</table><p class="coverage">(.*?)</p>', main)
+    assert note is not None and all(c in note[1] for c in cover.values())
+    cdf = main[main.index('<section id="latency_cdf">') :]
+    cdf = cdf[: cdf.index("</section>")]
+    assert "The curves cover only the requests that finished" in cdf and all(c in cdf for c in cover.values())
+
+
+def test_a_sweep_page_says_what_its_latencies_cover() -> None:
+    """The latency-against-rate chart is made of each point's latencies over its finished requests: its
+    note adds up how many of the sweep's requests that is, and how many runs were overloaded."""
+    points = pl.DataFrame(
+        [point_row(p, r, rep) for p in HELD for r in RATES for rep in range(2)], schema=POINT_SCHEMA
+    )
+    arrived, finished = int(points["arrived"].sum()), int(points["finished"].sum())
+    over = int(points["overloaded"].sum())
+    assert 0 < over < points.height and finished < arrived
+    (latency, *_) = sweep_sections(load_inputs_of(points), [], [])
+    assert latency.key == "latency_vs_rate"
+    assert (
+        f"Latencies cover only the requests that finished: over the sweep's {points.height} runs, "
+        f"{finished:,} of {arrived:,} requests ({arrived - finished:,} unfinished); {over} of the "
+        f"{points.height} runs overloaded."
+    ) in latency.note
+
+
+def load_inputs_of(points: pl.DataFrame) -> ReportInputs:
+    return ReportInputs(name="mini", points=points)
+
+
+def test_each_latency_says_what_it_covers_in_words() -> None:
+    """The phrases the pages and tables use: a queue wait covers the requests ever scheduled, a TPOT the
+    finished ones with more than one token; one overloaded run of two is named alone."""
+    from sim.report.coverage import count_text, metric_text, overload_sentence
+
+    assert count_text(784, 1738) == "784 of 1,738 requests (954 unfinished)"
+    assert count_text(120, 120) == "120 of 120 requests (all finished)"
+    assert metric_text("queue_wait", 590, 33, 611) == "590 of 611 requests (21 never scheduled)"
+    assert metric_text("tpot", 31, 33, 611, "") == "31 of 611 (578 unfinished, 2 of one token)"
+    assert metric_text("tpot", 31, 33, 33) == "31 of 33 requests (2 of one token)"
+    summary = {"overloaded": True, "requests": {"arrived": 611, "finished": 33}}
+    calm = {"overloaded": False, "requests": {"arrived": 100, "finished": 100}}
+    line = overload_sentence([("static", summary), ("continuous", calm)], 30.0)
+    assert line == (
+        "Overloaded at 30 req/s: static piles up requests faster than it finishes them, so the latencies "
+        "below cover only the requests that finished: static 33 of 611 requests (578 unfinished)."
+    )
+    assert overload_sentence([("continuous", calm)], 30.0) is None

@@ -13,7 +13,9 @@ import numpy as np
 import polars as pl
 import pytest
 from test_manifest import TINY
+from typer.testing import CliRunner
 
+from sim.cli import app
 from sim.config import sweep as sweep_config
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
@@ -283,6 +285,38 @@ def test_cli_runs_a_sweep(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "2 points (2 run, 0 already done)" in proc.stdout and "capacity" in proc.stdout
     assert (tmp_path / "sweep/capacity.json").exists()
+
+
+def test_the_sweep_says_how_many_requests_its_latencies_cover(tmp_path: Path) -> None:
+    """A sweep judges capacities by latencies over the finished requests only, and said nothing of how many
+    that was: it now states how many requests its points' latencies cover (and how many runs were
+    overloaded), and each capacity how many its latencies cover, counted from the point files."""
+    path = write(tmp_path, "[sweep]\nrates = [2, 40]\n")
+    args = ["sweep", str(path), "--jobs", "1", "--find-capacity", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    pts = pl.concat([pl.read_parquet(p) for p in sorted((tmp_path / "sweep" / "points").glob("*.parquet"))])
+    arrived, finished = int(pts["arrived"].sum()), int(pts["finished"].sum())
+    over, runs = int(pts["overloaded"].sum()), pts.height
+    assert over and finished < arrived
+    assert (
+        f"Latencies cover only the requests that finished: over the sweep's {runs} runs, {finished:,} of "
+        f"{arrived:,} requests ({arrived - finished:,} unfinished); {over} of the {runs} runs overloaded."
+    ) in " ".join(result.output.split()), result.output
+    caps = json.loads((tmp_path / "sweep" / "capacity.json").read_text())["capacities"]
+    shown = {}
+    for line in result.output.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line)[1:-1]]
+        if len(cells) == 4:
+            shown[cells[0]] = cells[3]
+    assert shown["policy"] == "latencies at capacity cover"
+    found = [c for c in caps if c["capacity"] is not None]
+    assert found, caps
+    for cap in found:
+        at = pts.filter((pl.col("policy") == cap["policy"]) & (pl.col("rate") == cap["capacity"]))
+        done, n = int(at["finished"].sum()), int(at["arrived"].sum())
+        tail = f"{n - done:,} unfinished" if n > done else "all finished"
+        assert shown[cap["policy"]] == f"{done:,} of {n:,} ({tail})", result.output
 
 
 # --- shipped scenarios --------------------------------------------------------------------------------

@@ -283,6 +283,27 @@ def _frame_ten_percent_off() -> pl.DataFrame:
     return compare(rows, _ten_percent_off(rows, 1.0, None, 1, None))
 
 
+def test_the_comparison_says_how_many_simulated_requests_each_prediction_covers() -> None:
+    """A row's predicted latencies cover only the simulated requests that finished within the client
+    timeout: the table says how many, per row."""
+    import io
+
+    from rich.console import Console
+
+    from sim.report.fidelity import print_report
+
+    rows = load_rows()[:2]
+    preds = [
+        replace(p, finished=done, arrived=1200)
+        for p, done in zip(_ten_percent_off(rows, 1.0, None, 1, None), (1200, 1180), strict=True)
+    ]
+    screen = Console(file=io.StringIO(), width=300)
+    print_report(rows, preds, compare(rows, preds), screen)
+    text = screen.file.getvalue()  # type: ignore[attr-defined]
+    assert "predicted over" in text and "1,200 of 1,200 (all)" in text
+    assert "1,180 of 1,200 (20 unfinished or timed out)" in text
+
+
 def test_fidelity_page_fits_a_screen_with_its_legend_inside() -> None:
     """Seven 300-px facets in four columns put the legend past 1,400 px, off a laptop screen."""
     import vl_convert as vlc

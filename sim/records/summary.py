@@ -272,6 +272,23 @@ def summarize(
     }
 
 
+def latency_counts(requests: Records) -> dict[str, int]:
+    """How many requests each latency of `summarize` covers (a figure's coverage, not part of the summary):
+    queue wait, every request scheduled at least once (a request still queued at the end has none); TTFT,
+    TPOT and E2E, the finished requests with a value (a one-token output has no TPOT); ITL, the finished
+    requests with more than one token, whose gaps its mean and max are taken over."""
+    done = pl.col("state").cast(pl.String) == FINISHED
+    exprs = {
+        "queue_wait": pl.col("queue_wait").is_not_null().sum(),
+        **{name: (done & pl.col(name).is_not_null()).sum() for name in ("ttft", "tpot", "e2e")},
+        "itl": (done & (pl.col("generated_tokens") > pl.col("n"))).sum(),
+    }
+    row = _columns(requests, "state", "queue_wait", "ttft", "tpot", "e2e", "generated_tokens", "n").select(
+        **exprs
+    )
+    return {name: int(row[name][0]) for name in LATENCY_METRICS}
+
+
 def measurement_window(requests: pl.DataFrame, end_time: float) -> tuple[float, float]:
     """`(start, end)` of the span every rate is measured over: from the first arrival to the last completion
     (or rejection), or to `end_time`, the horizon, while requests are still in flight at it."""

@@ -10,9 +10,10 @@ from sim.io.outputs import atomic_write, write_text
 from sim.io.paths import out_folder_problem, shown
 from sim.records import stats
 from sim.report import charts, frames, grid
+from sim.report.coverage import latency_note, overload_sentence, points_text
 from sim.report.fleet import fleet_sections
 from sim.report.headline import SUMMARY_COLUMNS, capacity_sentence, run_sentence, slo_text, summary_rows
-from sim.report.inputs import ReportInputs, load_inputs
+from sim.report.inputs import PolicyRun, ReportInputs, load_inputs
 from sim.report.lora import lora_sections
 from sim.report.page import Section, chart_png, chart_spec, render_page
 from sim.report.quantisation import quantisation_sections
@@ -63,7 +64,7 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
             "Median (solid) and p99 (dashed) of time to first token, time per output token and end-to-end "
             "latency (means over replications), with 95% confidence bands computed in log space, as the "
             "axis is. Look for the knee: the rate where p99 leaves the floor and climbs steeply is where a "
-            "policy starts to queue.",
+            f"policy starts to queue. {points_text(inputs.points)}",
             charts.latency_vs_rate(grid.log_bands(means), series) if have and means is not None else None,
             need("sweep results", "sweep", inputs),
         ),
@@ -90,6 +91,10 @@ def sweep_sections(inputs: ReportInputs, series: list[str], caps: list[grid.Capa
     ]
 
 
+def _named(runs: list[PolicyRun]) -> list[tuple[str, dict[str, object]]]:
+    return [(r.policy, r.summary) for r in runs]
+
+
 def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
     runs = inputs.runs
     rate = inputs.run_rate
@@ -99,7 +104,8 @@ def run_sections(inputs: ReportInputs, series: list[str]) -> list[Section]:
             "latency_cdf",
             f"Latency distributions{at}",
             "Cumulative share of finished requests by time to first token and end-to-end latency. A curve "
-            "further left is faster; a long flat tail is the requests that waited behind others.",
+            "further left is faster; a long flat tail is the requests that waited behind others. "
+            f"{escape(latency_note(_named(runs), 'The curves cover'))}",
             charts.latency_cdf(frames.cdfs(runs), series) if runs else None,
             need("per-policy runs", "run", inputs),
         ),
@@ -161,16 +167,30 @@ def build_report(report_dir: Path, scenario_file: Path | None = None, png: bool 
     sections += speculative_sections(inputs, series)
     sections += lora_sections(inputs.points, inputs.runs)
     sections = quantisation_sections(inputs, caps) + sections
-    headline = [
+    headline = [  # an overloaded run is said to be so before any latency
         line
-        for line in (capacity_sentence(caps, inputs.scenario), run_sentence(inputs.runs, inputs.run_rate))
+        for line in (
+            overload_sentence(_named(inputs.runs), inputs.run_rate),
+            capacity_sentence(caps, inputs.scenario),
+            run_sentence(inputs.runs, inputs.run_rate),
+        )
         if line
     ]
     table = (SUMMARY_COLUMNS, summary_rows(inputs.runs, caps)) if inputs.runs else None
+    table_note = latency_note(_named(inputs.runs)) if inputs.runs else ""
     specs = {s.key: chart_spec(s.chart) for s in sections if s.chart is not None}
     title = f"servesim report: {inputs.name}"
     html = render_page(
-        title, inputs.description, _meta(inputs), headline, table, sections, specs, PNG_DIR, inputs.notes
+        title,
+        inputs.description,
+        _meta(inputs),
+        headline,
+        table,
+        sections,
+        specs,
+        PNG_DIR,
+        inputs.notes,
+        table_note,
     )
     index = report_dir / "index.html"
     write_text(index, html)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +14,7 @@ from rich.table import Table
 from sim.config.scenario import Scenario
 from sim.io.errors import SimError
 from sim.io.progress import Stopwatch
+from sim.report.coverage import count_text, metric_text, points_text
 from sim.report.inputs import describe_differences
 from sim.studies.folder import SWEEP_DIR, other_scenario_runs, read_sweep_scenario, sweep_differences
 from sim.studies.sweep import SweepResult
@@ -41,7 +43,43 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1e3:,.1f}"
 
 
-def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_dir: Path) -> None:
+def coverage_rows(summaries: list[dict[str, Any]], counts: list[dict[str, int]] | None) -> list[list[str]]:
+    """Rows `[label, cell per run]` saying how many requests each latency covers: one row per run of the
+    metrics (in `LATENCY_ROWS` order) that cover the same requests in every run. Without `counts`
+    (`latency_counts` per run), TTFT, TPOT, ITL and E2E are said to cover the finished requests."""
+    cells = []
+    for i, s in enumerate(summaries):
+        req = s["requests"]
+        covered = counts[i] if counts is not None else {m: req["finished"] for m in LATENCY_ROWS}
+        cells.append(
+            {
+                m: metric_text(m, covered[m], req["finished"], req["arrived"], "") if m in covered else "—"
+                for m in LATENCY_ROWS
+            }
+        )
+    rows: list[tuple[list[str], list[str]]] = []
+    for metric in LATENCY_ROWS:
+        if counts is None and metric == "queue_wait":
+            continue
+        texts = [c[metric] for c in cells]
+        if rows and rows[-1][1] == texts:
+            rows[-1][0].append(metric)
+        else:
+            rows.append(([metric], texts))
+    return [[f"{', '.join(names)} cover{'s' if len(names) == 1 else ''}", *texts] for names, texts in rows]
+
+
+LATENCY_ROWS = ("queue_wait", "ttft", "tpot", "itl", "e2e")
+
+
+def print_comparison(
+    scenario: Scenario,
+    summaries: list[dict[str, Any]],
+    out_dir: Path,
+    counts: list[dict[str, int]] | None = None,
+) -> None:
+    """The table comparing the runs; `counts` (`latency_counts` of each run's records) say how many requests
+    each latency covers."""
     console = Console()
     title = f"{scenario.name}: {scenario.model.name} on {scenario.model.gpu} (TP {scenario.model.tp})"
     table = Table(title=title)
@@ -58,7 +96,9 @@ def print_comparison(scenario: Scenario, summaries: list[dict[str, Any]], out_di
     row("overloaded", lambda s: "YES" if s["overloaded"] else "no")
     row("throughput (req/s)", lambda s: f"{s['throughput']['requests_per_s']:.2f}")
     row("output tokens/s", lambda s: f"{s['throughput']['output_tokens_per_s']:,.0f}")
-    for metric in ("queue_wait", "ttft", "tpot", "itl", "e2e"):
+    for cover in coverage_rows(summaries, counts):
+        table.add_row(*cover)
+    for metric in LATENCY_ROWS:
         for q in ("p50", "p99"):
             row(f"{metric} {q} (ms)", lambda s, m=metric, q=q: _ms(s["latency"][m][q]))
     row("goodput (req/s)", lambda s: f"{s['goodput_per_s']:.2f}")
@@ -86,15 +126,40 @@ def print_sweep(result: SweepResult, console: Console | None = None) -> None:
         f"{result.scenario.name}: {result.points.height} points "
         f"({result.ran} run, {result.resumed} already done) in {result.sweep_dir}/"
     )
+    covered = points_text(result.points)
+    if covered:
+        console.print(covered, highlight=False)
     if result.capacity is None:
         return
     table = Table(title=f"capacity under the SLO ({result.capacity['unit']})")
     table.add_column("policy")
     table.add_column("params")
     table.add_column("capacity", justify="right")
+    table.add_column("latencies at capacity cover", justify="right")
     for cap in result.capacity["capacities"]:
-        table.add_row(cap["policy"], json.dumps(cap["params"]) if cap["params"] else "", cap["label"])
+        table.add_row(
+            cap["policy"],
+            json.dumps(cap["params"]) if cap["params"] else "",
+            cap["label"],
+            _capacity_coverage(result.points, cap),
+        )
     console.print(table)
+
+
+def _capacity_coverage(points: pl.DataFrame, cap: dict[str, Any]) -> str:
+    """The requests the latencies at a capacity cover, added over its replications (— without one)."""
+    rate = cap.get("capacity")
+    if rate is None or points.is_empty():
+        return "—"
+    params = [json.loads(p) if p else {} for p in points["params"]]
+    mask = [
+        policy == cap["policy"] and r == rate and p == cap["params"]
+        for policy, r, p in zip(points["policy"], points["rate"], params, strict=True)
+    ]
+    at = points.filter(pl.Series(mask, dtype=pl.Boolean))
+    if at.is_empty():
+        return "—"
+    return count_text(int(at["finished"].sum()), int(at["arrived"].sum()), "")
 
 
 def note_mixed_runs(out_dir: Path, manifest: dict[str, Any], scenario: Scenario) -> None:

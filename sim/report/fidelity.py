@@ -15,6 +15,7 @@ from sim.io.errors import SimError
 from sim.io.progress import progress
 from sim.studies.validate import (
     BAR_SCALE,
+    CLIENT_TIMEOUT_S,
     FRONTEND_KEY,
     MEDIAN_BAR_PCT,
     METRICS,
@@ -44,6 +45,7 @@ def print_report(
     for m in METRICS:
         table.add_column(m.replace("_", " "), justify="right")
     table.add_column("overloaded")
+    table.add_column("predicted over", justify="right")
     cell = {(k, m): (p, ms, s) for k, m, p, ms, _, s, *_ in frame.rows()}
     by_key = {p.exp_key: p for p in preds}
     for row in rows:
@@ -52,8 +54,14 @@ def print_report(
         if by_key[row.exp_key].overloaded:
             flags.append("sim")
         signed = [f"{cell[(row.exp_key, m)][2]:+.1f}" for m in METRICS]
-        table.add_row(row.exp_key, f"{p:,.0f} / {ms:,.0f}", *signed, " + ".join(flags))
+        over = predicted_over(by_key[row.exp_key])
+        table.add_row(row.exp_key, f"{p:,.0f} / {ms:,.0f}", *signed, " + ".join(flags), over)
     console.print(table)
+    console.print(
+        "predicted over: the simulated requests the predicted latencies cover, those that finished within "
+        f"the load tool's {CLIENT_TIMEOUT_S:g} s timeout",
+        highlight=False,
+    )
     med = median_errors(frame)
     summary = Table(title="median over rows: absolute % error (signed %)")
     summary.add_column("rows")
@@ -72,6 +80,15 @@ def print_report(
         console.print("fallbacks (knobs the row does not record) and features not modelled:")
         for n in notes:
             console.print(f"  {n}")
+
+
+def predicted_over(pred: Prediction) -> str:
+    """`1,180 of 1,200 (20 unfinished or timed out)`: the simulated requests a row's predictions cover."""
+    if not pred.arrived:
+        return "–"
+    rest = pred.arrived - pred.finished
+    tail = f" ({rest:,} unfinished or timed out)" if rest else " (all)"
+    return f"{pred.finished:,} of {pred.arrived:,}{tail}"
 
 
 FACET_PX = 190  # each metric's square: four columns and the axes stay within a 1,100-px window

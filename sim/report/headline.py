@@ -7,6 +7,7 @@ from typing import Any
 from sim.config.scenario import Scenario
 from sim.config.sections import SloSection
 from sim.records.summary import Slo
+from sim.report.coverage import runs_text
 from sim.report.grid import CapacityMark
 from sim.report.inputs import PolicyRun
 
@@ -80,9 +81,11 @@ def run_sentence(runs: list[PolicyRun], rate: float | None) -> str | None:
     at = f"At {rate:.3g} req/s, " if rate else ""
     ratio = worst[1] / best[1]
     times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.1f}"
+    summaries = {r.policy: r.summary for r in runs}
+    covered = runs_text([(name, summaries[name]) for name in (best[0], worst[0])])
     return (
         f"{at}{best[0]} keeps p99 TTFT at {fmt_seconds(best[1])} against {fmt_seconds(worst[1])} "
-        f"for {worst[0]} ({times}× lower)."
+        f"for {worst[0]} ({times}× lower), over the requests that finished: {covered}."
     )
 
 

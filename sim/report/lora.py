@@ -10,6 +10,7 @@ import altair as alt
 import polars as pl
 
 from sim.report.charts import WIDTH, policy_color
+from sim.report.coverage import points_text
 from sim.report.inputs import PolicyRun
 from sim.report.page import Section
 
@@ -120,6 +121,7 @@ def lora_sections(points: pl.DataFrame | None, runs: list[PolicyRun] | None = No
     frame = by_adapters(points)
     if frame.is_empty():
         return out
+    swept = points.filter(pl.Series([_adapters(p) is not None for p in points["params"]], dtype=pl.Boolean))
     return out + [
         Section(
             "lora_adapters",
@@ -127,7 +129,8 @@ def lora_sections(points: pl.DataFrame | None, runs: list[PolicyRun] | None = No
             "Each point is a sweep run at one adapter count (mean over replications). While the "
             "popular adapters fit the GPU slots (max_loras) throughput holds; as the adapters outnumber the "
             "slots, a batch may mix at most max_loras of them, requests of other adapters wait in the queue, "
-            "and adapters are copied in over PCIe: throughput falls and p99 TTFT climbs.",
+            "and adapters are copied in over PCIe: throughput falls and p99 TTFT climbs. "
+            + points_text(swept),
             adapters_chart(frame),
         )
     ]

@@ -66,6 +66,7 @@ th { background: #f3f3f3; font-weight: 600; }
 .vis { margin: 8px 0; overflow-x: auto; }
 .note { color: #8a1f11; background: #fbeaea; padding: 8px 12px; border-radius: 4px; }
 .missing { color: #8a6d3b; background: #fcf8e3; padding: 8px 12px; border-radius: 4px; }
+.coverage { color: #555; font-size: 13px; margin-top: 0; }
 .png { font-size: 12px; color: #888; }
 code { background: #f3f3f3; padding: 1px 4px; border-radius: 3px; }
 """
@@ -108,12 +109,16 @@ def render_page(
     specs: dict[str, dict[str, Any]],
     png_dir: str = "charts",
     notes: list[str] | None = None,
+    table_note: str = "",
 ) -> str:
     """The whole HTML document; `specs` holds the Vega-Lite spec of each section that has a chart;
-    `notes` are caveats shown above the headline."""
+    `notes` are caveats shown above the headline; `table_note` is said under the table (what its
+    latencies cover)."""
     lead = "".join(f'<p class="note">{escape(line)}</p>' for line in notes or [])
     lead += "".join(f'<p class="lead">{escape(line)}</p>' for line in headline)
     summary = _table(*table) if table and table[1] else ""
+    if summary and table_note:
+        summary += f'<p class="coverage">{escape(table_note)}</p>'
     body = "".join(_section(s, png_dir) for s in sections)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import polars as pl
 
 from sim.io.outputs import atomic_write
+from sim.report.coverage import count_text
 from sim.report.page import Section, chart_spec, render_page
 from sim.studies.plan import PlanResult, pareto
 
@@ -71,6 +73,14 @@ def _fmt(value: object, digits: int = 3) -> str:
     return str(value)
 
 
+def _covered(row: dict[str, Any]) -> str:
+    """The requests a configuration's latencies cover: its finished ones."""
+    finished, arrived = row.get("finished"), row.get("arrived")
+    if isinstance(finished, int) and isinstance(arrived, int):
+        return count_text(finished, arrived, "")
+    return "-"
+
+
 def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scenario: str) -> str:
     header = (
         "rank",
@@ -79,6 +89,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         "GPUs",
         "p99 TTFT (s)",
         "p99 TPOT (s)",
+        "latencies over",
         "goodput (req/s)",
         "meets SLO",
     )
@@ -87,7 +98,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         for i, r in enumerate(result.ranked(), 1):
             table.append([
                 str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]), _fmt(r["ttft_p99"]),
-                _fmt(r["tpot_p99"]), _fmt(r["goodput_per_s"]), "yes" if r["meets_slo"] else "no",
+                _fmt(r["tpot_p99"]), _covered(r), _fmt(r["goodput_per_s"]), "yes" if r["meets_slo"] else "no",
             ])  # fmt: skip
     best = result.best
     headline = [
@@ -160,14 +171,16 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
 
     console = Console()
     table = Table(title=f"sim plan at {result.rate:g} req/s")
-    for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "SLO"):
+    columns = ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "latencies over", "goodput",
+               "SLO")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for i, r in enumerate(result.ranked(), 1):
         ttft, tpot = r["ttft_p99"], r["tpot_p99"]
         table.add_row(
             str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
             "-" if ttft is None else f"{ttft:.3f} s", "-" if tpot is None else f"{tpot * 1000:.1f} ms",
-            f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
+            _covered(r), f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
         )  # fmt: skip
     console.print(table)
     console.print(

@@ -21,6 +21,7 @@ from sim.catalog.models import load_model
 from sim.config.sweep import parse_sweep
 from sim.cost.memory import kv_memory
 from sim.io.errors import SimError
+from sim.report.coverage import count_text
 from sim.report.grid import CapacityMark, params_label, with_series
 from sim.report.inputs import ReportInputs
 from sim.report.page import Section
@@ -110,6 +111,8 @@ def quantisation_rows(inputs: ReportInputs, caps: list[CapacityMark]) -> list[di
             "rate": rate,
             **{k: float(at[k].mean()) if at.height and at[k].null_count() < at.height else None
                for k in LATENCIES},
+            **{k: int(at[k].sum()) if at.height and k in at.columns else None
+               for k in ("finished", "arrived")},
         })  # fmt: skip
     return rows
 
@@ -132,12 +135,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
     rate = rows[0]["rate"]
     at = f" at {rate:g} req/s" if rate is not None else ""
     head = ["format", "KV tokens", "sequences that fit", "capacity (req/s)",
-            f"TTFT p50 / p99 (ms){at}", f"ITL p50 / p99 (ms){at}"]  # fmt: skip
+            f"TTFT p50 / p99 (ms){at}", f"ITL p50 / p99 (ms){at}", f"latencies over{at}"]  # fmt: skip
     body = "".join(
         "<tr>" + "".join(f"<td>{c}</td>" for c in (
             escape(r["format"]), _cell(r["kv_tokens"]), _cell(r["max_seqs"]), escape(str(r["capacity_text"])),
             f"{_cell(r['ttft_p50'], 1e3)} / {_cell(r['ttft_p99'], 1e3)}",
             f"{_cell(r['itl_p50'], 1e3)} / {_cell(r['itl_p99'], 1e3)}",
+            "-" if r["arrived"] is None else escape(count_text(r["finished"], r["arrived"])),
         )) + "</tr>"
         for r in rows
     )  # fmt: skip
@@ -183,7 +187,9 @@ def quantisation_sections(inputs: ReportInputs, caps: list[CapacityMark]) -> lis
         "cache (more sequences at once) and cut the bytes each memory-bound decode step reads (lower ITL); "
         "an FP8 KV cache doubles the KV tokens. Compute-bound prefill speeds up only where the matmuls get a "
         "faster FLOP rate (FP8 W8A8); weight-only INT4 is dequantized to 16-bit and prefills no faster. "
-        "Capacity: the highest rate within the SLO (sweep <code>--find-capacity</code>)." + _table(rows)
+        "Capacity: the highest rate within the SLO (sweep <code>--find-capacity</code>). Latencies: means "
+        "over the replications at that rate, each over the requests that finished (the last column adds "
+        "them up)." + _table(rows)
     )
     return [
         Section(

@@ -9,6 +9,7 @@ import polars as pl
 
 from sim.report import charts, grid
 from sim.report.charts import WIDTH
+from sim.report.coverage import points_text
 from sim.report.inputs import PolicyRun, ReportInputs
 from sim.report.page import Section
 
@@ -123,7 +124,8 @@ def speculative_sections(inputs: ReportInputs, series: list[str]) -> list[Sectio
             f"Median latency of <code>{plain[0] if plain else '?'}</code> (no speculation) over each "
             "speculating policy's, per rate (means over replications). Above 1 speculation pays; where a "
             "line crosses 1 the batch has grown enough for the step to be compute-bound, and the rejected "
-            "drafts and the draft's passes cost more than the extra tokens per step buy.",
+            "drafts and the draft's passes cost more than the extra tokens per step buy. "
+            + points_text(inputs.points),
             ratio_chart(ratios, series, plain[0]) if ratios is not None and ratios.height else None,
             "This chart needs sweep results with a policy without speculation: run "
             "<code>sim sweep SCENARIO.toml</code>, then this command again.",
