@@ -40,9 +40,11 @@ import numpy as np
 
 from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
+from sim.catalog.kernel_gpus import nccl_fit
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import matmul_rate
 from sim.config.calibration import KernelCalibration
+from sim.cost.allreduce import CUSTOM_ALLREDUCE_DEGREES, CUSTOM_ALLREDUCE_MAX_BYTES, nccl_seconds, ring_bytes
 from sim.cost.kernels import (
     ACT_BYTES,
     ELEMENTWISE_KERNELS,
@@ -50,6 +52,8 @@ from sim.cost.kernels import (
     Kernel,
     StepCost,
     attention_seconds,
+    elementwise_bytes,
+    gemm_seconds,
     host_seconds,
     kernel_seconds,
     overlapped,
@@ -102,23 +106,25 @@ class KernelCostModel:
         self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.heads = max(1.0, m.num_heads / tp)
         self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
-        # Element-wise traffic per token per layer (16-bit): two norms (read, write), the activation (read
-        # gate and up, write), rotary embedding of q and k (read, write).
+        # Element-wise kernels per layer (16-bit): two fused residual-add + RMSNorm (charged as RMSNorm: vLLM
+        # fuses the add), rotary embedding of q and k, the MLP activation; each kind at its fitted bandwidth
+        # and fixed cost; and the KV-cache write (its bytes are attention's), a fixed cost.
         inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
         qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
-        self.elem_bytes_token = ACT_BYTES * L * (4 * m.hidden_size + 3 * inter + 2 * qk)
+        per_token = elementwise_bytes(m.hidden_size, qk, inter, 1)
+        kinds = (("norm", 2), ("rope", 1), ("act", 1))
+        self.elem_bytes_token = L * sum(n * per_token[k] for k, n in kinds)
+        self.elem_s_token = L * sum(
+            n * per_token[k] / (self.hbm * getattr(cal, f"elementwise_{k}_bandwidth_eff")) for k, n in kinds
+        )
+        self.elem_fixed = L * (sum(n * getattr(cal, f"elementwise_{k}_fixed_s") for k, n in kinds)
+                               + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
         self.elem_kernels = ELEMENTWISE_KERNELS * L
         self.pcie = "pcie" in gpu.interconnect.lower()
-        if tp > 1:
-            latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
-            ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
-            link = gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
-            self.allreduces = 2 * L
-            self.ar_per_token = self.allreduces * ring / link
-            self.ar_fixed = self.allreduces * latency
-        else:
-            self.allreduces = 0
-            self.ar_per_token = self.ar_fixed = 0.0
+        self.allreduces = 2 * L if tp > 1 else 0
+        self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
+        self.nccl = nccl_fit(gpu, tp) if tp > 1 else None
+        self.custom_ar = not self.pcie and tp in CUSTOM_ALLREDUCE_DEGREES
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 
@@ -163,7 +169,8 @@ class KernelCostModel:
         flops = 2.0 * m * g.k * g.n
         nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
         peak = self._peak(g.group)
-        t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, self.cal.graph_kernel_fixed_s)
+        fixed = self.cal.graph_kernel_fixed_s
+        t = gemm_seconds(m, g.k, g.n, g.weight_bytes_per_param, peak, self.gemm_bw, fixed, self.cal)
         bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
         return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
 
@@ -197,13 +204,24 @@ class KernelCostModel:
         if experts is not None:
             out.append(experts)
         eb = self.elem_bytes_token * tokens
-        t_elem = self.elem_kernels * self.cal.elementwise_fixed_s + eb / self.gemm_bw
+        t_elem = self.elem_fixed + self.elem_s_token * tokens
         out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
         out.append(self._gemm(self.head, rows))
         if self.allreduces:
-            ar = self.ar_fixed + self.ar_per_token * tokens
+            ar = self.allreduces * self.allreduce_seconds(self.ar_bytes_token * tokens)
             out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
         return out
+
+    def allreduce_seconds(self, nbytes: float) -> float:
+        """One all-reduce of `nbytes` over the `tp` GPUs (sim.cost.allreduce): vLLM's custom all-reduce up to
+        its 8 MiB on NVLink (the end-to-end fitted latency plus the link at allreduce_bandwidth_eff), NCCL
+        as measured above it; without a profile of the link, latency plus the link at that efficiency."""
+        cal, tp = self.cal, self.tp
+        link = self.gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
+        if self.nccl is not None and not (self.custom_ar and nbytes <= CUSTOM_ALLREDUCE_MAX_BYTES):
+            return float(nccl_seconds(nbytes, tp, *self.nccl))
+        latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
+        return latency + float(ring_bytes(nbytes, tp)) / link
 
     def _linear_time(self, tokens: int) -> float:
         """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""
