@@ -49,6 +49,17 @@ def print_kernels(
         cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
         table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
     console.print(table)
+    table = Table(
+        title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"
+    )
+    for col in ("prompt", "measured", "kernel model", "engine roofline"):
+        table.add_column(col, justify="right")
+    chunking = result["chunking"]
+    assert isinstance(chunking, list)
+    for r in chunking:
+        cells = (f"{r['measured_pct']:+.1f}", f"{r['kernel_pct']:+.1f}", f"{r['roofline_pct']:+.1f}")
+        table.add_row(str(int(r["prompt"])), *cells)
+    console.print(table)
     if write is not None:
         console.print(f"wrote {write}")
     return result
