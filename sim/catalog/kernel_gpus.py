@@ -26,6 +26,11 @@ def _table() -> dict[str, object]:
     return tomllib.loads((resources.files("sim") / "catalog" / FILE).read_text())
 
 
+def reload() -> None:
+    """Read the file again on next use (after `sim kernels --write` replaced it)."""
+    _table.cache_clear()
+
+
 def kernel_gpu_params(gpu: Gpu) -> tuple[dict[str, float], str]:
     """(parameters, where they come from) for `gpu`: its own fit, else the pooled one."""
     table = _table()

@@ -60,6 +60,16 @@ def print_kernels(
         cells = (f"{r['measured_pct']:+.1f}", f"{r['kernel_pct']:+.1f}", f"{r['roofline_pct']:+.1f}")
         table.add_row(str(int(r["prompt"])), *cells)
     console.print(table)
+    table = Table(title="Whole H200 steps (Llama-3.1-8B shape): measured against the kernel model's GPU time")
+    for col in ("phase", "graph", "batch", "tokens", "context", "measured ms", "model ms", "error %"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    steps = result["steps"]
+    assert isinstance(steps, list)
+    for r in steps:
+        table.add_row(r["phase"], "yes" if r["graph"] else "no", str(r["batch"]), str(r["tokens_each"]),
+                      str(r["context"]), f"{r['measured_s'] * 1e3:.2f}", f"{r['model_s'] * 1e3:.2f}",
+                      f"{r['error_pct']:+.1f}")  # fmt: skip
+    console.print(table)
     if write is not None:
         console.print(f"wrote {write}")
     return result

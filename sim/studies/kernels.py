@@ -4,16 +4,19 @@ chunked-prefill overhead against Sarathi-Serve's measurement."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 
+from sim.catalog import kernel_gpus
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
 from sim.cost.allreduce import allreduce_table
 from sim.cost.gemm_fit import PROFILED, fit_elementwise, fit_gemm, leave_one_gpu_out
+from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.roofline import CostModel
 from sim.io.outputs import write_text
@@ -27,6 +30,8 @@ def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
     gpus = {}
     for folder, name in PROFILED.items():
         gpus[name] = fit_gemm([folder], root) | (fit_elementwise([folder], root) or pooled_elem)
+    base = KernelCalibration.load()
+    gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
     nodes: dict[str, dict[str, list[float]]] = {}
     for row in allreduce_table():
         n = nodes.setdefault(str(row["node"]), {"degrees": [], "latency_s": [], "bus_bandwidth": []})
@@ -48,6 +53,9 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 # [gpus.<name>]: GEMM and element-wise parameters fitted to that GPU's kernel table (sim.cost.gemm_fit):
 #   H200: sim/catalog/profiles/h200/gemm.csv (measured 2026-11-30, PyTorch 2.11); it has no element-wise
 #     profile, so its element-wise parameters are the pooled H100 + A100 fit.
+#   H200 graph_kernel_fixed_s: fitted to the graphed decode steps of sim/catalog/profiles/h200/steps.csv
+#     (batch <= 128) with its other parameters (sim.cost.graph_fit); other GPUs keep
+#     kernel_calibration.toml's (fitted end to end on H100 vLLM runs).
 #   H100-SXM, A100-80GB: sim/catalog/profiles/{{h100,a100}}/, converted from Vidur's published profiles
 #     (microsoft/vidur, MIT, commit 7d47513, data/profiling/compute; sarathi-serve kernels, 2024) by
 #     `sim kernels --import-vidur`.
@@ -79,8 +87,10 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     fits = fit_kernel_gpus()
     if write is not None:
         write_text(write, kernel_gpus_toml(fits, command))
+        kernel_gpus.reload()
+    steps_cal = KernelCalibration.load(gpu=get_gpu(STEPS_GPU))
     return {"fits": fits, "held_out": leave_one_gpu_out(), "allreduce": allreduce_table(),
-            "chunking": chunking_table()}  # fmt: skip
+            "chunking": chunking_table(), "steps": steps_table(steps_cal)}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
