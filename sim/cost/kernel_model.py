@@ -5,29 +5,30 @@ of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a
 the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
 the engine's.
 
-Each linear layer is a GEMM of (M tokens x K x N per GPU):
+Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 
-    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + fixed cost
+    time = max(compute, memory) + gemm_overlap_loss · min(compute, memory) + fixed cost
+    compute = 2 (M + gemm_m_half_tokens) K N / (peak · gemm_compute_eff) · (1 + gemm_n_half_cols / N)
 
-with bytes = weights (in their stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8
-runs at the FP8 peak, weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as
-sim/catalog/quantisation.py defines for both cost models. Attention per layer is one kernel over
-every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per (prefill query x head),
-KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost.
-MoE layers run a fused expert GEMM pair over the experts the step touches. Norms, rotary embedding and
-activations are memory-bound element-wise kernels (elementwise_fixed_s each). Under TP, two all-reduces per
-layer cost latency plus ring bytes over the link.
+with memory = bytes / (HBM · gemm_bandwidth_eff), bytes = weights (in their stored dtype, group scales
+included) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak, weight-only INT4/INT8 at a share
+of the 16-bit rate (dequantisation), as sim/catalog/quantisation.py defines for both cost models. Attention
+per layer is one kernel over every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per
+(prefill query x head), KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence
+x KV head)) + fixed cost. MoE layers run a fused expert GEMM pair over the experts the step touches. Norms,
+rotary embedding and activations are memory-bound element-wise kernels, each kind at its own bandwidth and
+fixed cost. Under TP, two all-reduces per layer: NCCL as measured above vLLM's custom all-reduce size, the
+in-step latency plus ring bytes over the link below it (`allreduce_seconds`, sim/cost/allreduce.py).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
 (attn_fixed_s - kernel_fixed_s: its prologue). The host's time per step and per row (scheduling, input
 preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
 
-Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
-(sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any
-GPU in the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times
-were fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists
-every parameter with its source.
+Parameters: sim/catalog/kernel_calibration.toml (attention, FP8, host and in-step terms, fitted to the H200
+profile and end to end), with each GPU's GEMM and element-wise parameters from sim/catalog/kernel_gpus.toml
+(`KernelCalibration.load(gpu=...)`: fitted to the GPU's kernel profile, or pooled over the profiled GPUs for
+any other; `sim kernels`). docs/fidelity.md lists every parameter with its source.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
 chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
