@@ -355,6 +355,26 @@ def calibrate(
     run_calibration(csv, scale, rounds, cv_scale, jobs, write, "sim calibrate " + " ".join(sys.argv[2:]))
 
 
+@app.command("kernels")
+def kernels(
+    write: Path | None = out_option(
+        "Write the per-GPU parameter file here (sim/catalog/kernel_gpus.toml).",
+        out_file_problem,
+        name="--write",
+    ),
+    import_vidur: Path | None = typer.Option(
+        None, "--import-vidur", help="First convert Vidur's data/profiling folder into the catalog's tables."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Fit per-GPU kernel parameters to the kernel profiles; test the transfer rule by leaving a GPU out."""
+    import sys
+
+    from sim.report.kernels import print_kernels
+
+    print_kernels(write, import_vidur, as_json, "sim kernels " + " ".join(sys.argv[2:]))
+
+
 @app.command("step")
 def step(
     model: str = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),

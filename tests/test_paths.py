@@ -141,6 +141,7 @@ OUTPUT_COMMANDS = {
     "plan --out": lambda out: ["plan", "quick.toml", "--rate", "1", "--out", out],
     "validate --out": lambda out: ["validate", "ground-truth", "--out", out],
     "calibrate --write": lambda out: ["calibrate", "--write", out],
+    "kernels --write": lambda out: ["kernels", "--write", out],
     "replay-steps --out": lambda out: ["replay-steps", "trace.json", "--out", out],
     "report DIR": lambda out: ["report", out],
 }

@@ -9,12 +9,16 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+from sim.catalog.gpus import Gpu
+from sim.catalog.kernel_gpus import kernel_gpu_params
 from sim.io.errors import SimError
 
 
 def calibration_range(key: str) -> tuple[float, float]:
     """The values a calibration parameter may take: efficiencies (`*_eff*`, fractions of a peak) in
-    [0.001, 1], overheads and latencies (seconds) in [0, 1]."""
+    [0.001, 1], overheads and latencies (seconds) in [0, 1], token and column counts in [0, 1e5]."""
+    if key.endswith(("_tokens", "_cols")):  # GEMM tile-fill constants, in tokens or output columns
+        return (0.0, 1e5)
     return (1e-3, 1.0) if "_eff" in key else (0.0, 1.0)
 
 
@@ -100,8 +104,26 @@ class KernelCalibration:
     allreduce_bandwidth_eff: float = 0.7  # ring all-reduce, fraction of link bandwidth (prior)
     step_overhead_s: float = 0.0001034  # host per step: scheduling, inputs, sampling (end-to-end fit)
     per_row_overhead_s: float = 1.008e-07  # host: per sequence in the step (end-to-end fit)
+    # GEMM shape terms (sim.cost.kernels.gemm_seconds) and element-wise kernels per kind; these defaults
+    # keep the H200 fit above, the per-GPU fits are in kernel_gpus.toml (`load(gpu=...)`).
+    gemm_overlap_loss: float = 0.0  # share of the shorter of compute and memory time not hidden
+    gemm_m_half_tokens: float = 0.0  # tile fill: compute × (1 + this / M)
+    gemm_n_half_cols: float = 0.0  # narrow shards: compute × (1 + this / N)
+    elementwise_norm_bandwidth_eff: float = 0.8688
+    elementwise_norm_fixed_s: float = 3e-06
+    elementwise_add_bandwidth_eff: float = 0.8688
+    elementwise_add_fixed_s: float = 3e-06
+    elementwise_rope_bandwidth_eff: float = 0.8688
+    elementwise_rope_fixed_s: float = 3e-06
+    elementwise_act_bandwidth_eff: float = 0.8688
+    elementwise_act_fixed_s: float = 3e-06
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> KernelCalibration:
-        """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors."""
-        return cls(**calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)}))
+    def load(cls, path: str | Path | None = None, gpu: Gpu | None = None) -> KernelCalibration:
+        """Read a `[calibration]` table (default: kernel_calibration.toml); unknown keys are errors. With
+        `gpu` and no `path`, the GPU's fitted kernel parameters (sim/catalog/kernel_gpus.toml, its own or
+        by the transfer rule) replace the defaults they cover."""
+        table = calibration_table("kernel_calibration.toml", path, {f.name for f in fields(cls)})
+        if gpu is not None and path is None:
+            table |= kernel_gpu_params(gpu)[0]
+        return cls(**table)

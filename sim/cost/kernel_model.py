@@ -5,29 +5,30 @@ of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a
 the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
 the engine's.
 
-Each linear layer is a GEMM of (M tokens x K x N per GPU):
+Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 
-    time = max(2MKN / (peak · gemm_compute_eff), bytes / (HBM · gemm_bandwidth_eff)) + fixed cost
+    time = max(compute, memory) + gemm_overlap_loss · min(compute, memory) + fixed cost
+    compute = 2 (M + gemm_m_half_tokens) K N / (peak · gemm_compute_eff) · (1 + gemm_n_half_cols / N)
 
-with bytes = weights (in their stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8
-runs at the FP8 peak, weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as
-sim/catalog/quantisation.py defines for both cost models. Attention per layer is one kernel over
-every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per (prefill query x head),
-KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost.
-MoE layers run a fused expert GEMM pair over the experts the step touches. Norms, rotary embedding and
-activations are memory-bound element-wise kernels (elementwise_fixed_s each). Under TP, two all-reduces per
-layer cost latency plus ring bytes over the link.
+with memory = bytes / (HBM · gemm_bandwidth_eff), bytes = weights (in their stored dtype, group scales
+included) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak, weight-only INT4/INT8 at a share
+of the 16-bit rate (dequantisation), as sim/catalog/quantisation.py defines for both cost models. Attention
+per layer is one kernel over every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per
+(prefill query x head), KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence
+x KV head)) + fixed cost. MoE layers run a fused expert GEMM pair over the experts the step touches. Norms,
+rotary embedding and activations are memory-bound element-wise kernels, each kind at its own bandwidth and
+fixed cost. Under TP, two all-reduces per layer: NCCL as measured above vLLM's custom all-reduce size, the
+in-step latency plus ring bytes over the link below it (`allreduce_seconds`, sim/cost/allreduce.py).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
 (attn_fixed_s - kernel_fixed_s: its prologue). The host's time per step and per row (scheduling, input
 preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
 
-Parameters: sim/catalog/kernel_calibration.toml. The kernel parameters are fitted to measured kernels
-(sim/catalog/profiles/h200, `sim.cost.kernel_fit.fit_kernels`) as fractions of the catalog's peaks, so any
-GPU in the catalog gets them from its own peaks; the in-step fixed costs, all-reduce latency and host times
-were fitted end to end to the vLLM runs while this model was tried as the engine's. docs/fidelity.md lists
-every parameter with its source.
+Parameters: sim/catalog/kernel_calibration.toml (attention, FP8, host and in-step terms, fitted to the H200
+profile and end to end), with each GPU's GEMM and element-wise parameters from sim/catalog/kernel_gpus.toml
+(`KernelCalibration.load(gpu=...)`: fitted to the GPU's kernel profile, or pooled over the profiled GPUs for
+any other; `sim kernels`). docs/fidelity.md lists every parameter with its source.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
 chunks and decodes mixed). GEMM time depends only on the step's token count (and the LM head on its row
@@ -40,9 +41,11 @@ import numpy as np
 
 from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
+from sim.catalog.kernel_gpus import nccl_fit
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import matmul_rate
 from sim.config.calibration import KernelCalibration
+from sim.cost.allreduce import CUSTOM_ALLREDUCE_DEGREES, CUSTOM_ALLREDUCE_MAX_BYTES, nccl_seconds, ring_bytes
 from sim.cost.kernels import (
     ACT_BYTES,
     ELEMENTWISE_KERNELS,
@@ -50,6 +53,8 @@ from sim.cost.kernels import (
     Kernel,
     StepCost,
     attention_seconds,
+    elementwise_bytes,
+    gemm_seconds,
     host_seconds,
     kernel_seconds,
     overlapped,
@@ -102,23 +107,25 @@ class KernelCostModel:
         self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.heads = max(1.0, m.num_heads / tp)
         self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
-        # Element-wise traffic per token per layer (16-bit): two norms (read, write), the activation (read
-        # gate and up, write), rotary embedding of q and k (read, write).
+        # Element-wise kernels per layer (16-bit): two fused residual-add + RMSNorm (charged as RMSNorm: vLLM
+        # fuses the add), rotary embedding of q and k, the MLP activation; each kind at its fitted bandwidth
+        # and fixed cost; and the KV-cache write (its bytes are attention's), a fixed cost.
         inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
         qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
-        self.elem_bytes_token = ACT_BYTES * L * (4 * m.hidden_size + 3 * inter + 2 * qk)
+        per_token = elementwise_bytes(m.hidden_size, qk, inter, 1)
+        kinds = (("norm", 2), ("rope", 1), ("act", 1))
+        self.elem_bytes_token = L * sum(n * per_token[k] for k, n in kinds)
+        self.elem_s_token = L * sum(
+            n * per_token[k] / (self.hbm * getattr(cal, f"elementwise_{k}_bandwidth_eff")) for k, n in kinds
+        )
+        self.elem_fixed = L * (sum(n * getattr(cal, f"elementwise_{k}_fixed_s") for k, n in kinds)
+                               + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
         self.elem_kernels = ELEMENTWISE_KERNELS * L
         self.pcie = "pcie" in gpu.interconnect.lower()
-        if tp > 1:
-            latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
-            ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
-            link = gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
-            self.allreduces = 2 * L
-            self.ar_per_token = self.allreduces * ring / link
-            self.ar_fixed = self.allreduces * latency
-        else:
-            self.allreduces = 0
-            self.ar_per_token = self.ar_fixed = 0.0
+        self.allreduces = 2 * L if tp > 1 else 0
+        self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
+        self.nccl = nccl_fit(gpu, tp) if tp > 1 else None
+        self.custom_ar = not self.pcie and tp in CUSTOM_ALLREDUCE_DEGREES
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 
@@ -163,7 +170,8 @@ class KernelCostModel:
         flops = 2.0 * m * g.k * g.n
         nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
         peak = self._peak(g.group)
-        t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, self.cal.graph_kernel_fixed_s)
+        fixed = self.cal.graph_kernel_fixed_s
+        t = gemm_seconds(m, g.k, g.n, g.weight_bytes_per_param, peak, self.gemm_bw, fixed, self.cal)
         bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
         return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
 
@@ -197,13 +205,24 @@ class KernelCostModel:
         if experts is not None:
             out.append(experts)
         eb = self.elem_bytes_token * tokens
-        t_elem = self.elem_kernels * self.cal.elementwise_fixed_s + eb / self.gemm_bw
+        t_elem = self.elem_fixed + self.elem_s_token * tokens
         out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
         out.append(self._gemm(self.head, rows))
         if self.allreduces:
-            ar = self.ar_fixed + self.ar_per_token * tokens
+            ar = self.allreduces * self.allreduce_seconds(self.ar_bytes_token * tokens)
             out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
         return out
+
+    def allreduce_seconds(self, nbytes: float) -> float:
+        """One all-reduce of `nbytes` over the `tp` GPUs (sim.cost.allreduce): vLLM's custom all-reduce up to
+        its 8 MiB on NVLink (the end-to-end fitted latency plus the link at allreduce_bandwidth_eff), NCCL
+        as measured above it; without a profile of the link, latency plus the link at that efficiency."""
+        cal, tp = self.cal, self.tp
+        link = self.gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
+        if self.nccl is not None and not (self.custom_ar and nbytes <= CUSTOM_ALLREDUCE_MAX_BYTES):
+            return float(nccl_seconds(nbytes, tp, *self.nccl))
+        latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
+        return latency + float(ring_bytes(nbytes, tp)) / link
 
     def _linear_time(self, tokens: int) -> float:
         """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""

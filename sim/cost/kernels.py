@@ -22,6 +22,37 @@ def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: i
     return 0.5 * (comp + mem + abs(comp - mem)) + fixed_s
 
 
+def gemm_seconds(m, k, n, weight_bytes, flops_per_s, bytes_per_s, fixed_s, shape):  # type: ignore[no-untyped-def]
+    """One GEMM of (m tokens x k x n) with `weight_bytes` per weight: max(compute, memory) plus the share
+    `shape.gemm_overlap_loss` of the shorter that is not hidden behind the longer, plus the fixed cost.
+
+    Compute runs at `flops_per_s` (large-M rate) slowed by partly filled tiles at small m and narrow n:
+    × (1 + gemm_m_half_tokens / m)(1 + gemm_n_half_cols / n). Memory is the weights plus 16-bit activations
+    in and out at `bytes_per_s`. Floats or numpy arrays alike: the fit (`sim.cost.gemm_fit`) uses it too."""
+    filled = m + shape.gemm_m_half_tokens * (m > 0)  # m (1 + m_half / m), and nothing at m = 0
+    comp = 2.0 * filled * k * n / flops_per_s * (1.0 + shape.gemm_n_half_cols / n)
+    mem = (k * n * weight_bytes + ACT_BYTES * m * (k + n)) / bytes_per_s
+    longer = 0.5 * (comp + mem + abs(comp - mem))
+    return longer + shape.gemm_overlap_loss * (comp + mem - longer) + fixed_s
+
+
+def elementwise_bytes(hidden, qk_width, inter_width, gated):  # type: ignore[no-untyped-def]
+    """Bytes per token of one layer's element-wise kernels (16-bit), by kind: RMSNorm reads and writes the
+    hidden state, the residual add reads two and writes one, rotary embedding reads and writes q and k, the
+    MLP activation reads gate and up (one input when not gated) and writes one. Floats or arrays alike."""
+    return {
+        "norm": ACT_BYTES * 2 * hidden,
+        "add": ACT_BYTES * 3 * hidden,
+        "rope": ACT_BYTES * 2 * qk_width,
+        "act": ACT_BYTES * (2 + gated) * inter_width,
+    }
+
+
+def elementwise_seconds(nbytes, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]
+    """One memory-bound element-wise kernel: its bytes at `bytes_per_s` plus its fixed cost."""
+    return nbytes / bytes_per_s + fixed_s
+
+
 def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]
     """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes
     streamed plus the per-(sequence x KV head) work items of a decode kernel (each loads its queries,

@@ -79,7 +79,7 @@ def print_step(
     spec = served_model(load_model(model), g)
     check_servable(spec, g, tp, weight_dtype, kv_dtype, weight_group_size, context, prefill)
     cost = KernelCostModel(
-        spec, g, tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration), weight_group_size
+        spec, g, tp, weight_dtype, kv_dtype, KernelCalibration.load(calibration, g), weight_group_size
     )
     summary = step_summary(cost, c, q)
     if as_json:

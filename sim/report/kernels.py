@@ -1,0 +1,75 @@
+"""`sim kernels`: tables of the per-GPU kernel fits, the leave-one-GPU-out test and the NCCL all-reduce
+fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def print_kernels(
+    write: Path | None, import_vidur: Path | None, as_json: bool, command: str
+) -> dict[str, object]:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim.studies.kernels import run_kernels
+
+    if import_vidur is not None:
+        from sim.cost.gemm_fit import profiles_root
+        from sim.studies.kernel_profiles import import_vidur as convert
+
+        convert(import_vidur, profiles_root())
+    result = run_kernels(write, command)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return result
+    console = Console()
+    held = result["held_out"]
+    assert isinstance(held, dict)
+    table = Table(
+        title="Kernels predicted with the GPU left out of the pooled fit (own fit): median |error| %"
+    )
+    for col in ("GPU", "kind", "op", "held out", "own fit"):
+        table.add_column(col, justify="left" if col in ("GPU", "kind", "op") else "right")
+    for gpu, rep in held.items():
+        for kind in ("gemm", "elementwise"):
+            if f"{kind}_held_out" not in rep:
+                continue
+            for op, err in rep[f"{kind}_held_out"].items():
+                table.add_row(gpu, kind, op, f"{err:.1f}", f"{rep[f'{kind}_own'][op]:.1f}")
+    console.print(table)
+    table = Table(title="NCCL all-reduce: latency + ring bytes / bus bandwidth, per node and degree")
+    for col in ("node", "degree", "latency µs", "bus GB/s", "median |err| %", "p90 %", "> 8 MiB median %"):
+        table.add_column(col, justify="left" if col == "node" else "right")
+    rows = result["allreduce"]
+    assert isinstance(rows, list)
+    for r in rows:
+        figures = (r["latency_s"] * 1e6, r["bus_bandwidth"] / 1e9, r["median_pct"], r["p90_pct"])
+        cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
+        table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
+    console.print(table)
+    table = Table(
+        title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"
+    )
+    for col in ("prompt", "measured", "kernel model", "engine roofline"):
+        table.add_column(col, justify="right")
+    chunking = result["chunking"]
+    assert isinstance(chunking, list)
+    for r in chunking:
+        cells = (f"{r['measured_pct']:+.1f}", f"{r['kernel_pct']:+.1f}", f"{r['roofline_pct']:+.1f}")
+        table.add_row(str(int(r["prompt"])), *cells)
+    console.print(table)
+    table = Table(title="Whole H200 steps (Llama-3.1-8B shape): measured against the kernel model's GPU time")
+    for col in ("phase", "graph", "batch", "tokens", "context", "measured ms", "model ms", "error %"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    steps = result["steps"]
+    assert isinstance(steps, list)
+    for r in steps:
+        table.add_row(r["phase"], "yes" if r["graph"] else "no", str(r["batch"]), str(r["tokens_each"]),
+                      str(r["context"]), f"{r['measured_s'] * 1e3:.2f}", f"{r['model_s'] * 1e3:.2f}",
+                      f"{r['error_pct']:+.1f}")  # fmt: skip
+    console.print(table)
+    if write is not None:
+        console.print(f"wrote {write}")
+    return result
