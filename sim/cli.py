@@ -255,6 +255,15 @@ def plan(
         0, "--explore", min=0, max=1000, help="Configurations to run past the answer."
     ),
     rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
+    replications: int = typer.Option(
+        3, "--replications", min=1, max=100, help="Seeds per configuration (its verdict's interval)."
+    ),
+    max_replications: int = typer.Option(
+        9, "--max-replications", min=1, max=100, help="Most seeds for one too close to call."
+    ),
+    tail_samples: int = typer.Option(
+        10, "--tail-samples", min=1, max=10000, help="Judged requests past the judged quantile per run."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
@@ -268,7 +277,7 @@ def plan(
     gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
     result = search(
         scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule,
+        rule, replications, max_replications, tail_samples,
     )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

@@ -11,8 +11,14 @@ import polars as pl
 from sim.io.outputs import atomic_write
 from sim.report.page import Section, chart_spec, render_page
 from sim.studies.plan import PlanResult, pareto
+from sim.studies.plan_verdict import CONFIDENCE
 
 SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
+CANDIDATE_KEYS = (
+    "config", "cost_per_hour", "gpus", "verdict", "metric", "threshold", "metric_mean", "ci_low", "ci_high",
+    "replications", "replications_overloaded", "seeds", "judged_goodput_per_s", "judged", "judged_good",
+    "judged_in_flight_counted", "judged_in_flight_left_out",
+)  # fmt: skip
 
 
 def slo_rule(result: PlanResult) -> str:
@@ -29,8 +35,35 @@ def slo_rule(result: PlanResult) -> str:
         )
     return (
         f"Judged by --rule {result.rule}: a configuration meets the SLO when its run at "
-        f"{result.rate:g} req/s is not overloaded and {test}."
+        f"{result.rate:g} req/s is not overloaded and {test}. {confidence_rule(result)}"
     )
+
+
+def confidence_rule(result: PlanResult) -> str:
+    """How the verdict is reached across seeds, and which requests each run is judged on."""
+    metric = "judged attainment" if result.rule == "goodput" else "largest p99 latency over its bound"
+    horizon = "" if result.horizon_s is None else f" Each run's arrivals last {result.horizon_s:g} s"
+    tail = (
+        f"{horizon} (at least {result.tail_samples} judged requests past the judged quantile per run)."
+        if horizon
+        else ""
+    )
+    return (
+        f"Each configuration runs {result.replications} seeds (up to {result.max_replications} while too "
+        f"close to call); its verdict comes from the {CONFIDENCE:.0%} interval on the mean {metric}: meets, "
+        "fails, or too close to call when the interval straddles the threshold. Judged requests: those "
+        "arriving after the warm-up (the first quarter of arrivals); one still in flight at the horizon "
+        f"counts against a configuration only when its run is overloaded or it already missed a bound.{tail}"
+    )
+
+
+def interval_text(row: dict[str, object]) -> str:
+    """The verdict's interval, e.g. `0.95 [0.93, 0.97] (3 seeds)`."""
+    mean, low, high = row.get("metric_mean"), row.get("ci_low"), row.get("ci_high")
+    if mean is None or low is None or high is None:
+        return "-"
+    n = row.get("replications")
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'})"
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
@@ -80,14 +113,16 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         "p99 TTFT (s)",
         "p99 TPOT (s)",
         "goodput (req/s)",
-        "meets SLO",
+        "verdict",
+        "interval",
     )
     table: list[list[str]] = []
     if rows.height:
         for i, r in enumerate(result.ranked(), 1):
             table.append([
                 str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]), _fmt(r["ttft_p99"]),
-                _fmt(r["tpot_p99"]), _fmt(r["goodput_per_s"]), "yes" if r["meets_slo"] else "no",
+                _fmt(r["tpot_p99"]), _fmt(r.get("judged_goodput_per_s", r["goodput_per_s"])),
+                str(r.get("verdict", "meets" if r["meets_slo"] else "fails")), interval_text(r),
             ])  # fmt: skip
     best = result.best
     headline = [
@@ -145,12 +180,22 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
         "best": None if best is None else {**best, "set": result.reproduce(best)},
+        "replications": result.replications,
+        "max_replications": result.max_replications,
+        "tail_samples": result.tail_samples,
+        "horizon_s": result.horizon_s,
+        "confidence": CONFIDENCE,
+        "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
     }
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
     html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
     atomic_write(paths[2], lambda p: Path(p).write_text(html, encoding="utf-8"))
     return paths
+
+
+def _rate(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.2f}/s"
 
 
 def print_plan(result: PlanResult, out_dir: Path) -> None:
@@ -160,14 +205,16 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
 
     console = Console()
     table = Table(title=f"sim plan at {result.rate:g} req/s")
-    for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "SLO"):
+    for col in ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "goodput", "verdict",
+                "interval"):  # fmt: skip
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for i, r in enumerate(result.ranked(), 1):
         ttft, tpot = r["ttft_p99"], r["tpot_p99"]
         table.add_row(
             str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
             "-" if ttft is None else f"{ttft:.3f} s", "-" if tpot is None else f"{tpot * 1000:.1f} ms",
-            f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
+            _rate(r.get("judged_goodput_per_s", r["goodput_per_s"])), str(r.get("verdict", "-")),
+            interval_text(r),
         )  # fmt: skip
     console.print(table)
     console.print(
