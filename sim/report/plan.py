@@ -62,8 +62,9 @@ def interval_text(row: dict[str, object]) -> str:
     mean, low, high = row.get("metric_mean"), row.get("ci_low"), row.get("ci_high")
     if mean is None or low is None or high is None:
         return "-"
-    n = row.get("replications")
-    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'})"
+    n, over = row.get("replications"), row.get("replications_overloaded")
+    loaded = f", {over} overloaded" if over else ""
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'}{loaded})"
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
