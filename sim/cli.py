@@ -246,7 +246,9 @@ def plan(
     ),
     max_num_batched_tokens: str = typer.Option("", "--max-num-batched-tokens", help="Values to try."),
     modes: str = typer.Option(
-        "colocated,pd", "--modes", help="colocated, pd (prefill/decode split), or both."
+        "colocated,pd",
+        "--modes",
+        help="colocated, pd (prefill/decode split), hetero (a split with a GPU and TP per role).",
     ),
     attainment: float = typer.Option(
         0.9, "--attainment", min=0.01, max=1.0, help="Goodput share of the rate."

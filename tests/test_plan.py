@@ -95,7 +95,7 @@ def test_plan_answer_reproduces_under_sim_run(scenario: Path, tmp_path: Path) ->
 def test_plan_bad_input_is_one_line(scenario: Path) -> None:
     for args, key in (
         (["--gpus", "H1000"], "unknown GPU"),
-        (["--gpus", "H200"], "no price for H200"),
+        (["--gpus", "B200"], "no price for B200"),
         (["--tp", "x"], "--tp"),
         (["--modes", "both"], "--modes"),
     ):

@@ -176,7 +176,7 @@ class PlanResult:
         return sorted(
             self.rows,
             key=lambda r: (not r["meets_slo"], r["cost_per_hour"], r["gpus"], r["mode"], r["gpu"], r["tp"],
-                           r["knobs"], r["counts"]),
+                           r["knobs"], r["counts"], r.get("decode_gpu", ""), r.get("decode_tp", 0)),
         )  # fmt: skip
 
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
@@ -259,7 +259,7 @@ def search(
         families = sorted({c.family for c in cands if c.mode == "colocated"})
         sat_tasks = [
             PlanTask(
-                raw, source, str(base_dir), policy, Candidate(0, 0, *f, (1,)).overrides(scenario, policy)
+                raw, source, str(base_dir), policy, Candidate(0, 0, *f[:4], (1,)).overrides(scenario, policy)
             )
             for f in families
         ]
@@ -273,7 +273,7 @@ def search(
             for f, mu in zip(families, sats, strict=True)
         }
         result.capacity = {
-            Candidate(0, 0, *f, (1,)).label().split(" ", 1)[1]: mu
+            Candidate(0, 0, *f[:4], (1,)).label().split(" ", 1)[1]: mu
             for f, mu in zip(families, sats, strict=True)
         }
         kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
@@ -335,6 +335,7 @@ def _row(
     return {
         "config": c.label(), "cost_per_hour": c.cost, "gpus": c.gpus, "mode": c.mode, "gpu": c.gpu,
         "tp": c.tp, "knobs": json.dumps(dict(c.knobs)), "counts": list(c.counts),
+        "decode_gpu": c.decode_gpu or c.gpu, "decode_tp": c.decode_tp or c.tp,
         "meets_slo": judged["verdict"] == MEETS, "overrides": json.dumps(overrides, sort_keys=True),
         **{k: first[k] for k in (*FIGURES, *JUDGED_FIGURES)},
         "judged_goodput_per_s": None if att is None else rate * att,
