@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import polars as pl
 
 from sim.io.outputs import atomic_write
 from sim.report.page import Section, chart_spec, render_page
+from sim.report.plan_deploy import launch_plan
+from sim.report.plan_front import comparison, comparison_sentences, throughput_section
 from sim.studies.plan import PlanResult, pareto
 from sim.studies.plan_verdict import CONFIDENCE
 
@@ -132,6 +135,16 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         if best
         else f"No configuration met the SLO at {result.rate:g} req/s."
     ]
+    deploy = deployment(result)
+    if deploy is not None:
+        for g in deploy["groups"]:
+            headline.append(
+                f"Launch {g['count']} x {g['name']} ({g['role']}, {g['gpu']} TP {g['tp']}): {g['command']}"
+                + "".join(f" (note: {n})" for n in g["notes"])
+            )
+        if deploy["routing"]:
+            headline.append(deploy["routing"])
+    headline += comparison_sentences(comparison(result.rows))
     meta = (
         f"{slo_rule(result)} {scenario}; grid of {result.grid_size} configurations: "
         f"{result.unfit} do not fit the model, "
@@ -153,9 +166,21 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         specs["front"] = chart_spec(chart)
     else:
         sections.append(Section("front", "Cost against p99 TTFT", note, None, "Nothing was simulated."))
+    throughput, spec = throughput_section(result.rows)
+    sections.append(throughput)
+    if spec is not None:
+        specs["throughput"] = spec
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def deployment(result: PlanResult) -> dict[str, Any] | None:
+    """The answer's `vllm serve` command line per group and how requests reach them (`plan_deploy`)."""
+    if result.best is None or not result.raw:
+        return None
+    launches, routing = launch_plan(result.configured(result.best), result.policy)
+    return {"groups": [g.as_dict() for g in launches], "routing": routing}
 
 
 def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[Path]:
@@ -186,6 +211,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "tail_samples": result.tail_samples,
         "horizon_s": result.horizon_s,
         "confidence": CONFIDENCE,
+        "deploy": deployment(result),
+        "aggregated_vs_disaggregated": comparison(result.rows),
         "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
     }
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
@@ -231,4 +258,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         b = result.best
         console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
         console.print("reproduce: sim run SCENARIO " + " ".join(f"--set '{a}'" for a in result.reproduce(b)))
+        deploy = deployment(result)
+        for g in (deploy or {}).get("groups", []):
+            console.print(f"launch {g['count']} x {g['name']} ({g['role']}): {g['command']}", markup=False)
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

@@ -61,7 +61,8 @@ from sim.studies.run import run_policy
 
 FIGURES = (
     "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
-    "overloaded", "arrived", "finished", "in_flight", "rejected", "e2e_p99",
+    "overloaded", "arrived", "finished", "in_flight", "rejected", "e2e_p99", "output_tokens_per_s",
+    "tpot_p50",
 )  # fmt: skip
 
 
@@ -166,6 +167,13 @@ class PlanResult:
     replications: int = DEFAULT_REPLICATIONS
     max_replications: int = DEFAULT_MAX_REPLICATIONS
     tail_samples: int = TAIL_SAMPLES
+    raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
+    source: str = ""
+    policy: str = ""
+
+    def configured(self, row: dict[str, Any]) -> Scenario:
+        """The validated scenario of a simulated configuration (its first replication's)."""
+        return configured(self.raw, json.loads(row["overrides"]), self.source)
 
     def reproduce(self, row: dict[str, Any]) -> list[str]:
         """`--set` arguments that make `sim run` run `row`'s configuration at the planned rate."""
@@ -250,6 +258,9 @@ def search(
         replications=replications,
         max_replications=max_replications,
         tail_samples=tail_samples,
+        raw=raw,
+        source=source,
+        policy=policy,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
