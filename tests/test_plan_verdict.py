@@ -182,3 +182,15 @@ def test_same_plan_at_jobs_1_and_jobs_2(scenario: Path, tmp_path: Path) -> None:
     assert (outs[0] / "plan.json").read_bytes() == (outs[1] / "plan.json").read_bytes()
     a, b = (pl.read_parquet(o / "plan.parquet") for o in outs)
     assert a.equals(b) and a.height >= 1
+
+
+def test_p99_rule_with_nothing_finished_past_the_warm_up_is_no_pass() -> None:
+    """Every judged request still in flight, none counted against the run: no p99 to judge, so the
+    replication fails rather than passing with no latency at all."""
+    slo = Slo(ttft_s=1.0, tpot_s=0.05)
+    empty = {"overloaded": False, "finished": 3, "judged": 2, "judged_ttft_p99": None,
+             "judged_tpot_p99": None, "judged_e2e_p99": None}  # fmt: skip
+    assert plan_verdict.replication_metric(empty, "p99", slo) is None
+    assert verdict([empty] * 3, "p99", slo, 0.9).verdict == FAILS
+    one_token = {**empty, "judged_ttft_p99": 0.5}  # finished, one-token outputs: no TPOT to bound
+    assert plan_verdict.replication_metric(one_token, "p99", slo) == pytest.approx(0.5)

@@ -122,10 +122,18 @@ def replication_metric(figures: dict[str, Any], rule: str, slo: Slo) -> float | 
     rule); None when nothing was judged."""
     if rule == "goodput":
         return figures["judged_attainment"]
-    bounds = (("judged_ttft_p99", slo.ttft_s), ("judged_tpot_p99", slo.tpot_s), ("judged_e2e_p99", slo.e2e_s))
-    ratios = [figures[k] / b for k, b in bounds if b is not None and figures[k] is not None]
-    if not figures["judged"] or not any(b is not None for _, b in bounds):
+    if not figures["judged"]:
         return None
+    ratios = []
+    for key, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s)):
+        value = figures[f"judged_{key}_p99"]
+        if bound is None:
+            continue
+        if value is None and key == "tpot" and figures["judged_ttft_p99"] is not None:
+            continue  # requests finished, none with a TPOT: one-token outputs only
+        if value is None:  # no judged request finished: nothing to judge the bound on
+            return None
+        ratios.append(value / bound)
     return max(ratios, default=0.0)
 
 
