@@ -266,6 +266,9 @@ def plan(
     tail_samples: int = typer.Option(
         10, "--tail-samples", min=1, max=10000, help="Judged requests past the judged quantile per run."
     ),
+    max_horizon: float = typer.Option(
+        600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
@@ -279,7 +282,7 @@ def plan(
     gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
     result = search(
         scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule, replications, max_replications, tail_samples,
+        rule, replications, max_replications, tail_samples, max_horizon,
     )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

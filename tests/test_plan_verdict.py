@@ -194,3 +194,35 @@ def test_p99_rule_with_nothing_finished_past_the_warm_up_is_no_pass() -> None:
     assert verdict([empty] * 3, "p99", slo, 0.9).verdict == FAILS
     one_token = {**empty, "judged_ttft_p99": 0.5}  # finished, one-token outputs: no TPOT to bound
     assert plan_verdict.replication_metric(one_token, "p99", slo) == pytest.approx(0.5)
+
+
+def test_seeds_split_on_overload_run_again_on_a_longer_horizon(
+    scenario: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stubbed runs: 1 replica is overloaded on odd seeds below 80 s, and on no seed from 80 s (the
+    overload test's power grows with the run). The tail rule lengthens the scenario's 20 s to 34 s (100
+    judged requests at 4 req/s after a quarter's warm-up): too close to call at 34 s and at 68 s, it meets
+    at 136 s; the answer's --set carries that horizon. Capped at 100 s, it stays too close to call."""
+
+    def fake(task: plan.PlanTask) -> dict[str, Any]:
+        span = task.overrides.get("horizon.duration_s", 20.0)
+        seed = task.overrides.get("seed", 5)
+        loaded = span < 80 and seed % 2 == 1
+        return {
+            **{k: 0.0 for k in plan.FIGURES}, "overloaded": loaded, "finished": 100, "judged": 100,
+            "judged_good": 99, "judged_in_flight_counted": 0, "judged_in_flight_left_out": 0,
+            "judged_attainment": 0.99, "judged_ttft_p99": 0.3, "judged_tpot_p99": 0.01, "judged_e2e_p99": 5.0,
+        }  # fmt: skip
+
+    monkeypatch.setattr(plan, "evaluate", fake)
+    monkeypatch.setattr(plan, "single_capacity", lambda task: 1000.0)
+    monkeypatch.setattr(plan_space, "work_bounds", lambda *a: (1, 1, 1))
+    result = plan.search(scenario, [], 4.0, None, max_gpus=1, jobs=1, tps=[1], modes=["colocated"])
+    (row,) = result.rows
+    assert row["verdict"] == MEETS and row["replications"] == 3
+    assert json.loads(row["overrides"])["horizon.duration_s"] == 136.0
+    assert "horizon.duration_s=136.0" in result.reproduce(row)
+    capped = plan.search(
+        scenario, [], 4.0, None, max_gpus=1, jobs=1, tps=[1], modes=["colocated"], max_horizon_s=100.0
+    )
+    assert capped.rows[0]["verdict"] == TOO_CLOSE and capped.best is None

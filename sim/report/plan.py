@@ -54,7 +54,8 @@ def confidence_rule(result: PlanResult) -> str:
     return (
         f"Each configuration runs {result.replications} seeds (up to {result.max_replications} while too "
         f"close to call); its verdict comes from the {CONFIDENCE:.0%} interval on the mean {metric}: meets, "
-        "fails, or too close to call when the interval straddles the threshold. Judged requests: those "
+        "fails, or too close to call when the interval straddles the threshold; one whose seeds disagree on "
+        f"overload runs again on twice the horizon, up to {result.max_horizon_s:g} s. Judged requests: those "
         "arriving after the warm-up (the first quarter of arrivals); one still in flight at the horizon "
         f"counts against a configuration only when its run is overloaded or it already missed a bound.{tail}"
     )
@@ -209,6 +210,7 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "replications": result.replications,
         "max_replications": result.max_replications,
         "tail_samples": result.tail_samples,
+        "max_horizon_s": result.max_horizon_s,
         "horizon_s": result.horizon_s,
         "confidence": CONFIDENCE,
         "deploy": deployment(result),

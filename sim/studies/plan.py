@@ -43,6 +43,7 @@ from sim.records.summary import Slo
 from sim.studies.executor import open_executor
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
 from sim.studies.plan_verdict import (
+    DEFAULT_MAX_HORIZON_S,
     DEFAULT_MAX_REPLICATIONS,
     DEFAULT_REPLICATIONS,
     FAILS,
@@ -51,6 +52,7 @@ from sim.studies.plan_verdict import (
     REPLICATION_STEP,
     TAIL_SAMPLES,
     TOO_CLOSE,
+    Verdict,
     judged_figures,
     replication_seed,
     tail_horizon,
@@ -167,6 +169,7 @@ class PlanResult:
     replications: int = DEFAULT_REPLICATIONS
     max_replications: int = DEFAULT_MAX_REPLICATIONS
     tail_samples: int = TAIL_SAMPLES
+    max_horizon_s: float = DEFAULT_MAX_HORIZON_S
     raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
     source: str = ""
     policy: str = ""
@@ -211,10 +214,12 @@ def search(
     replications: int = DEFAULT_REPLICATIONS,
     max_replications: int = DEFAULT_MAX_REPLICATIONS,
     tail_samples: int = TAIL_SAMPLES,
+    max_horizon_s: float = DEFAULT_MAX_HORIZON_S,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
-    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`)."""
+    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
+    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`."""
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -258,6 +263,7 @@ def search(
         replications=replications,
         max_replications=max_replications,
         tail_samples=tail_samples,
+        max_horizon_s=max_horizon_s,
         raw=raw,
         source=source,
         policy=policy,
@@ -292,16 +298,9 @@ def search(
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
         run = lambda ts: list(pool.map(evaluate, ts)) if pool is not None else [evaluate(t) for t in ts]  # noqa: E731
-        # One configuration at a time (its replications in parallel): the search is the same at any --jobs.
-        for c in cands:
-            if best is not None and c.cost > best.cost and extra <= 0:
-                break
-            if _dominated(c, failed):
-                result.dominance_pruned += 1
-                continue
-            if best is not None and c.cost > best.cost:
-                extra -= 1
-            overrides = {**c.overrides(scenario, policy), **run_set}
+
+        def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
+            """A configuration's runs: `replications` seeds, more while too close to call."""
             seeds = [replication_seed(scenario.seed, k) for k in range(replications)]
             figures = run([_task(raw, source, base_dir, policy, overrides, seed) for seed in seeds])
             judged = verdict(figures, rule, slo, attainment)
@@ -313,6 +312,25 @@ def search(
                 figures += run([_task(raw, source, base_dir, policy, overrides, seed) for seed in more])
                 seeds += more
                 judged = verdict(figures, rule, slo, attainment)
+            return figures, judged, seeds
+
+        # One configuration at a time (its replications in parallel): the search is the same at any --jobs.
+        for c in cands:
+            if best is not None and c.cost > best.cost and extra <= 0:
+                break
+            if _dominated(c, failed):
+                result.dominance_pruned += 1
+                continue
+            if best is not None and c.cost > best.cost:
+                extra -= 1
+            overrides = {**c.overrides(scenario, policy), **run_set}
+            figures, judged, seeds = judge(overrides)
+            # Seeds that disagree on overload: the overload test needs a longer run to tell.
+            span = overrides.get("horizon.duration_s", horizon)
+            while judged.verdict == TOO_CLOSE and judged.overloaded and span and span * 2 <= max_horizon_s:
+                span *= 2
+                overrides = {**overrides, "horizon.duration_s": float(span)}
+                figures, judged, seeds = judge(overrides)
             ok = judged.verdict == MEETS
             result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
             if ok and (best is None or c < best):

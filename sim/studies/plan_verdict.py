@@ -21,7 +21,9 @@ mean gives: *meets* when the whole interval is on the good side of the threshold
 it is on the bad side, *too close to call* otherwise. A replication that is overloaded fails outright; when
 some replications are overloaded and others are not, the configuration is too close to call. A configuration
 too close to call gets `REPLICATION_STEP` more replications, up to `max_replications`, before it is ranked;
-one still too close after them is not an answer.
+one still too close after them is not an answer, unless its seeds disagreed on overload: then the overload
+test, whose power grows with the run, gets twice the horizon (and the replications again), up to
+`max_horizon_s`.
 
 Horizon. A quantile q of a metric needs `TAIL_SAMPLES` requests beyond it in each replication, past the
 warm-up: at least TAIL_SAMPLES / (1 - q) judged requests, q = 0.99 for `--rule p99` and q = attainment for
@@ -47,6 +49,7 @@ CONFIDENCE = 0.95
 DEFAULT_REPLICATIONS = 3
 DEFAULT_MAX_REPLICATIONS = 9
 REPLICATION_STEP = 3
+DEFAULT_MAX_HORIZON_S = 600.0  # a run lengthened for the overload test stops doubling here
 TAIL_SAMPLES = 10
 P99 = 0.99
 
