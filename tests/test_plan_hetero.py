@@ -85,3 +85,25 @@ def test_hetero_answer_reproduces_under_sim_run(scenario: Path, tmp_path: Path) 
     groups = summary["cluster"]["groups"]
     assert {groups["prefill"]["gpu"], groups["decode"]["gpu"]} == {"A100-80GB", "H100-SXM"}
     assert summary["latency"]["tpot"]["p99"] == best["tpot_p99"]
+
+
+def test_brute_force_grid_keeps_what_theory_prunes(scenario: Path) -> None:
+    """`theory=False` (benchmarks/plan_brute_force.py's grid) keeps every configuration that fits; the
+    planner's grid is the same size, with theory's prunings removed."""
+    sc = load_scenario(scenario)
+    args = (
+        sc,
+        "vllm",
+        40.0,
+        scenario.parent,
+        ["A100-80GB", "H100-SXM"],
+        [1],
+        {},
+        4,
+        ["colocated", "pd", "hetero"],
+    )
+    pruned, total, unfit = plan_space.candidates(*args)
+    every, total_all, unfit_all = plan_space.candidates(*args, theory=False)
+    assert (total, unfit) == (total_all, unfit_all) and unfit == 0
+    assert len(every) == total and len(pruned) < len(every)
+    assert set(pruned) <= set(every)

@@ -163,12 +163,14 @@ def candidates(
     knobs: dict[str, Sequence[int]],
     max_gpus: int,
     modes: Sequence[str],
+    theory: bool = True,
 ) -> tuple[list[Candidate], int, int]:
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
     grid (what brute force would run); and how many of its configurations the model does not fit.
 
     Modes: `colocated` (c replicas), `pd` (p prefill + d decode replicas of one GPU and TP), `hetero`
-    (p prefill replicas on one GPU and TP + d decode replicas on another GPU or TP, within `max_gpus`)."""
+    (p prefill replicas on one GPU and TP + d decode replicas on another GPU or TP, within `max_gpus`).
+    `theory=False` keeps every configuration that fits in memory (brute force's grid)."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
     out: list[Candidate] = []
@@ -186,7 +188,8 @@ def candidates(
     def bounds(gpu: str, tp: int, combo: tuple[tuple[str, int], ...]) -> tuple[int, int, int] | None:
         key = (gpu, tp, combo)
         if key not in bounds_of:
-            bounds_of[key] = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir)
+            found = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir)
+            bounds_of[key] = found if theory or found is None else (1, 1, 1)
         return bounds_of[key]
 
     for gpu, tp, usd in kinds:
