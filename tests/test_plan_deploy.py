@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.report.plan_deploy import launch_plan
-from sim.report.plan_front import comparison, throughput_chart, throughput_points
+from sim.report.plan_front import comparison, comparison_sentences, throughput_chart, throughput_points
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,12 @@ def test_throughput_front_and_comparison_by_hand() -> None:
     assert cmp["cheapest"]["colocated"]["config"] == "a" and cmp["cheapest"]["pd"]["config"] == "b"
     (four,) = cmp["equal_gpus"]
     assert four["gpus"] == 4 and four["pd_gain"] == pytest.approx(1.2)
+    # the verdict's margins, side by side (at one rate both serve about the same tokens)
+    rows[0] |= {"metric_mean": 0.95, "metric": "judged attainment"}
+    rows[1] |= {"metric_mean": 0.99, "metric": "judged attainment"}
+    (four,) = comparison(rows)["equal_gpus"]
+    assert (four["colocated_margin"], four["pd_margin"]) == (0.95, 0.99)
+    assert "judged attainment: 0.95 against 0.99." in comparison_sentences(comparison(rows))[-1]
 
 
 def test_plan_files_carry_the_launch_and_the_comparison(tmp_path: Path) -> None:
