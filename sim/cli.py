@@ -248,7 +248,9 @@ def plan(
     ),
     max_num_batched_tokens: str = typer.Option("", "--max-num-batched-tokens", help="Values to try."),
     modes: str = typer.Option(
-        "colocated,pd", "--modes", help="colocated, pd (prefill/decode split), or both."
+        "colocated,pd",
+        "--modes",
+        help="colocated, pd (prefill/decode split), hetero (a split with a GPU and TP per role).",
     ),
     attainment: float = typer.Option(
         0.9, "--attainment", min=0.01, max=1.0, help="Goodput share of the rate."
@@ -257,6 +259,18 @@ def plan(
         0, "--explore", min=0, max=1000, help="Configurations to run past the answer."
     ),
     rule: str = typer.Option("goodput", "--rule", help="goodput (share of the rate within the SLO) or p99."),
+    replications: int = typer.Option(
+        3, "--replications", min=1, max=100, help="Seeds per configuration (its verdict's interval)."
+    ),
+    max_replications: int = typer.Option(
+        9, "--max-replications", min=1, max=100, help="Most seeds for one too close to call."
+    ),
+    tail_samples: int = typer.Option(
+        10, "--tail-samples", min=1, max=10000, help="Judged requests past the judged quantile per run."
+    ),
+    max_horizon: float = typer.Option(
+        600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
@@ -270,7 +284,7 @@ def plan(
     gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
     result = search(
         scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule,
+        rule, replications, max_replications, tail_samples, max_horizon,
     )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

@@ -92,3 +92,35 @@ def test_every_chart_renders_in_headless_chromium(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+
+
+def test_plan_page_charts_render_in_headless_chromium(tmp_path: Path) -> None:
+    """The `sim plan` page (cost-latency front and throughput front) renders offline, with no Vega error."""
+    import polars as pl
+
+    from sim.report.plan import front_chart, plan_page
+    from sim.studies.plan import PlanResult, pareto
+
+    browser = find_browser()
+    rows = pl.DataFrame({
+        "config": ["a", "b", "c"], "cost_per_hour": [1.0, 2.0, 3.0], "gpus": [1, 2, 3],
+        "ttft_p99": [0.9, 0.5, 0.2], "tpot_p99": [0.01] * 3, "tpot_p50": [0.008, 0.01, 0.02],
+        "goodput_per_s": [1.0] * 3, "output_tokens_per_s": [900.0, 1500.0, 2000.0],
+        "meets_slo": [True, True, False], "verdict": ["meets", "meets", "fails"],
+        "mode": ["colocated", "pd", "colocated"], "gpu": ["A100-80GB"] * 3, "tp": [1] * 3,
+        "knobs": ["{}"] * 3, "counts": [[1], [1, 1], [3]],
+    })  # fmt: skip
+    result = PlanResult(20.0, 0.9, 3, 0, 0, rows=rows.to_dicts(), best=rows.row(0, named=True),
+                        slo={"ttft_s": 0.5, "tpot_s": 0.03, "e2e_s": None})  # fmt: skip
+    assert front_chart(rows, pareto(rows)).to_dict(validate=True)
+    page = tmp_path / "index.html"
+    page.write_text(plan_page(result, rows, pareto(rows), "plan.toml"), encoding="utf-8")
+    dom = run_browser(browser, tmp_path / "profile", "--dump-dom", page.resolve().as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    scan = ChartScan()
+    scan.feed(dom.stdout)
+    assert scan.body.get("data-charts") == "done", "vega-embed did not settle in time"
+    assert sorted(scan.charts) == ["front", "throughput"]
+    for key, attr in scan.charts.items():
+        assert attr.get("data-error") is None, f"{key}: {attr.get('data-error')}"
+        assert attr.get("data-rendered") == "true" and scan.drawn[key] >= 1, key

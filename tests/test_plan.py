@@ -96,7 +96,7 @@ def test_plan_answer_reproduces_under_sim_run(scenario: Path, tmp_path: Path) ->
 def test_plan_bad_input_is_one_line(scenario: Path) -> None:
     for args, key in (
         (["--gpus", "H1000"], "unknown GPU"),
-        (["--gpus", "H200"], "no price for H200"),
+        (["--gpus", "B200"], "no price for B200"),
         (["--tp", "x"], "--tp"),
         (["--modes", "both"], "--modes"),
     ):
@@ -116,12 +116,14 @@ def test_p99_rule_checks_each_bound() -> None:
     class Slo:
         ttft_s, tpot_s, e2e_s = 2.0, 0.1, None
 
-    fig = {"overloaded": False, "finished": 10, "goodput_per_s": 0.0, "ttft_p99": 1.9, "tpot_p99": 0.09}
+    # the judged requests' figures (`plan_verdict.judged_figures`): 10 judged, none good
+    fig = {"overloaded": False, "finished": 10, "judged": 10, "judged_attainment": 0.0,
+           "judged_ttft_p99": 1.9, "judged_tpot_p99": 0.09, "judged_e2e_p99": 3.0}  # fmt: skip
     assert plan.meets(fig, 5.0, 0.9, "p99", Slo())
-    assert not plan.meets({**fig, "tpot_p99": 0.11}, 5.0, 0.9, "p99", Slo())
+    assert not plan.meets({**fig, "judged_tpot_p99": 0.11}, 5.0, 0.9, "p99", Slo())
     assert not plan.meets({**fig, "overloaded": True}, 5.0, 0.9, "p99", Slo())
     assert not plan.meets(fig, 5.0, 0.9, "goodput", Slo())  # no goodput: fails the goodput rule
-    assert plan.meets({**fig, "goodput_per_s": 4.5}, 5.0, 0.9, "goodput", Slo())
+    assert plan.meets({**fig, "judged_attainment": 0.9}, 5.0, 0.9, "goodput", Slo())  # goodput 4.5 of 5
 
 
 def test_pareto_front_by_hand_and_chart_spec_valid() -> None:

@@ -1,5 +1,11 @@
 """The decode side of disaggregated serving: requests arrive with their prompt's KV already computed
-(transferred from a prefill replica) and their first token emitted; this scheduler only decodes.
+(transferred from a prefill replica) and their first token emitted; the decode replica only decodes.
+
+`PagedDecode`: the group's own policy (vLLM's rules: paged blocks allocated as the sequence grows, the same
+token budget and `max_num_seqs`, recompute preemption when blocks run out) running decode-only work, as
+vLLM's decode instances do; the transferred prompt KV is loaded into blocks at admission
+(`VllmScheduler.add_transferred`). The decode group of a policy without paged KV (static, continuous) runs
+`DecodeScheduler`, a reservation queue:
 
 A request is admitted, first come first served, when its whole KV fits in free blocks
 (n x ceil(min(prompt + max_tokens, max_model_len) / block_size), reserved until it finishes, so it is never
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +57,46 @@ class DecodePlan(StepPlan):
         return np.repeat(
             np.array([c for _, c in self._rows], np.int64), np.array([n for n, _ in self._rows], np.int64)
         )
+
+
+class PagedDecode:
+    """A paged policy's scheduler (`VllmScheduler`) as a decode replica: arrivals are transferred requests,
+    and the first admission of each is recorded (`admitted_at`, the end of its wait for blocks)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.admitted_at: dict[int, float] = {}  # request id -> when it started decoding
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self.inner.num_waiting)
+
+    def add(self, request: Request, now: float) -> bool:
+        return bool(self.inner.add_transferred(request, now))
+
+    def wake_at(self, now: float) -> float | None:
+        return self.inner.wake_at(now)  # type: ignore[no-any-return]
+
+    def schedule(self, now: float) -> StepPlan | None:
+        plan = self.inner.schedule(now)
+        if plan is not None:
+            for seq in plan.payload.new:
+                self.admitted_at.setdefault(seq.req.id, now)
+        return plan  # type: ignore[no-any-return]
+
+    def update(self, plan: StepPlan, now: float) -> list[Request]:
+        return self.inner.update(plan, now)  # type: ignore[no-any-return]
+
+    def in_flight(self) -> list[Request]:
+        return self.inner.in_flight()  # type: ignore[no-any-return]
+
+
+def decode_scheduler(inner: Any, budget: KvBudget, max_num_seqs: int) -> PagedDecode | DecodeScheduler:
+    """The decode replica's scheduler: the group's policy when it pages KV (`inner` takes transferred
+    requests), else the reservation queue."""
+    if hasattr(inner, "add_transferred"):
+        return PagedDecode(inner)
+    return DecodeScheduler(budget, max_num_seqs)
 
 
 class DecodeScheduler:

@@ -24,7 +24,7 @@ from sim.core.request import Request
 from sim.cost.replica import build_cost_and_memory
 from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
-from sim.fleet.decode import DecodeScheduler
+from sim.fleet.decode import PagedDecode, decode_scheduler
 from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, seeded
 from sim.fleet.routers import load_all as load_routers
 from sim.fleet.routing import Router
@@ -67,7 +67,14 @@ def build_specs(
             raise SimError(str(err)) from None
         pname = group.policy or policy
         kind, config = scenario.policy(pname)
-        shown = "decode" if group.role == "decode" else kind
+        scheds: list[Any] = []
+        for _ in range(group.count):
+            sched: Any = policies[kind].build(config, budget)
+            if group.role == "decode":
+                sched = decode_scheduler(sched, budget, int(getattr(config, "max_num_seqs", 256)))
+            scheds.append(sched)
+        paged = isinstance(scheds[0], PagedDecode)
+        shown = f"{kind} (decode)" if paged else "decode" if group.role == "decode" else kind
         groups[gname] = {
             **info,
             "count": group.count,
@@ -75,11 +82,7 @@ def build_specs(
             "policy": pname,
             "scheduler": shown,
         }
-        for r in range(group.count):
-            if group.role == "decode":
-                sched: Any = DecodeScheduler(budget, int(getattr(config, "max_num_seqs", 256)))
-            else:
-                sched = policies[kind].build(config, budget)
+        for r, sched in enumerate(scheds):
             specs.append(
                 ReplicaSpec(
                     f"{gname}-{r}", gname, group.role, sched, cost.step_time, info["kv_bytes_per_token"]

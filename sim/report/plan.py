@@ -12,9 +12,17 @@ import polars as pl
 from sim.io.outputs import atomic_write
 from sim.report.coverage import count_text
 from sim.report.page import Section, chart_spec, render_page
+from sim.report.plan_deploy import launch_plan
+from sim.report.plan_front import comparison, comparison_sentences, throughput_section
 from sim.studies.plan import PlanResult, pareto
+from sim.studies.plan_verdict import CONFIDENCE
 
 SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
+CANDIDATE_KEYS = (
+    "config", "cost_per_hour", "gpus", "verdict", "metric", "threshold", "metric_mean", "ci_low", "ci_high",
+    "replications", "replications_overloaded", "seeds", "judged_goodput_per_s", "judged", "judged_good",
+    "judged_in_flight_counted", "judged_in_flight_left_out",
+)  # fmt: skip
 
 
 def slo_rule(result: PlanResult) -> str:
@@ -31,8 +39,37 @@ def slo_rule(result: PlanResult) -> str:
         )
     return (
         f"Judged by --rule {result.rule}: a configuration meets the SLO when its run at "
-        f"{result.rate:g} req/s is not overloaded and {test}."
+        f"{result.rate:g} req/s is not overloaded and {test}. {confidence_rule(result)}"
     )
+
+
+def confidence_rule(result: PlanResult) -> str:
+    """How the verdict is reached across seeds, and which requests each run is judged on."""
+    metric = "judged attainment" if result.rule == "goodput" else "largest p99 latency over its bound"
+    horizon = "" if result.horizon_s is None else f" Each run's arrivals last {result.horizon_s:g} s"
+    tail = (
+        f"{horizon} (at least {result.tail_samples} judged requests past the judged quantile per run)."
+        if horizon
+        else ""
+    )
+    return (
+        f"Each configuration runs {result.replications} seeds (up to {result.max_replications} while too "
+        f"close to call); its verdict comes from the {CONFIDENCE:.0%} interval on the mean {metric}: meets, "
+        "fails, or too close to call when the interval straddles the threshold; one whose seeds disagree on "
+        f"overload runs again on twice the horizon, up to {result.max_horizon_s:g} s. Judged requests: those "
+        "arriving after the warm-up (the first quarter of arrivals); one still in flight at the horizon "
+        f"counts against a configuration only when its run is overloaded or it already missed a bound.{tail}"
+    )
+
+
+def interval_text(row: dict[str, object]) -> str:
+    """The verdict's interval, e.g. `0.95 [0.93, 0.97] (3 seeds)`."""
+    mean, low, high = row.get("metric_mean"), row.get("ci_low"), row.get("ci_high")
+    if mean is None or low is None or high is None:
+        return "-"
+    n, over = row.get("replications"), row.get("replications_overloaded")
+    loaded = f", {over} overloaded" if over else ""
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'}{loaded})"
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
@@ -91,14 +128,16 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         "p99 TPOT (s)",
         "latencies over",
         "goodput (req/s)",
-        "meets SLO",
+        "verdict",
+        "interval",
     )
     table: list[list[str]] = []
     if rows.height:
         for i, r in enumerate(result.ranked(), 1):
             table.append([
                 str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]), _fmt(r["ttft_p99"]),
-                _fmt(r["tpot_p99"]), _covered(r), _fmt(r["goodput_per_s"]), "yes" if r["meets_slo"] else "no",
+                _fmt(r["tpot_p99"]), _covered(r), _fmt(r.get("judged_goodput_per_s", r["goodput_per_s"])),
+                str(r.get("verdict", "meets" if r["meets_slo"] else "fails")), interval_text(r),
             ])  # fmt: skip
     best = result.best
     headline = [
@@ -107,6 +146,16 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         if best
         else f"No configuration met the SLO at {result.rate:g} req/s."
     ]
+    deploy = deployment(result)
+    if deploy is not None:
+        for g in deploy["groups"]:
+            headline.append(
+                f"Launch {g['count']} x {g['name']} ({g['role']}, {g['gpu']} TP {g['tp']}): {g['command']}"
+                + "".join(f" (note: {n})" for n in g["notes"])
+            )
+        if deploy["routing"]:
+            headline.append(deploy["routing"])
+    headline += comparison_sentences(comparison(result.rows))
     meta = (
         f"{slo_rule(result)} {scenario}; grid of {result.grid_size} configurations: "
         f"{result.unfit} do not fit the model, "
@@ -128,9 +177,21 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         specs["front"] = chart_spec(chart)
     else:
         sections.append(Section("front", "Cost against p99 TTFT", note, None, "Nothing was simulated."))
+    throughput, spec = throughput_section(result.rows)
+    sections.append(throughput)
+    if spec is not None:
+        specs["throughput"] = spec
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def deployment(result: PlanResult) -> dict[str, Any] | None:
+    """The answer's `vllm serve` command line per group and how requests reach them (`plan_deploy`)."""
+    if result.best is None or not result.raw:
+        return None
+    launches, routing = launch_plan(result.configured(result.best), result.policy)
+    return {"groups": [g.as_dict() for g in launches], "routing": routing}
 
 
 def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[Path]:
@@ -156,12 +217,25 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
         "best": None if best is None else {**best, "set": result.reproduce(best)},
+        "replications": result.replications,
+        "max_replications": result.max_replications,
+        "tail_samples": result.tail_samples,
+        "max_horizon_s": result.max_horizon_s,
+        "horizon_s": result.horizon_s,
+        "confidence": CONFIDENCE,
+        "deploy": deployment(result),
+        "aggregated_vs_disaggregated": comparison(result.rows),
+        "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
     }
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
     html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
     atomic_write(paths[2], lambda p: Path(p).write_text(html, encoding="utf-8"))
     return paths
+
+
+def _rate(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.2f}/s"
 
 
 def print_plan(result: PlanResult, out_dir: Path) -> None:
@@ -172,7 +246,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     console = Console()
     table = Table(title=f"sim plan at {result.rate:g} req/s")
     columns = ("rank", "configuration", "$/hour", "GPUs", "p99 TTFT", "p99 TPOT", "latencies over", "goodput",
-               "SLO")  # fmt: skip
+               "verdict", "interval")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for i, r in enumerate(result.ranked(), 1):
@@ -180,7 +254,8 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         table.add_row(
             str(i), r["config"], f"{r['cost_per_hour']:.2f}", str(r["gpus"]),
             "-" if ttft is None else f"{ttft:.3f} s", "-" if tpot is None else f"{tpot * 1000:.1f} ms",
-            _covered(r), f"{r['goodput_per_s']:.2f}/s", "yes" if r["meets_slo"] else "no",
+            _covered(r), _rate(r.get("judged_goodput_per_s", r["goodput_per_s"])), str(r.get("verdict", "-")),
+            interval_text(r),
         )  # fmt: skip
     console.print(table)
     console.print(
@@ -196,4 +271,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         b = result.best
         console.print(f"cheapest meeting the SLO: {b['config']} at ${b['cost_per_hour']:.2f}/hour")
         console.print("reproduce: sim run SCENARIO " + " ".join(f"--set '{a}'" for a in result.reproduce(b)))
+        deploy = deployment(result)
+        for g in (deploy or {}).get("groups", []):
+            console.print(f"launch {g['count']} x {g['name']} ({g['role']}): {g['command']}", markup=False)
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

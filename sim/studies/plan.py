@@ -2,9 +2,11 @@
 
 The search space is GPU type x TP degree x policy knobs (`max_num_seqs`, `max_num_batched_tokens`) x
 colocated replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
-A configuration meets the SLO when its run at the rate is not overloaded and its goodput (requests per
-second meeting every [slo] bound) is at least `attainment` x the rate (DistServe's rule: 90% of requests
-meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound instead. Its cost is
+A configuration meets the SLO when its runs at the rate are not overloaded and its goodput (the rate x the
+share of its judged requests meeting every [slo] bound) is at least `attainment` x the rate (DistServe's
+rule: 90% of requests meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound
+instead. Which requests are judged, the seeds each configuration runs, the interval its verdict (meets,
+fails, too close to call) comes from and the horizon the judged tail needs: `plan_verdict`. Its cost is
 GPUs x $/GPU-hour (`sim/catalog/prices.toml`, or the scenario's [prices]).
 
 Pruning, before and during the search:
@@ -14,13 +16,13 @@ Pruning, before and during the search:
 - single-replica capacity: one replica of each colocated kind is run saturated (`single_capacity`); c such
   replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
 - dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
-  failed is not run;
-- cost order: candidates are run cheapest first, `jobs` at a time on the sweep's process pool, and the
-  search stops at the first cost above the cheapest configuration that met the SLO (plus `explore` more,
-  for the cost-latency front).
+  failed is not run (one too close to call prunes nothing);
+- cost order: candidates are run cheapest first, one at a time (its replications `jobs` at a time on the
+  sweep's process pool, so the plan is the same at any `jobs`), and the search stops at the first cost
+  above the cheapest configuration that met the SLO (plus `explore` more, for the cost-latency front).
 Prefill/decode candidates move KV over the scenario's `cluster.link`, else InfiniBand NDR (different nodes).
-Every figure comes from a full fleet run of the same scenario (its seed): `sim run` with the chosen
-configuration's `--set` overrides reproduces it.
+A row's figures come from its first replication, a full fleet run of the same scenario (its seed): `sim run`
+with the chosen configuration's `--set` overrides reproduces it.
 """
 
 from __future__ import annotations
@@ -37,14 +39,32 @@ import polars as pl
 from sim.config.scenario import Scenario, load_scenario, validate_scenario
 from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
+from sim.records.summary import Slo
 from sim.studies.executor import open_executor
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
+from sim.studies.plan_verdict import (
+    DEFAULT_MAX_HORIZON_S,
+    DEFAULT_MAX_REPLICATIONS,
+    DEFAULT_REPLICATIONS,
+    FAILS,
+    JUDGED_FIGURES,
+    MEETS,
+    REPLICATION_STEP,
+    TAIL_SAMPLES,
+    TOO_CLOSE,
+    Verdict,
+    judged_figures,
+    replication_seed,
+    tail_horizon,
+    verdict,
+)
 from sim.studies.points import apply_rate, flatten_summary, point_scenario, rate_key
 from sim.studies.run import run_policy
 
 FIGURES = (
     "goodput_per_s", "slo_attainment", "ttft_p99", "tpot_p99", "ttft_mean", "tpot_mean", "requests_per_s",
-    "overloaded", "arrived", "finished", "e2e_p99",
+    "overloaded", "arrived", "finished", "in_flight", "rejected", "e2e_p99", "output_tokens_per_s",
+    "tpot_p50",
 )  # fmt: skip
 
 
@@ -74,11 +94,14 @@ def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> S
 
 
 def evaluate(task: PlanTask) -> dict[str, Any]:
-    """The figures of one configuration's run (the worker function)."""
+    """The figures of one configuration's run, its summary's and its judged requests' (`plan_verdict`;
+    the worker function)."""
     scenario = configured(task.raw, task.overrides, task.source)
     result = run_policy(scenario, task.policy, Path(task.base_dir), source=task.source)
     row = flatten_summary(result.summary)
-    return {k: row[k] for k in FIGURES}
+    slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
+    judged = judged_figures(result.requests, slo, float(result.summary["horizon_s"]), row["overloaded"])
+    return {**{k: row[k] for k in FIGURES}, **judged}
 
 
 RULES = ("goodput", "p99")
@@ -118,14 +141,10 @@ def single_capacity(task: PlanTask) -> float:
 def meets(
     figures: dict[str, Any], rate: float, attainment: float, rule: str = "goodput", slo: Any = None
 ) -> bool:
-    """`goodput`: not overloaded and goodput >= attainment x rate. `p99`: not overloaded and every p99
-    latency within its [slo] bound (`slo` is the scenario's [slo] table)."""
-    if figures["overloaded"] or not figures["finished"]:
-        return False
-    if rule == "goodput":
-        return bool(figures["goodput_per_s"] >= attainment * rate)
-    bounds = (("ttft_p99", slo.ttft_s), ("tpot_p99", slo.tpot_s), ("e2e_p99", slo.e2e_s))
-    return all(bound is None or (figures.get(k) or 0.0) <= bound for k, bound in bounds)
+    """One run's verdict (`plan_verdict.verdict` of one replication). `goodput`: not overloaded and the
+    judged requests' attainment at least `attainment` (goodput, rate x that share, at least attainment x
+    rate). `p99`: not overloaded and every judged p99 latency within its [slo] bound (`slo`: the [slo])."""
+    return verdict([figures], rule, slo if slo is not None else Slo(), attainment).verdict == MEETS
 
 
 def _dominated(c: Candidate, failed: dict[Any, list[tuple[int, ...]]]) -> bool:
@@ -146,6 +165,18 @@ class PlanResult:
     rate_set: dict[str, Any] = field(default_factory=dict)  # the override that sets the rate
     rule: str = "goodput"  # how a run is judged against the SLO (`meets`)
     slo: dict[str, float | None] = field(default_factory=dict)  # the scenario's [slo] bounds (s)
+    horizon_s: float | None = None  # each run's arrival period (the scenario's, or the tail rule's)
+    replications: int = DEFAULT_REPLICATIONS
+    max_replications: int = DEFAULT_MAX_REPLICATIONS
+    tail_samples: int = TAIL_SAMPLES
+    max_horizon_s: float = DEFAULT_MAX_HORIZON_S
+    raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
+    source: str = ""
+    policy: str = ""
+
+    def configured(self, row: dict[str, Any]) -> Scenario:
+        """The validated scenario of a simulated configuration (its first replication's)."""
+        return configured(self.raw, json.loads(row["overrides"]), self.source)
 
     def reproduce(self, row: dict[str, Any]) -> list[str]:
         """`--set` arguments that make `sim run` run `row`'s configuration at the planned rate."""
@@ -156,7 +187,7 @@ class PlanResult:
         return sorted(
             self.rows,
             key=lambda r: (not r["meets_slo"], r["cost_per_hour"], r["gpus"], r["mode"], r["gpu"], r["tp"],
-                           r["knobs"], r["counts"]),
+                           r["knobs"], r["counts"], r.get("decode_gpu", ""), r.get("decode_tp", 0)),
         )  # fmt: skip
 
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
@@ -180,8 +211,15 @@ def search(
     attainment: float = 0.9,
     explore: int = 0,
     rule: str = "goodput",
+    replications: int = DEFAULT_REPLICATIONS,
+    max_replications: int = DEFAULT_MAX_REPLICATIONS,
+    tail_samples: int = TAIL_SAMPLES,
+    max_horizon_s: float = DEFAULT_MAX_HORIZON_S,
 ) -> PlanResult:
-    """Search the grid (see the module docstring); `explore` more configurations past the answer."""
+    """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
+    simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
+    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
+    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`."""
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -201,6 +239,13 @@ def search(
     rate_set = {key: node}
     scenario = validate_scenario(raw, source)
     base_dir = scenario_path.parent
+    if not 1 <= replications <= max_replications:
+        raise SimError(f"--replications: 1 to --max-replications ({max_replications}) (got {replications})")
+    run_set: dict[str, Any] = {}
+    horizon = scenario.horizon.duration_s
+    needed = tail_horizon(rule, attainment, rate, tail_samples)
+    if horizon is not None and horizon < needed:
+        run_set["horizon.duration_s"] = float(needed)
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
     )
@@ -214,17 +259,24 @@ def search(
         rate_set=rate_set,
         rule=rule,
         slo=scenario.slo.model_dump(),
+        horizon_s=run_set.get("horizon.duration_s", horizon),
+        replications=replications,
+        max_replications=max_replications,
+        tail_samples=tail_samples,
+        max_horizon_s=max_horizon_s,
+        raw=raw,
+        source=source,
+        policy=policy,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
     extra = explore
-    i = 0
     with open_executor("process", jobs, None) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
         families = sorted({c.family for c in cands if c.mode == "colocated"})
         sat_tasks = [
             PlanTask(
-                raw, source, str(base_dir), policy, Candidate(0, 0, *f, (1,)).overrides(scenario, policy)
+                raw, source, str(base_dir), policy, Candidate(0, 0, *f[:4], (1,)).overrides(scenario, policy)
             )
             for f in families
         ]
@@ -238,47 +290,85 @@ def search(
             for f, mu in zip(families, sats, strict=True)
         }
         result.capacity = {
-            Candidate(0, 0, *f, (1,)).label().split(" ", 1)[1]: mu
+            Candidate(0, 0, *f[:4], (1,)).label().split(" ", 1)[1]: mu
             for f, mu in zip(families, sats, strict=True)
         }
         kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
-        while i < len(cands):
-            batch: list[Candidate] = []
-            while i < len(cands) and len(batch) < jobs:
-                c = cands[i]
-                if best is not None and c.cost > best.cost and extra <= 0:
-                    break
-                i += 1
-                if _dominated(c, failed):
-                    result.dominance_pruned += 1
-                    continue
-                if best is not None and c.cost > best.cost:
-                    extra -= 1
-                batch.append(c)
-            if not batch:
+        slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
+        run = lambda ts: list(pool.map(evaluate, ts)) if pool is not None else [evaluate(t) for t in ts]  # noqa: E731
+
+        def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
+            """A configuration's runs: `replications` seeds, more while too close to call."""
+            seeds = [replication_seed(scenario.seed, k) for k in range(replications)]
+            figures = run([_task(raw, source, base_dir, policy, overrides, seed) for seed in seeds])
+            judged = verdict(figures, rule, slo, attainment)
+            while judged.verdict == TOO_CLOSE and len(seeds) < max_replications:
+                more = [
+                    replication_seed(scenario.seed, k)
+                    for k in range(len(seeds), min(max_replications, len(seeds) + REPLICATION_STEP))
+                ]
+                figures += run([_task(raw, source, base_dir, policy, overrides, seed) for seed in more])
+                seeds += more
+                judged = verdict(figures, rule, slo, attainment)
+            return figures, judged, seeds
+
+        # One configuration at a time (its replications in parallel): the search is the same at any --jobs.
+        for c in cands:
+            if best is not None and c.cost > best.cost and extra <= 0:
                 break
-            tasks = [
-                PlanTask(raw, source, str(base_dir), policy, c.overrides(scenario, policy)) for c in batch
-            ]
-            figures = list(pool.map(evaluate, tasks)) if pool is not None else [evaluate(t) for t in tasks]
-            for c, task, fig in zip(batch, tasks, figures, strict=True):
-                ok = meets(fig, rate, attainment, rule, scenario.slo)
-                result.rows.append(_row(c, task, fig, ok))
-                if ok and (best is None or c < best):
-                    best = c
-                    result.best = result.rows[-1]
-                elif not ok:
-                    failed.setdefault(c.family, []).append(c.counts)
+            if _dominated(c, failed):
+                result.dominance_pruned += 1
+                continue
+            if best is not None and c.cost > best.cost:
+                extra -= 1
+            overrides = {**c.overrides(scenario, policy), **run_set}
+            figures, judged, seeds = judge(overrides)
+            # Seeds that disagree on overload: the overload test needs a longer run to tell.
+            span = overrides.get("horizon.duration_s", horizon)
+            while judged.verdict == TOO_CLOSE and judged.overloaded and span and span * 2 <= max_horizon_s:
+                span *= 2
+                overrides = {**overrides, "horizon.duration_s": float(span)}
+                figures, judged, seeds = judge(overrides)
+            ok = judged.verdict == MEETS
+            result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
+            if ok and (best is None or c < best):
+                best = c
+                result.best = result.rows[-1]
+            elif judged.verdict == FAILS:
+                failed.setdefault(c.family, []).append(c.counts)
     return result
 
 
-def _row(c: Candidate, task: PlanTask, fig: dict[str, Any], ok: bool) -> dict[str, Any]:
+def _task(
+    raw: dict[str, Any], source: str, base_dir: Path, policy: str, overrides: dict[str, Any], seed: int
+) -> PlanTask:
+    """The run of one replication (the scenario's own seed is not overridden: `sim run` reproduces it)."""
+    seed_set = {} if seed == raw.get("seed", 0) else {"seed": seed}
+    return PlanTask(raw, source, str(base_dir), policy, {**overrides, **seed_set})
+
+
+def _row(
+    c: Candidate,
+    overrides: dict[str, Any],
+    figures: list[dict[str, Any]],
+    judged: dict[str, Any],
+    seeds: list[int],
+    rate: float,
+) -> dict[str, Any]:
+    """A simulated configuration: the first replication's figures (what `sim run` reproduces), its
+    judged goodput, and the verdict and interval over every replication."""
+    first = figures[0]
+    att = first["judged_attainment"]
     return {
         "config": c.label(), "cost_per_hour": c.cost, "gpus": c.gpus, "mode": c.mode, "gpu": c.gpu,
-        "tp": c.tp, "knobs": json.dumps(dict(c.knobs)), "counts": list(c.counts), "meets_slo": ok,
-        "overrides": json.dumps(task.overrides, sort_keys=True), **fig,
+        "tp": c.tp, "knobs": json.dumps(dict(c.knobs)), "counts": list(c.counts),
+        "decode_gpu": c.decode_gpu or c.gpu, "decode_tp": c.decode_tp or c.tp,
+        "meets_slo": judged["verdict"] == MEETS, "overrides": json.dumps(overrides, sort_keys=True),
+        **{k: first[k] for k in (*FIGURES, *JUDGED_FIGURES)},
+        "judged_goodput_per_s": None if att is None else rate * att,
+        **judged, "seeds": seeds,
     }  # fmt: skip
 
 

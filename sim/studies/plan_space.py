@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import tomllib
 from collections.abc import Sequence
@@ -58,7 +59,9 @@ def price_table(scenario: Scenario) -> dict[str, Price]:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Candidate:
-    """One configuration. `counts` is (replicas,) colocated or (prefill, decode) disaggregated."""
+    """One configuration. `counts` is (replicas,) colocated or (prefill, decode) disaggregated; `gpu` and
+    `tp` are every replica's, or the prefill replicas' when `decode_gpu` and `decode_tp` give the decode
+    replicas' own (a heterogeneous split; empty and 0 otherwise)."""
 
     cost: float  # $/hour
     gpus: int
@@ -67,15 +70,26 @@ class Candidate:
     tp: int
     knobs: tuple[tuple[str, int], ...]
     counts: tuple[int, ...]
+    decode_gpu: str = ""
+    decode_tp: int = 0
 
     @property
-    def family(self) -> tuple[str, str, int, tuple[tuple[str, int], ...]]:
-        return self.mode, self.gpu, self.tp, self.knobs
+    def heterogeneous(self) -> bool:
+        return bool(self.decode_gpu)
+
+    @property
+    def family(self) -> tuple[Any, ...]:
+        """What stays fixed while the replica counts vary (dominance compares counts within a family)."""
+        return self.mode, self.gpu, self.tp, self.knobs, self.decode_gpu, self.decode_tp
 
     def label(self) -> str:
         knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
+        tail = f" [{knobs}]" if knobs else ""
+        if self.heterogeneous:
+            p, d = self.counts
+            return f"{p}P x {self.gpu} TP{self.tp} + {d}D x {self.decode_gpu} TP{self.decode_tp}{tail}"
         shape = f"{self.counts[0]}x" if self.mode == "colocated" else f"{self.counts[0]}P+{self.counts[1]}D x"
-        return f"{shape} {self.gpu} TP{self.tp}" + (f" [{knobs}]" if knobs else "")
+        return f"{shape} {self.gpu} TP{self.tp}" + tail
 
     def overrides(self, scenario: Scenario, policy: str) -> dict[str, Any]:
         """The dotted `--set` overrides that turn the scenario into this configuration."""
@@ -89,6 +103,9 @@ class Candidate:
                 {"name": "prefill", "count": self.counts[0], "role": "prefill"},
                 {"name": "decode", "count": self.counts[1], "role": "decode"},
             ]
+            if self.heterogeneous:
+                out["cluster.groups"][0] |= {"gpu": self.gpu, "tp": self.tp}
+                out["cluster.groups"][1] |= {"gpu": self.decode_gpu, "tp": self.decode_tp}
         if scenario.cluster is None:
             out["cluster.router"] = DEFAULT_ROUTER
         if self.mode == "pd" and "link" not in (scenario.raw.get("cluster") or {}):
@@ -146,43 +163,76 @@ def candidates(
     knobs: dict[str, Sequence[int]],
     max_gpus: int,
     modes: Sequence[str],
+    theory: bool = True,
 ) -> tuple[list[Candidate], int, int]:
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
-    grid (what brute force would run); and how many of its configurations the model does not fit."""
+    grid (what brute force would run); and how many of its configurations the model does not fit.
+
+    Modes: `colocated` (c replicas), `pd` (p prefill + d decode replicas of one GPU and TP), `hetero`
+    (p prefill replicas on one GPU and TP + d decode replicas on another GPU or TP, within `max_gpus`).
+    `theory=False` keeps every configuration that fits in memory (brute force's grid)."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
     out: list[Candidate] = []
     total = unfit = 0
+    kinds: list[tuple[str, int, float]] = []  # (GPU, TP, $/GPU-hour)
     for name in gpus:
         gpu = get_gpu(name).name
         if gpu not in prices:
             raise SimError(
                 f"--gpus: no price for {gpu}: give one in the scenario, e.g. prices = {{ {gpu!r} = 2.5 }}"
             )
-        usd = prices[gpu].usd_per_gpu_hour
-        for tp in tps:
-            per = max_gpus // tp
-            for combo in knob_grid(scenario, policy, knobs):
-                shapes: list[tuple[str, tuple[int, ...]]] = []
-                if "colocated" in modes:
-                    shapes += [("colocated", (c,)) for c in range(1, per + 1)]
-                if "pd" in modes:
-                    shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
-                total += len(shapes)
-                bounds = (
-                    work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir) if shapes else None
-                )
-                if bounds is None:
-                    unfit += len(shapes)
+        kinds += [(gpu, tp, prices[gpu].usd_per_gpu_hour) for tp in tps]
+    bounds_of: dict[tuple[Any, ...], tuple[int, int, int] | None] = {}
+
+    def bounds(gpu: str, tp: int, combo: tuple[tuple[str, int], ...]) -> tuple[int, int, int] | None:
+        key = (gpu, tp, combo)
+        if key not in bounds_of:
+            found = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir)
+            bounds_of[key] = found if theory or found is None else (1, 1, 1)
+        return bounds_of[key]
+
+    for gpu, tp, usd in kinds:
+        per = max_gpus // tp
+        for combo in knob_grid(scenario, policy, knobs):
+            shapes: list[tuple[str, tuple[int, ...]]] = []
+            if "colocated" in modes:
+                shapes += [("colocated", (c,)) for c in range(1, per + 1)]
+            if "pd" in modes:
+                shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
+            total += len(shapes)
+            found = bounds(gpu, tp, combo) if shapes else None
+            if found is None:
+                unfit += len(shapes)
+                continue
+            c_min, p_min, d_min = found
+            for mode, counts in shapes:
+                if mode == "colocated" and counts[0] < c_min:
                     continue
-                c_min, p_min, d_min = bounds
-                for mode, counts in shapes:
-                    if mode == "colocated" and counts[0] < c_min:
+                if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
+                    continue
+                n = sum(counts) * tp
+                out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
+    if "hetero" in modes:
+        for combo in knob_grid(scenario, policy, knobs):
+            for (pg, ptp, pusd), (dg, dtp, dusd) in itertools.product(kinds, kinds):
+                if (pg, ptp) == (dg, dtp):
+                    continue  # the homogeneous split is `pd`
+                splits = [
+                    (p, d)
+                    for p in range(1, (max_gpus - dtp) // ptp + 1)
+                    for d in range(1, (max_gpus - p * ptp) // dtp + 1)
+                ]
+                total += len(splits)
+                pre, dec = bounds(pg, ptp, combo), bounds(dg, dtp, combo)
+                if pre is None or dec is None:
+                    unfit += len(splits)
+                    continue
+                for p, d in splits:
+                    if p < pre[1] or d < dec[2]:
                         continue
-                    if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
-                        continue
-                    n = sum(counts) * tp
-                    out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
+                    cost = round(p * ptp * pusd + d * dtp * dusd, 6)
+                    out.append(Candidate(cost, p * ptp + d * dtp, "pd", pg, ptp, combo, (p, d), dg, dtp))
     return sorted(out), total, unfit
 
 
@@ -218,8 +268,8 @@ def grid_options(
 ) -> tuple[list[str] | None, list[int], dict[str, list[int]], list[str]]:
     """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes)."""
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if not mode_list or set(mode_list) - {"colocated", "pd"}:
-        raise SimError(f"--modes: colocated, pd or both, comma-separated (got {modes!r})")
+    if not mode_list or set(mode_list) - {"colocated", "pd", "hetero"}:
+        raise SimError(f"--modes: colocated, pd, hetero or several, comma-separated (got {modes!r})")
     tps = _ints(tp, "--tp")
     if not tps or any(t > 64 for t in tps):
         raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")

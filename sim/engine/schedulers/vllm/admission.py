@@ -72,6 +72,20 @@ class Admission:
         self._open[request.id] = seqs
         return True
 
+    def add_transferred(self, request: Request, now: float) -> bool:
+        """A request whose prompt's KV another replica computed (a prefill replica, under disaggregation)
+        and whose first token it emitted: queued like any other, its sequences already hold their generated
+        tokens, and at admission the prompt's KV is loaded into its blocks instead of computed (vLLM's KV
+        connector: external computed tokens). Blocks, budget and preemption are the policy's; a sequence
+        preempted later forgets that KV and recomputes it, as vLLM's decode instance does."""
+        if not self.add(request, now):
+            return False
+        for seq in self._open[request.id]:
+            seq.num_generated = request.num_generated
+            seq.num_tokens = request.prompt_len + request.num_generated
+            seq.external = request.prompt_len
+        return True
+
     def _reject_reason(self, r: Request) -> str | None:
         """Why a request can never run, else None. One wording per cause and run (the request's lengths are
         in its record), so that the summary counts rejections by cause."""
@@ -112,6 +126,9 @@ class Admission:
                 skipped.append(waiting.popleft())
                 continue
             hits, num_hit = kv.lookup(seq)
+            looked_up = num_hit
+            if seq.external > num_hit:  # the rest of the transferred KV is loaded, not computed
+                num_hit = seq.external
             length = seq.num_tokens
             n = length - num_hit
             if 0 < threshold < n:
@@ -136,11 +153,12 @@ class Admission:
             (info.resumed if resumed else info.new).append(seq)
             seq.preempted = False
             req = seq.req
+            seq.external = 0  # loaded once: a preempted sequence recomputes it
             if kv.caching:  # this admission's lookup, counted as vLLM's prefix-cache stats count it
-                kv.record_query(seq, num_hit, resumed)
+                kv.record_query(seq, looked_up, resumed)
                 if not resumed:  # vLLM reports the lookups of sequences never preempted
                     req.prefix_query_tokens += length
-                    req.prefix_hit_tokens += num_hit
+                    req.prefix_hit_tokens += looked_up
             if math.isnan(req.scheduled_at):
                 req.scheduled_at = now
             end = num_hit + n

@@ -25,6 +25,7 @@ class Seq:
     num_computed: int = 0
     num_generated: int = 0
     preempted: bool = False  # waiting after a preemption (resumes rather than starts)
+    external: int = 0  # tokens whose KV another replica computed, loaded at admission (`add_transferred`)
     block_size: int = 16
     kv_blocks: list[Block] | None = None
     kv_slots: int = 0
