@@ -604,3 +604,41 @@ def test_capacity_quantisation_with_a_chosen_format_is_refused(
     """`--quantisation` shows every format and used to ignore `--weight-dtype` and `--kv-dtype` silently."""
     line = refused(capsys, "capacity", "llama-3.1-8b", "--gpu", "H100", "--quantisation", *option)
     assert f"{option[0]} goes without --quantisation" in line
+
+
+# --- a checkpoint's quantization_config -----------------------------------------------------------------
+
+_CT = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+_Q = "quantization_config"
+
+
+@pytest.mark.parametrize(
+    ("quant", "expected"),
+    [
+        ({"quant_method": "gptq", "bits": "four", "group_size": 128}, f"{_Q}.bits: expected a whole"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": "abc"}, f"{_Q}.group_size: expected a wh"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 1.5}, f"{_Q}.group_size: expected a wh"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 7}, f"{_Q}.group_size: expected -1"),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 7}, f"{_Q}.q_group_size: expected -1"),
+        ({"quant_method": "gptq", "bits": 0, "group_size": 128}, f"{_Q}.bits: expected 4 or 8 (got 0)"),
+        ({"quant_method": "awq", "bits": 3}, f"{_Q}.bits: expected 4 or 8 (got 3)"),
+        ({**_CT, "config_groups": {"g": {"targets": ["Linear"], "weights": 8}}},
+         f"{_Q}.config_groups.g.weights: expected an object (got 8)"),
+        ({**_CT, "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": "eight"}}}},
+         f"{_Q}.config_groups.g.weights.num_bits: expected a whole number"),
+        ({**_CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "group_size": 7}}}},
+         f"{_Q}.config_groups.g.weights.group_size: expected -1"),
+        ({**_CT, "config_groups": [1]}, f"{_Q}.config_groups: expected an object"),
+        ({"quant_method": "fp8", "ignore": "lm_head"}, f"{_Q}.ignore: expected a list of module"),
+        ({"quant_method": "fp8", "ignore": ["re:(["]}, f"{_Q}.ignore: 're:([' is no regular"),
+        ({"quant_method": 8}, f"{_Q}.quant_method: expected a string"),
+    ],
+)  # fmt: skip
+def test_malformed_quantization_config_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quant: dict[str, Any], expected: str
+) -> None:
+    config = json.loads(LLAMA.read_text())
+    config["quantization_config"] = quant
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = refused(capsys, "capacity", tmp_path / "config.json", "--gpu", "A100-80GB")
+    assert f"config.json: {expected}" in line, line
