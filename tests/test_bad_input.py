@@ -642,3 +642,20 @@ def test_malformed_quantization_config_values(
     (tmp_path / "config.json").write_text(json.dumps(config))
     line = refused(capsys, "capacity", tmp_path / "config.json", "--gpu", "A100-80GB")
     assert f"config.json: {expected}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["llama-3.1-8b", "--draft-tp", "2"],
+            "error: --draft-tp: expected 1 or the target's tensor parallel",
+        ),
+        (["llama-2-7b"], "error: --draft-model: qwama-0.5b-instruct's vocabulary"),
+    ],
+)
+def test_capacity_refuses_the_drafts_vllm_refuses(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    line = refused(capsys, "capacity", *args, "--gpu", "H100-SXM", "--draft-model", "qwama-0.5b-instruct")
+    assert line.startswith(expected), line

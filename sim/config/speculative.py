@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,3 +76,30 @@ class SpeculativeConfig(BaseModel):
         if self.acceptance == "trace" and self.acceptance_rate is not None:
             raise ValueError("acceptance_rate: not used with acceptance = 'trace' (the trace gives it)")
         return self
+
+
+def check_draft(config: SpeculativeConfig, target: Any, target_tp: int) -> None:
+    """Refuse a draft model vLLM refuses beside `target` (a ModelSpec) at tensor parallelism `target_tp`
+    (ValueError "key: why"): a draft TP other than 1 or the target's (vLLM's SpeculativeConfig
+    `_verify_and_get_draft_tp`), a vocabulary other than the target's (the target verifies the draft's token
+    ids against its own logits), and the target drafting for itself (a pass that costs what it saves)."""
+    if config.method != "draft" or config.draft_model is None:
+        return
+    draft = load_model(config.draft_model)
+    draft_tp = config.draft_tensor_parallel_size
+    if draft_tp is not None and draft_tp not in (1, target_tp):
+        raise ValueError(
+            f"draft_tensor_parallel_size: expected 1 or the target's tensor parallel size ({target_tp}), as "
+            f"vLLM requires (got {draft_tp})"
+        )
+    if draft.hf_id == target.hf_id or draft.name == target.name:
+        raise ValueError(
+            f"draft_model: {draft.name} is the target model itself: each draft pass would cost as much as "
+            "the verification it saves; name a smaller model with the same vocabulary"
+        )
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft_model: {draft.name}'s vocabulary ({draft.vocab_size:,} entries) differs from "
+            f"{target.name}'s ({target.vocab_size:,}); the target verifies the draft's token ids against its "
+            "own vocabulary, so vLLM needs both to share one"
+        )
