@@ -173,6 +173,14 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
                 raise SimError(f"{source}: policies.{name}.speculative: not modelled with [cluster]")
     check_lora(scenario, configs, source)
     _check_drafts(scenario, configs, source)
+    if scenario.workload.sampling is not None:
+        for name in configs:
+            kind = scenario.policies[name]["scheduler"]
+            if kind not in ("vllm", "sarathi"):
+                raise SimError(
+                    f"{source}: policies.{name}.scheduler: workload.sampling is costed for the vllm and "
+                    f"sarathi schedulers (vLLM's sampler), not {kind}"
+                )
     for name, config in configs.items():
         if getattr(config, "speculative", None) is not None and getattr(config, "lora", None) is not None:
             raise SimError(f"{source}: policies.{name}: speculative decoding with LoRA is not modelled")
