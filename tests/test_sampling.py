@@ -222,3 +222,20 @@ def test_a_trace_with_a_bad_sampling_column_names_line_and_column(tmp_path: Path
     data["workload"] = {"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv")}}
     with pytest.raises(SimError, match=r"line 3: column 'top_p': expected a number in"):
         Workload(validate_scenario(data, "test").workload, 1, tmp_path)
+
+
+def test_the_shipped_scenario_compares_greedy_with_top_p() -> None:
+    from sim.config.scenario import load_scenario
+    from sim.config.sweep import parse_sweep
+
+    path = ROOT / "scenarios" / "sampling-cost.toml"
+    variants = parse_sweep(load_scenario(path).sweep, str(path)).variants
+    assert [v["workload.sampling.temperature"] for v in variants] == [0.0, 0.7, 0.7]
+    tpot = {}
+    for t in (0.0, 0.7):
+        sc = load_scenario(
+            path,
+            ["horizon.max_requests=80", "workload.arrival.rate=20", f"workload.sampling.temperature={t}"],
+        )
+        tpot[t] = _tpot(sc)
+    assert tpot[0.0] < 0.9 * tpot[0.7]  # top-p's sort at every step, against greedy's argmax
