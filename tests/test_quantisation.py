@@ -580,3 +580,21 @@ def test_ignore_of_some_fused_shards_is_refused_as_vllm_refuses_it() -> None:
     ):
         _llama2(_w4a16(ignore=["model.layers.0.self_attn.q_proj"]))
     _llama2(_w4a16(ignore=[f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]))  # all three: accepted
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "T4"])
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_weight_only_marlin(gpu: str) -> None:
+    """vLLM runs FP8 weights below compute capability 8.9 through Marlin: one byte a weight read, the
+    matmuls dequantized to 16-bit (DEQUANT_COMPUTE_EFF of the 16-bit rate), not W8A8 at the 16-bit rate."""
+    g = get_gpu(gpu)
+    m = _llama({"quant_method": "fp8"}) if gpu != "T4" else load_model("llama-3.1-8b")
+    cost = CostModel(m, g, weight_dtype=None if gpu != "T4" else "fp8")  # type: ignore[arg-type]
+    assert cost.rate.dequant and not cost.rate.w8a8 and cost.peak_flops == g.flops_16bit
+    assert "Marlin" in cost.rate.note
+    sixteen = CostModel(load_model("llama-3.1-8b"), g)
+    s, s16 = cost.step(np.array([8192]), np.array([0])), sixteen.step(np.array([8192]), np.array([0]))
+    assert s.compute_s > s16.compute_s  # compute-bound prefill: slower than 16-bit, by the dequantization
+    lin = m.linear_flops_per_token * 8192  # type: ignore[attr-defined]
+    e = Calibration().compute_eff_prefill
+    head_attn = (m.lm_head_flops + s.flops_attention) / (g.flops_16bit * e)  # type: ignore[attr-defined]
+    assert s.compute_s == pytest.approx(lin / (g.flops_16bit * e * DEQUANT_COMPUTE_EFF) + head_attn, rel=1e-9)
