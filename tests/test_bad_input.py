@@ -659,3 +659,34 @@ def test_capacity_refuses_the_drafts_vllm_refuses(
 ) -> None:
     line = refused(capsys, "capacity", *args, "--gpu", "H100-SXM", "--draft-model", "qwama-0.5b-instruct")
     assert line.startswith(expected), line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["capacity", "llama-4-scout-fp8", "--gpu", "H100", "--tp", "8", "--weight-dtype", "bf16"],
+         "error: --weight-dtype"),
+        (["capacity", "deepseek-v3", "--gpu", "H200", "--quantisation"], "error: --quantisation: deepseek"),
+        (["step", "llama-4-scout-fp8", "--gpu", "H200", "--tp", "8", "--weight-dtype", "int4", "--batch", "8",
+          "--context", "100"], "error: step: --weight-dtype: "),
+    ],
+)  # fmt: skip
+def test_a_quantized_checkpoint_is_served_in_its_own_format_only(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    line = refused(capsys, *args)
+    assert line.startswith(expected), line
+    assert "its own format" in line or "vLLM serves it in that format" in line, line
+
+
+def test_a_scenario_serving_a_quantized_checkpoint_in_another_format_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario(
+        tmp_path, model={"name": "llama-4-scout-fp8", "gpu": "H100", "tp": 8, "weight_dtype": "int4"}
+    )
+    line = refused(capsys, "run", path, "--out", tmp_path / "out")
+    assert "small.toml: model.weight_dtype: llama-4-scout-fp8 is a compressed-tensors checkpoint" in line, (
+        line
+    )
+    assert not (tmp_path / "out").exists()

@@ -112,6 +112,23 @@ def flop_costs(
     return layers, cost("lm_head"), sixteen
 
 
+def checkpoint_format_problem(model: ModelSpec, weight_dtype: str | None) -> str | None:
+    """Why a quantized checkpoint cannot be served with weights in `weight_dtype`, or None: vLLM serves a
+    checkpoint with a quantization_config in that format and refuses another `--quantization` ("Quantization
+    method specified in the model config ... does not match the quantization method specified in the
+    `quantization` argument"); it cannot dequantize it to 16-bit or requantize it to another format."""
+    if not model.quant.dtype or weight_dtype is None:
+        return None
+    d = normalize_dtype(weight_dtype)
+    if d == model.default_weight_dtype:
+        return None
+    return (
+        f"{model.name} is a {model.quant.method} checkpoint stored as {weight_format(model.quant)} (its "
+        f"quantization_config); vLLM serves it in that format and refuses another, so {d} is not a format "
+        f"it can be served in: leave the weight dtype unset or give {model.default_weight_dtype}"
+    )
+
+
 def check_dtype(key: str, value: str | None) -> str | None:
     """Validate `model.weight_dtype` / `model.kv_dtype` (ValueError naming what is expected)."""
     if value is None:
