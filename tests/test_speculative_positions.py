@@ -137,3 +137,10 @@ def test_eagle3_reduced_draft_vocabulary_reads_a_smaller_lm_head() -> None:
     assert (
         reduced.weight_bytes - full.weight_bytes == 32000 * 4096 * 2
     )  # its own LM head, beside the target's
+
+
+def test_keys_not_given_stay_out_of_the_manifest() -> None:
+    """A run without the per-position, match-rate and draft-vocabulary keys dumps its table as before."""
+    dump = SpeculativeConfig(method="ngram", num_speculative_tokens=2, acceptance_rate=0.5).model_dump()
+    assert not {"ngram_match_rate", "draft_vocab_size", "acceptance_per_position", "acceptance_decay",
+                "accepted_per_position", "num_drafts"} & set(dump)  # fmt: skip

@@ -17,6 +17,11 @@ MAX_SPEC_TOKENS = 16
 NGRAM_S_PER_ROW = 5e-6
 
 
+def _unset(value: object) -> bool:
+    """A key not given (None)."""
+    return value is None
+
+
 class SpeculativeConfig(BaseModel):
     """The `speculative` table of a `vllm` / `sarathi` policy."""
 
@@ -43,22 +48,41 @@ class SpeculativeConfig(BaseModel):
     ngram_s_per_row: float = Field(
         NGRAM_S_PER_ROW, ge=0.0, le=1e-2, description="Host seconds of an n-gram lookup per sequence."
     )
+    # Added later: left out of dumps when not given, so existing runs' manifests stay as they were.
     ngram_match_rate: float | None = Field(
-        None, ge=0.0, le=1.0, description="Share of lookups that find a match (method = ngram; default 1)."
+        None,
+        ge=0.0,
+        le=1.0,
+        exclude_if=_unset,
+        description="Share of lookups that find a match (method = ngram; default 1).",
     )
     draft_vocab_size: int | None = Field(
-        None, ge=1, le=1 << 24, description="An EAGLE-3 head's reduced vocabulary (method = eagle)."
+        None,
+        ge=1,
+        le=1 << 24,
+        exclude_if=_unset,
+        description="An EAGLE-3 head's reduced vocabulary (method = eagle).",
     )
     acceptance_per_position: list[float] | None = Field(
-        None, description="alpha_i of each draft position i, given the ones before it were accepted."
+        None,
+        exclude_if=_unset,
+        description="alpha_i of each draft position i, given the ones before it were accepted.",
     )
     acceptance_decay: float | None = Field(
-        None, gt=0.0, le=1.0, description="alpha_i = acceptance_rate x decay^(i - 1) (acceptance = fixed)."
+        None,
+        gt=0.0,
+        le=1.0,
+        exclude_if=_unset,
+        description="alpha_i = acceptance_rate x decay^(i - 1) (acceptance = fixed).",
     )
     accepted_per_position: list[int] | None = Field(
-        None, description="vLLM's spec_decode_num_accepted_tokens_per_pos counts, with num_drafts."
+        None,
+        exclude_if=_unset,
+        description="vLLM's spec_decode_num_accepted_tokens_per_pos counts, with num_drafts.",
     )
-    num_drafts: int | None = Field(None, ge=1, le=2**53, description="vLLM's spec_decode_num_drafts count.")
+    num_drafts: int | None = Field(
+        None, ge=1, le=2**53, exclude_if=_unset, description="vLLM's spec_decode_num_drafts count."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeConfig:
