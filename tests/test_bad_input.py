@@ -604,3 +604,89 @@ def test_capacity_quantisation_with_a_chosen_format_is_refused(
     """`--quantisation` shows every format and used to ignore `--weight-dtype` and `--kv-dtype` silently."""
     line = refused(capsys, "capacity", "llama-3.1-8b", "--gpu", "H100", "--quantisation", *option)
     assert f"{option[0]} goes without --quantisation" in line
+
+
+# --- a checkpoint's quantization_config -----------------------------------------------------------------
+
+_CT = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+_Q = "quantization_config"
+
+
+@pytest.mark.parametrize(
+    ("quant", "expected"),
+    [
+        ({"quant_method": "gptq", "bits": "four", "group_size": 128}, f"{_Q}.bits: expected a whole"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": "abc"}, f"{_Q}.group_size: expected a wh"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 1.5}, f"{_Q}.group_size: expected a wh"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 7}, f"{_Q}.group_size: expected -1"),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 7}, f"{_Q}.q_group_size: expected -1"),
+        ({"quant_method": "gptq", "bits": 0, "group_size": 128}, f"{_Q}.bits: expected 4 or 8 (got 0)"),
+        ({"quant_method": "awq", "bits": 3}, f"{_Q}.bits: expected 4 or 8 (got 3)"),
+        ({**_CT, "config_groups": {"g": {"targets": ["Linear"], "weights": 8}}},
+         f"{_Q}.config_groups.g.weights: expected an object (got 8)"),
+        ({**_CT, "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": "eight"}}}},
+         f"{_Q}.config_groups.g.weights.num_bits: expected a whole number"),
+        ({**_CT, "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "group_size": 7}}}},
+         f"{_Q}.config_groups.g.weights.group_size: expected -1"),
+        ({**_CT, "config_groups": [1]}, f"{_Q}.config_groups: expected an object"),
+        ({"quant_method": "fp8", "ignore": "lm_head"}, f"{_Q}.ignore: expected a list of module"),
+        ({"quant_method": "fp8", "ignore": ["re:(["]}, f"{_Q}.ignore: 're:([' is no regular"),
+        ({"quant_method": 8}, f"{_Q}.quant_method: expected a string"),
+    ],
+)  # fmt: skip
+def test_malformed_quantization_config_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quant: dict[str, Any], expected: str
+) -> None:
+    config = json.loads(LLAMA.read_text())
+    config["quantization_config"] = quant
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = refused(capsys, "capacity", tmp_path / "config.json", "--gpu", "A100-80GB")
+    assert f"config.json: {expected}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["llama-3.1-8b", "--draft-tp", "2"],
+            "error: --draft-tp: expected 1 or the target's tensor parallel",
+        ),
+        (["llama-2-7b"], "error: --draft-model: qwama-0.5b-instruct's vocabulary"),
+    ],
+)
+def test_capacity_refuses_the_drafts_vllm_refuses(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    line = refused(capsys, "capacity", *args, "--gpu", "H100-SXM", "--draft-model", "qwama-0.5b-instruct")
+    assert line.startswith(expected), line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["capacity", "llama-4-scout-fp8", "--gpu", "H100", "--tp", "8", "--weight-dtype", "bf16"],
+         "error: --weight-dtype"),
+        (["capacity", "deepseek-v3", "--gpu", "H200", "--quantisation"], "error: --quantisation: deepseek"),
+        (["step", "llama-4-scout-fp8", "--gpu", "H200", "--tp", "8", "--weight-dtype", "int4", "--batch", "8",
+          "--context", "100"], "error: step: --weight-dtype: "),
+    ],
+)  # fmt: skip
+def test_a_quantized_checkpoint_is_served_in_its_own_format_only(
+    capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    line = refused(capsys, *args)
+    assert line.startswith(expected), line
+    assert "its own format" in line or "vLLM serves it in that format" in line, line
+
+
+def test_a_scenario_serving_a_quantized_checkpoint_in_another_format_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario(
+        tmp_path, model={"name": "llama-4-scout-fp8", "gpu": "H100", "tp": 8, "weight_dtype": "int4"}
+    )
+    line = refused(capsys, "run", path, "--out", tmp_path / "out")
+    assert "small.toml: model.weight_dtype: llama-4-scout-fp8 is a compressed-tensors checkpoint" in line, (
+        line
+    )
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,5 @@
-"""Fuzzing the command line with generated scenario, trace and config.json files, well-formed and broken,
+"""Fuzzing the command line with generated scenario (sampling tables among them), trace and config.json files
+(with quantization_config tables, and a generation_config.json beside them), well-formed and broken,
 and with generated output paths: symbolic link loops, links to nothing, names and paths too long for the
 file system, the empty path, files in the way, odd names.
 
@@ -137,6 +138,33 @@ models = st.fixed_dictionaries(
 )
 
 
+# Sampling parameters (`[workload.sampling]`), each key drawn from accepted values and a few edges; the
+# scenario's mutations then break some of them.
+_SAMPLING_KEYS = {
+    "temperature": st.sampled_from([0.0, 0.7, 1.0, 1e-6]),
+    "top_p": st.sampled_from([0.9, 1.0, 1e-9]),
+    "top_k": st.sampled_from([-1, 0, 1, 50]),
+    "min_p": st.sampled_from([0.0, 0.05, 1.0]),
+    "repetition_penalty": st.sampled_from([1.0, 1.2, 2.0]),
+    "presence_penalty": st.sampled_from([-2.0, 0.0, 0.5]),
+    "frequency_penalty": st.sampled_from([0.0, 2.0]),
+    "logprobs": st.sampled_from([0, 5, 20]),
+    "seed": st.integers(0, 10),
+    "structured_output": st.sampled_from(["json", "regex", "grammar", "choice"]),
+}
+sampling_tables = st.fixed_dictionaries(
+    {},
+    optional={
+        **_SAMPLING_KEYS,
+        "profiles": st.lists(
+            st.fixed_dictionaries({"share": st.floats(0.1, 5.0)}, optional=_SAMPLING_KEYS),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+)
+
+
 @st.composite
 def scenario_files(draw: st.DrawFn) -> bytes:
     workload: dict[str, Any] = {"arrival": draw(arrivals), "prompt": draw(lengths), "output": draw(lengths)}
@@ -144,6 +172,8 @@ def scenario_files(draw: st.DrawFn) -> bytes:
         workload["max_tokens"] = draw(st.integers(1, 512))
     if draw(st.booleans()):
         workload["prefix"] = {"groups": draw(st.integers(1, 4)), "prefix_len": draw(st.integers(1, 64))}
+    if draw(st.integers(0, 2)) == 0:
+        workload["sampling"] = draw(sampling_tables)
     data = {
         "name": "fuzz",
         "seed": draw(st.integers(0, 100)),
@@ -166,6 +196,10 @@ TRACE_COLUMNS = [
     "output_tokens",
     "prefix_group",
     "prefix_len",
+    "temperature",
+    "top_p",
+    "top_k",
+    "logprobs",
     "x",
 ]
 cells = st.one_of(
@@ -186,7 +220,14 @@ def trace_rows(draw: st.DrawFn) -> list[dict[str, Any]]:
         row: dict[str, Any] = {}
         for col in columns:
             if well_formed:
-                row[col] = i * 0.1 if col in ("arrival_s", "arrived_at") else draw(st.integers(1, 300))
+                if col in ("arrival_s", "arrived_at"):
+                    row[col] = i * 0.1
+                elif col in ("temperature", "top_p"):
+                    row[col] = draw(st.sampled_from([0.0, 0.5, 1.0]))
+                elif col in ("top_k", "logprobs"):
+                    row[col] = draw(st.integers(0, 20))
+                else:
+                    row[col] = draw(st.integers(1, 300))
             else:
                 row[col] = draw(cells)
         rows.append(row)
@@ -208,6 +249,44 @@ def trace_files(draw: st.DrawFn) -> tuple[bytes, bytes]:
     return csv.encode(), jsonl.encode()
 
 
+ignore_lists = st.lists(
+    st.sampled_from([
+        "lm_head", "model.layers.0.mlp.down_proj", "re:.*down_proj", "re:model\\.layers\\.1\\..*", "re:([",
+        "model.layers.3.self_attn.q_proj", "down_proj", "vision_tower", "model.layers.99.mlp.up_proj",
+    ]),
+    max_size=3,
+)  # fmt: skip
+bits = st.sampled_from([4, 8, 0, 3, "four", 4.0])
+group_sizes = st.sampled_from([-1, 0, 32, 128, 7, 1.5, "abc", 8192])
+
+
+def _gptq(b: Any, g: Any, i: Any) -> dict[str, Any]:
+    return {"quant_method": "gptq", "bits": b, "group_size": g, "modules_to_not_convert": i}
+
+
+def _compressed(n: Any, t: Any, g: Any, a: Any, i: Any) -> dict[str, Any]:
+    group = {
+        "targets": ["Linear"],
+        "input_activations": a,
+        "weights": {"num_bits": n, "type": t, "group_size": g},
+    }
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": i,
+            "config_groups": {"group_0": group}}  # fmt: skip
+
+
+quant_configs = st.one_of(
+    st.builds(_gptq, bits, group_sizes, ignore_lists),
+    st.builds(lambda b, g: {"quant_method": "awq", "w_bit": b, "q_group_size": g}, bits, group_sizes),
+    st.builds(lambda i: {"quant_method": "fp8", "ignore": i}, ignore_lists),
+    st.builds(
+        _compressed, st.sampled_from([4, 8, 16, "eight"]), st.sampled_from(["int", "float", 3]), group_sizes,
+        st.sampled_from([None, {"num_bits": 8}, {"num_bits": "8"}, 8]), ignore_lists,
+    ),
+    st.builds(lambda w: {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": w}}},
+              weird),
+)  # fmt: skip
+
+
 @st.composite
 def config_files(draw: st.DrawFn) -> bytes:
     choice = draw(st.integers(0, 14))
@@ -215,7 +294,23 @@ def config_files(draw: st.DrawFn) -> bytes:
         return draw(st.binary(max_size=100))
     if choice == RARE + 1:
         return json.dumps(draw(weird)).encode()
-    return json.dumps(draw(mutated(LLAMA_CONFIG))).encode()
+    config = dict(LLAMA_CONFIG)
+    if choice < 5:
+        config["quantization_config"] = draw(quant_configs)
+    return json.dumps(draw(mutated(config))).encode()
+
+
+@st.composite
+def generation_files(draw: st.DrawFn) -> bytes | None:
+    """A generation_config.json beside the generated config.json (or none)."""
+    choice = draw(st.integers(0, 9))
+    if choice < 4:
+        return None
+    if choice == RARE:
+        return draw(st.binary(max_size=60))
+    keys = {k: _SAMPLING_KEYS[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+    data = draw(st.fixed_dictionaries({}, optional={**keys, "do_sample": st.booleans()}))
+    return json.dumps(draw(mutated(data))).encode()
 
 
 @st.composite
@@ -324,8 +419,10 @@ def _workdir() -> Iterator[Path]:
 
 
 @settings(FUZZ, max_examples=250)
-@given(scenario=scenario_files(), trace=trace_files(), config=config_files())
-def test_fuzz_run(scenario: bytes, trace: tuple[bytes, bytes], config: bytes) -> None:
+@given(scenario=scenario_files(), trace=trace_files(), config=config_files(), generation=generation_files())
+def test_fuzz_run(
+    scenario: bytes, trace: tuple[bytes, bytes], config: bytes, generation: bytes | None
+) -> None:
     with _workdir() as root:
         inputs = root / "in"
         inputs.mkdir()
@@ -333,6 +430,8 @@ def test_fuzz_run(scenario: bytes, trace: tuple[bytes, bytes], config: bytes) ->
         (inputs / "trace.csv").write_bytes(trace[0])
         (inputs / "trace.jsonl").write_bytes(trace[1])
         (inputs / "config.json").write_bytes(config)
+        if generation is not None:
+            (inputs / "generation_config.json").write_bytes(generation)
         given_files = _files(root)
         out_dir = root / "out"
         code, out, err = _run_cli(["run", str(inputs / "s.toml"), "--out", str(out_dir)])

@@ -4,6 +4,7 @@ the slots' KV cost, and runs end to end. Expectations are worked by hand from th
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -398,3 +399,17 @@ def test_slots_come_out_of_the_replicas_own_kv_memory_with_group_scales() -> Non
     grouped = kv_memory(model, gpu, 1, 0.9, "int4", None, 16, 32).num_blocks
     assert grouped != kv_memory(model, gpu, 1, 0.9, "int4", None, 16).num_blocks  # the scales matter here
     assert result.summary["lora"]["kv_blocks_without_slots"] == grouped
+
+
+@pytest.mark.parametrize("rank", [600, 0, "8", 2.5, [8, 0], []])
+def test_a_bad_rank_is_one_line_naming_the_key_and_the_accepted_ranks(rank: object) -> None:
+    data = tomllib.loads(Path("scenarios/multi-tenant-lora.toml").read_text())
+    data["workload"]["lora"]["rank"] = rank
+    with pytest.raises(SimError) as err:
+        validate_scenario(data, "s.toml")
+    message = str(err.value)
+    assert "\n" not in message and "valid list" not in message
+    assert message.startswith(
+        "s.toml: workload.lora.rank: expected an adapter rank, a whole number from 1 to 512"
+    )
+    assert "one of 1, 8, 16, 32, 64, 128, 256, 320, 512" in message

@@ -535,3 +535,72 @@ def test_capacity_quantisation_compares_against_the_first_format_that_fits() -> 
     )
     text = runner.invoke(app, ["capacity", "llama-3.1-70b", "--gpu", "H100", "--quantisation"]).output
     assert "speed-up over FP8 weights (W8A8)" in text and "*" in text
+
+
+# ----------------------------------------------------------------------------- ignore, per module
+
+LLAMA2_7B = Path("sim/catalog/models/llama-2-7b.json")
+
+
+def _llama2(quant: dict[str, object]) -> object:
+    cfg = json.loads(LLAMA2_7B.read_text())
+    cfg["quantization_config"] = quant
+    return from_config(cfg, "l", "l", "l.json")
+
+
+def _w4a16(**extra: object) -> dict[str, object]:
+    return {"quant_method": "compressed-tensors", **W4A16, **extra}
+
+
+@pytest.mark.parametrize(
+    ("quant", "down_projs"),
+    [
+        (_w4a16(ignore=["model.layers.1.mlp.down_proj"]), 1),
+        (_w4a16(ignore=[f"model.layers.{i}.mlp.down_proj" for i in range(0, 20, 2)]), 10),
+        (_w4a16(ignore=["re:.*down_proj"]), 32),
+        (_w4a16(ignore=["re:model\\.layers\\.[0-9]\\.mlp\\.down_proj$"]), 10),
+        (_w4a16(ignore=["mlp.down_proj"]), 0),  # compressed-tensors: exact names only
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["down_proj"]}, 32),
+        (
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["layers.3.mlp"]},
+            3,
+        ),
+    ],
+)
+def test_ignore_keeps_each_named_module_in_16_bit_and_no_more(
+    quant: dict[str, object], down_projs: int
+) -> None:
+    """Llama-2-7B W4A16 g128: each ignored down_proj (4096 x 11008) adds its own 2 - (0.5 + 2/128) bytes per
+    weight, not its layer's whole MLP; `re:` entries are regular expressions matched from the name's start
+    (compressed-tensors), AWQ's `modules_to_not_convert` entries match any name containing them (the
+    "layers.3.mlp" entry: gate, up and down of layer 3)."""
+    base = _llama2(_w4a16()).weight_bytes()  # type: ignore[attr-defined]
+    m = _llama2(quant)
+    per_module = 4096 * 11008 * (2.0 - (0.5 + 2 / 128))
+    assert m.weight_bytes() - base == pytest.approx(down_projs * per_module, rel=1e-9)  # type: ignore[attr-defined]
+
+
+def test_ignore_of_some_fused_shards_is_refused_as_vllm_refuses_it() -> None:
+    with pytest.raises(
+        SimError, match=r"quantization_config\.ignore: model\.layers\.0\.self_attn\.q_proj.*k_proj, v_proj"
+    ):
+        _llama2(_w4a16(ignore=["model.layers.0.self_attn.q_proj"]))
+    _llama2(_w4a16(ignore=[f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]))  # all three: accepted
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "T4"])
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_weight_only_marlin(gpu: str) -> None:
+    """vLLM runs FP8 weights below compute capability 8.9 through Marlin: one byte a weight read, the
+    matmuls dequantized to 16-bit (DEQUANT_COMPUTE_EFF of the 16-bit rate), not W8A8 at the 16-bit rate."""
+    g = get_gpu(gpu)
+    m = _llama({"quant_method": "fp8"}) if gpu != "T4" else load_model("llama-3.1-8b")
+    cost = CostModel(m, g, weight_dtype=None if gpu != "T4" else "fp8")  # type: ignore[arg-type]
+    assert cost.rate.dequant and not cost.rate.w8a8 and cost.peak_flops == g.flops_16bit
+    assert "Marlin" in cost.rate.note
+    sixteen = CostModel(load_model("llama-3.1-8b"), g)
+    s, s16 = cost.step(np.array([8192]), np.array([0])), sixteen.step(np.array([8192]), np.array([0]))
+    assert s.compute_s > s16.compute_s  # compute-bound prefill: slower than 16-bit, by the dequantization
+    lin = m.linear_flops_per_token * 8192  # type: ignore[attr-defined]
+    e = Calibration().compute_eff_prefill
+    head_attn = (m.lm_head_flops + s.flops_attention) / (g.flops_16bit * e)  # type: ignore[attr-defined]
+    assert s.compute_s == pytest.approx(lin / (g.flops_16bit * e * DEQUANT_COMPUTE_EFF) + head_attn, rel=1e-9)

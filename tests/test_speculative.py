@@ -483,3 +483,43 @@ def test_preemptions_under_speculation_keep_the_kv_accounting(seed: int) -> None
     assert all(r.num_generated == r.output_len for r in reqs)
     assert sum(r.preemptions for r in reqs) > 0
     assert sched.kv.num_free == usable
+
+
+@pytest.mark.parametrize(
+    ("model", "spec", "expected"),
+    [
+        (
+            {"tp": 1},
+            {"draft_tensor_parallel_size": 2},
+            "draft_tensor_parallel_size: expected 1 or the target's",
+        ),
+        (
+            {"tp": 4},
+            {"draft_tensor_parallel_size": 2},
+            "draft_tensor_parallel_size: expected 1 or the target's",
+        ),
+        (
+            {"name": "llama-2-7b"},
+            {},
+            "draft_model: qwama-0.5b-instruct's vocabulary (128,256 entries) differs",
+        ),
+        ({}, {"draft_model": "llama-3.1-8b"}, "draft_model: llama-3.1-8b is the target model itself"),
+    ],
+)
+def test_drafts_vllm_refuses_are_refused_naming_the_key(
+    model: dict[str, Any], spec: dict[str, Any], expected: str
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["model"].update(model)
+    data["policies"]["spec"] = {"scheduler": "vllm", "speculative": {
+        "method": "draft", "draft_model": "qwama-0.5b-instruct", "num_speculative_tokens": 2,
+        "acceptance_rate": 0.5, **spec}}  # fmt: skip
+    with pytest.raises(SimError) as err:
+        validate_scenario(data, "test")
+    assert str(err.value).startswith(f"test: policies.spec.speculative.{expected}"), err.value
+    for tp in (1, 4):  # 1 and the target's own are accepted
+        data["model"].update({"name": "llama-3.1-8b", "tp": 4})
+        data["policies"]["spec"]["speculative"].update(
+            draft_model="qwama-0.5b-instruct", draft_tensor_parallel_size=tp
+        )
+        validate_scenario(data, "test")

@@ -11,12 +11,13 @@ vLLM's rules, as read in its source (vllm/platforms/cuda.py, vllm/config/model.p
   does the same; a family for which vLLM refuses float16 (`_FLOAT16_NOT_SUPPORTED_MODELS`: gemma2 among
   the shipped ones) falls to fp32 in vLLM, which the simulator does not model: it is refused, saying so.
 - fp8, int8 and int4 weights and an fp8 KV cache are not refused on any catalogued GPU. A100 and A10G
-  (8.0, 8.6) run fp8 weights weight-only through Marlin (`Fp8LinearMethod.use_marlin` below 8.9) and an
-  fp8 KV cache, which `Gpu.peak_flops` already costs at the 16-bit rate. On Turing, `Fp8Config.
-  get_min_capability` was 80 at the vLLM commits read, so vLLM refused fp8 weights on a T4 then; vLLM pull
-  request 29901 (Marlin kernels for Turing, merged before 2026-02-11) runs FP8 weights with FP16
-  activations on 7.5. Whether the project's vLLM (0.15.1) has it was not established, so fp8 weights on a
-  T4 are not refused.
+  (8.0, 8.6) run fp8 weights weight-only through Marlin (`Fp8LinearMethod.use_marlin` below 8.9), which
+  sim/catalog/quantisation.py costs as weight-only (dequantized at the 16-bit rate), and an fp8 KV cache.
+  On Turing, `Fp8Config.get_min_capability` was 80 at the vLLM commits read, so vLLM refused fp8 weights
+  on a T4 then; vLLM pull request 29901 (Marlin kernels for Turing, merged before 2026-02-11) runs FP8
+  weights with FP16 activations on 7.5. Whether the project's vLLM (0.15.1) has it was not established,
+  so fp8 weights on a T4 are not refused, and are costed as that pull request runs them: weight-only, as
+  on Ampere.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def from_config(raw: dict[str, Any], name: str, hf_id: str, source: str) -> Mode
     if shape["experts_per_token"] > shape["num_experts"]:
         raise SimError(f"{source}: num_experts_per_tok: more than the model's {shape['num_experts']} experts")
     lm_head = 0 if tied else V * shape.get("lm_head_in", H)
-    quant = quantization(raw, shape["num_layers"], source)
+    quant = quantization(raw, model_type, shape, source)
     return ModelSpec(
         name=name,
         hf_id=hf_id,

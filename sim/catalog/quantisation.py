@@ -6,7 +6,9 @@ model in sim/cost/kernel_model.py):
 
 - 16-bit (and fp32) weights: the GPU's peak for that dtype.
 - W8A8 (fp8, or int8 with 8-bit activations from a checkpoint): the 8-bit peak where the GPU has one, else the
-  16-bit peak (weights upcast). Attention and any module kept in 16-bit still run at the 16-bit peak.
+  16-bit peak (weights upcast). Attention and any module kept in 16-bit still run at the 16-bit peak. FP8
+  weights on a GPU without fp8 tensor cores (A100, A10G, T4) run as vLLM runs them there: weight-only FP8
+  through Marlin, dequantized as below.
 - Weight-only INT4/INT8 (GPTQ/AWQ-style, W4A16/W8A16): weights are dequantized to 16-bit inside the GEMM
   (Marlin-style kernels), so the matmuls run at the 16-bit peak times DEQUANT_COMPUTE_EFF, the share of the
   16-bit GEMM rate left once dequantization shares the SMs. Memory-bound (small-batch) GEMMs read 4x/2x
@@ -52,6 +54,12 @@ def matmul_rate(model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size
     if not q.dtype:
         peak, note = gpu.peak_flops(wd)
         return MatmulRate(peak, False, False, note)
+    if q.activations and fp8_marlin(gpu, q.dtype):
+        note = (
+            f"{q.method} fp8 on {gpu.name}, which has no fp8 tensor cores: weight-only FP8 (Marlin), "
+            f"dequantized in the kernel, {DEQUANT_COMPUTE_EFF:g} x the 16-bit rate"
+        )
+        return MatmulRate(gpu.flops_16bit, True, False, note)
     if q.activations:
         peak, note = gpu.peak_flops(q.dtype)
         kind = "W8A8" if peak > gpu.flops_16bit else "W8A8 upcast"
@@ -64,10 +72,16 @@ def matmul_rate(model: ModelSpec, gpu: Gpu, weight_dtype: str | None, group_size
     return MatmulRate(gpu.flops_16bit, True, False, note)
 
 
+def fp8_marlin(gpu: Gpu, dtype: str) -> bool:
+    """FP8 weights on a GPU without fp8 tensor cores: vLLM runs them weight-only through Marlin
+    (`Fp8LinearMethod.use_marlin` below compute capability 8.9), dequantized to 16-bit in the kernel."""
+    return dtype == "fp8" and gpu.flops_fp8 <= 0
+
+
 def group_flops(gpu: Gpu, dtype: str, activations: bool) -> float:
     """Peak FLOP/s a quantized format's matmuls reach: the 8-bit peak under W8A8 (16-bit where the GPU has
-    none), the 16-bit peak times DEQUANT_COMPUTE_EFF when weight-only."""
-    if activations:
+    none), the 16-bit peak times DEQUANT_COMPUTE_EFF when weight-only (FP8 weights through Marlin too)."""
+    if activations and not fp8_marlin(gpu, dtype):
         return max(gpu.peak_flops(dtype)[0], gpu.flops_16bit)
     return gpu.flops_16bit * DEQUANT_COMPUTE_EFF
 
@@ -96,6 +110,23 @@ def flop_costs(
 
     layers = sum(p * cost(g) for g, p in params.items()) / total if total else 1.0
     return layers, cost("lm_head"), sixteen
+
+
+def checkpoint_format_problem(model: ModelSpec, weight_dtype: str | None) -> str | None:
+    """Why a quantized checkpoint cannot be served with weights in `weight_dtype`, or None: vLLM serves a
+    checkpoint with a quantization_config in that format and refuses another `--quantization` ("Quantization
+    method specified in the model config ... does not match the quantization method specified in the
+    `quantization` argument"); it cannot dequantize it to 16-bit or requantize it to another format."""
+    if not model.quant.dtype or weight_dtype is None:
+        return None
+    d = normalize_dtype(weight_dtype)
+    if d == model.default_weight_dtype:
+        return None
+    return (
+        f"{model.name} is a {model.quant.method} checkpoint stored as {weight_format(model.quant)} (its "
+        f"quantization_config); vLLM serves it in that format and refuses another, so {d} is not a format "
+        f"it can be served in: leave the weight dtype unset or give {model.default_weight_dtype}"
+    )
 
 
 def check_dtype(key: str, value: str | None) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.catalog.links import link_names
 from sim.io.errors import SimError
@@ -51,6 +51,21 @@ class LoraWorkload(_Config):
     target_modules: list[Literal[MODULES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: list(ATTENTION_MODULES), min_length=1
     )
+
+    @field_validator("rank", mode="before")
+    @classmethod
+    def _rank(cls, value: Any) -> Any:
+        """One message for a bad rank, whichever of its two forms was meant."""
+
+        def whole(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_LORA_RANKS[-1]
+
+        if whole(value) or (isinstance(value, list) and value and all(whole(x) for x in value)):
+            return value
+        raise ValueError(
+            f"expected an adapter rank, a whole number from 1 to {MAX_LORA_RANKS[-1]} (served in slots of "
+            f"max_lora_rank, one of {', '.join(map(str, MAX_LORA_RANKS))}), or a non-empty list of them"
+        )
 
     @model_validator(mode="after")
     def _distinct(self) -> LoraWorkload:

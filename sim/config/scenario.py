@@ -13,11 +13,13 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
 from sim.config.calibration import Calibration, calibration_problem
 from sim.config.cluster import ClusterSection, check_cluster
 from sim.config.lora import check_lora
 from sim.config.policies import POLICIES
 from sim.config.sections import HorizonSection, ModelSection, SloSection, StrictTable
+from sim.config.speculative import check_draft
 from sim.config.validation import format_validation_error
 from sim.config.workload import WorkloadConfig
 from sim.io.errors import SimError
@@ -170,12 +172,38 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
             if getattr(config, "speculative", None) is not None:
                 raise SimError(f"{source}: policies.{name}.speculative: not modelled with [cluster]")
     check_lora(scenario, configs, source)
+    _check_drafts(scenario, configs, source)
+    if scenario.workload.sampling is not None:
+        for name in configs:
+            kind = scenario.policies[name]["scheduler"]
+            if kind not in ("vllm", "sarathi"):
+                raise SimError(
+                    f"{source}: policies.{name}.scheduler: workload.sampling is costed for the vllm and "
+                    f"sarathi schedulers (vLLM's sampler), not {kind}"
+                )
     for name, config in configs.items():
         if getattr(config, "speculative", None) is not None and getattr(config, "lora", None) is not None:
             raise SimError(f"{source}: policies.{name}: speculative decoding with LoRA is not modelled")
     scenario._policy_configs = configs
     scenario._raw = copy.deepcopy(data)
     return scenario
+
+
+def _check_drafts(scenario: Scenario, configs: dict[str, BaseModel], source: str) -> None:
+    """Each draft model against the target, as vLLM checks them (an unknown target is reported, with its
+    key, where the replica is built)."""
+    drafting = {n: c.speculative for n, c in configs.items() if getattr(c, "speculative", None) is not None}
+    if not any(spec.method == "draft" for spec in drafting.values()):
+        return
+    try:
+        target = load_model(scenario.model.name)
+    except SimError:
+        return
+    for name, spec in drafting.items():
+        try:
+            check_draft(spec, target, scenario.model.tp)
+        except ValueError as err:
+            raise SimError(f"{source}: policies.{name}.speculative.{err}") from None
 
 
 def read_toml(path: Path) -> dict[str, Any]:

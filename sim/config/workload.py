@@ -34,6 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from sim.config.lengths import MAX_CV, MIN_CV, DistConfig, FixedDist
 from sim.config.lora import LoraWorkload
+from sim.config.sampling import SamplingWorkload
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 from sim.io.limits import (
@@ -185,6 +186,8 @@ class WorkloadConfig(_Config):
     # LoRA adapter per request (sim/config/lora.py); left out of dumps when absent, so records stay as
     # they were
     lora: LoraWorkload | None = Field(None, exclude_if=lambda v: v is None)
+    # Sampling parameters per request (sim/config/sampling.py); left out of dumps when absent
+    sampling: SamplingWorkload | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _complete(self) -> WorkloadConfig:

@@ -41,6 +41,7 @@ class Request:
     reject_reason: str | None = None
     adapter: int = -1  # LoRA adapter id; -1: the base model
     prompt_id: int = -1  # position in a fixed prompt pool: requests with one id send the same prompt
+    sampling: int = -1  # its sampling parameters: a row of the workload's table; -1: none given
 
     @property
     def length(self) -> int:

@@ -12,13 +12,21 @@ from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
 
 
-def head_spec(target: ModelSpec, layers: int) -> ModelSpec:
+def head_spec(target: ModelSpec, layers: int, draft_vocab: int | None = None) -> ModelSpec:
     """A drafting head: `layers` decoder layers of the target's shape, its LM head (shared weights), no
-    embedding of its own."""
+    embedding of its own. With `draft_vocab` (EAGLE-3's `draft_vocab_size`) the head's own LM head covers
+    only that many tokens (mapped to the target's ids), so each pass reads and multiplies draft_vocab x
+    hidden weights rather than the whole vocabulary's."""
     f = layers / target.num_layers
     moe = round(target.num_moe_layers * f)
+    vocab = (
+        {}
+        if draft_vocab is None
+        else {"vocab_size": draft_vocab, "lm_head_params": draft_vocab * target.hidden_size}
+    )
     return replace(
         target,
+        **vocab,
         name=f"{target.name} head ({layers} layers)",
         num_layers=layers,
         num_sliding_layers=min(layers, round(target.num_sliding_layers * f)),
@@ -68,9 +76,10 @@ def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
         name = spec.name
     else:
         assert config.head_layers is not None
-        spec = head_spec(target.model, config.head_layers)
+        spec = head_spec(target.model, config.head_layers, config.draft_vocab_size)
         cost = CostModel(spec, target.gpu, tp, target.weight_dtype, kv_dtype, greedy)
-        groups = ("attention", "dense", "experts", "norm")
+        # An EAGLE-3 head with a reduced vocabulary has its own LM head; otherwise it shares the target's.
+        groups = ("attention", "dense", "experts", "norm") + (("lm_head",) if config.draft_vocab_size else ())
         wd = target.weight_dtype
         weights = int(sum(spec.group_params(g) * spec.param_bytes(g, wd) for g in groups) / tp)
         name = f"{config.method} head, {config.head_layers} layers"

@@ -8,7 +8,7 @@ from typing import Any
 from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
-from sim.catalog.quantisation import quantisation_info
+from sim.catalog.quantisation import checkpoint_format_problem, quantisation_info
 from sim.config.calibration import Calibration
 from sim.config.scenario import Scenario
 from sim.cost.memory import KvBudget, check_kv_blocks, replica_kv_memory
@@ -41,6 +41,9 @@ def build_cost_and_memory(
         model = served_model(model, gpu)
     except SimError as err:
         raise SimError(f"{source}: model.gpu: {err}") from None
+    why = checkpoint_format_problem(model, m.weight_dtype)
+    if why is not None:
+        raise SimError(f"{source}: model.weight_dtype: {why}")
     try:
         model.check_length(m.max_model_len)
     except SimError as err:

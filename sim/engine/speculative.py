@@ -55,6 +55,15 @@ def tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def accepted_positions(u: float, cumulative: tuple[float, ...], k: int) -> int:
+    """Drafts accepted out of k when draft i is accepted with probability alpha_i given the ones before it:
+    the largest a <= k with u < alpha_1 x ... x alpha_a (`cumulative` holds those products)."""
+    a = 0
+    while a < k and u < cumulative[a]:
+        a += 1
+    return a
+
+
 def accepted_drafts(u: float, alpha: float, k: int) -> int:
     """Drafts accepted out of k for a uniform draw u in [0, 1): the largest a <= k with u < alpha^a, so that
     P(a >= i) = alpha^i (independent acceptances, stopping at the first rejection)."""
@@ -82,6 +91,11 @@ class Acceptance:
         self.seed = seed
         self._per_request = per_request
         self._alpha: dict[int, float] = {}
+        # alpha_1 x ... x alpha_i per draft position i (None: one alpha at every position)
+        rates = config.position_rates()
+        self.cumulative: tuple[float, ...] | None = (
+            None if rates is None else tuple(np.cumprod(rates).tolist())
+        )
 
     def alpha(self, request_id: int) -> float:
         """The acceptance rate of a request (drawn once)."""
@@ -105,9 +119,9 @@ class Acceptance:
         self._alpha[request_id] = value
         return value
 
-    def stream(self, request_id: int, child: int) -> random.Random:
-        """The uniform draws of one sequence's verification steps."""
-        state = np.random.SeedSequence([self.seed, 2, request_id, child]).generate_state(2, np.uint64)
+    def stream(self, request_id: int, child: int, kind: int = 2) -> random.Random:
+        """The uniform draws of one sequence's verification steps (`kind` 3: its n-gram matches)."""
+        state = np.random.SeedSequence([self.seed, kind, request_id, child]).generate_state(2, np.uint64)
         return random.Random(int(state[0]) << 64 | int(state[1]))
 
 
@@ -256,6 +270,21 @@ class SpecRecorder(Recorder):
         return self._counts.pop(req.id)
 
 
+def _expected_tokens(config: SpeculativeConfig) -> float | None:
+    """Tokens a verification emits on average, from the configured acceptance (None when drawn)."""
+    rates = config.position_rates()
+    if rates is not None:
+        match = 1.0 if config.ngram_match_rate is None else config.ngram_match_rate
+        return 1.0 + match * float(np.cumprod(rates).sum())
+    if config.acceptance != "fixed" or config.acceptance_rate is None:
+        return None
+    if config.ngram_match_rate is not None:
+        return 1.0 + config.ngram_match_rate * (
+            tokens_per_step(config.acceptance_rate, config.num_speculative_tokens) - 1.0
+        )
+    return tokens_per_step(config.acceptance_rate, config.num_speculative_tokens)
+
+
 def spec_summary(
     config: SpeculativeConfig, drafter: Drafter, timing: SpeculativeTiming, counts: SpecCounts
 ) -> dict[str, Any]:
@@ -277,11 +306,7 @@ def spec_summary(
         # per-token acceptance: accepted drafts over drafts judged (each step judges its accepted drafts and,
         # unless all were accepted, the one rejected): the estimate of alpha
         "per_token_acceptance": accepted / (accepted + stops) if accepted + stops else None,
-        "expected_tokens_per_step": (
-            tokens_per_step(config.acceptance_rate, config.num_speculative_tokens)
-            if config.acceptance == "fixed" and config.acceptance_rate is not None
-            else None
-        ),
+        "expected_tokens_per_step": _expected_tokens(config),
         "draft_time_s": timing.draft_s,
         "draft_time_share": timing.draft_s / busy if busy > 0 else 0.0,
         "draft_weight_bytes_per_gpu": drafter.weight_bytes,

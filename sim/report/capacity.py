@@ -9,7 +9,7 @@ from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
-from sim.catalog.quantisation import check_format_options
+from sim.catalog.quantisation import check_format_options, checkpoint_format_problem
 from sim.config.lora import LoraConfig
 from sim.cost.lora import LORA_BYTES, module_shapes, per_gpu_widths
 from sim.cost.memory import GB, KvMemory, kv_memory
@@ -243,6 +243,23 @@ def lora_capacity_report(
     Console(width=160).print(t)
 
 
+def _check_checkpoint_formats(models: list[str], weight_dtype: str | None, quantisation: bool) -> None:
+    """A quantized checkpoint is served in its own format only (an unknown model is reported later)."""
+    for name in models:
+        try:
+            model = load_model(name)
+        except SimError:
+            continue
+        why = checkpoint_format_problem(model, weight_dtype)
+        if why is not None:
+            raise SimError(f"--weight-dtype: {why}")
+        if quantisation and model.quant.dtype:
+            raise SimError(
+                f"--quantisation: {model.name} is a {model.quant.method} checkpoint, served in its own "
+                "format only; the comparison of weight formats is for 16-bit checkpoints"
+            )
+
+
 def print_capacity(
     models: list[str], gpu: str, tp: int, gpu_memory_utilization: float, weight_dtype: str | None,
     kv_dtype: str | None, max_model_len: int | None, typical_len: int, compare: bool, as_json: bool,
@@ -261,6 +278,7 @@ def print_capacity(
     check_formats(get_gpu(gpu), weight_dtype, kv_dtype, ("--weight-dtype", "--kv-dtype"))
     if len(models) > 1 and not compare:
         raise SimError("several models given: add --compare to show them side by side")
+    _check_checkpoint_formats(models, weight_dtype, quantisation)
     if draft_model is not None and max_loras:
         raise SimError("give --draft-model or --max-loras, not both")
     if (draft_model is not None or max_loras) and (quantisation or weight_group_size is not None):

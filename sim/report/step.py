@@ -13,6 +13,7 @@ from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import Gpu, get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
+from sim.catalog.quantisation import checkpoint_format_problem
 from sim.config.calibration import KernelCalibration
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.memory import DEFAULT_MEMORY_UTILIZATION, kv_memory
@@ -43,7 +44,11 @@ def check_servable(
     weight_group_size: int | None, context: int | None, prefill: int | None,
 ) -> None:  # fmt: skip
     """Refuse a step `sim run` would refuse: a sequence past the model's positions (`check_length`), or
-    weights that do not fit on the GPUs at vLLM's default memory share (`kv_memory`, which checks tp too)."""
+    weights that do not fit on the GPUs at vLLM's default memory share (`kv_memory`, which checks tp too),
+    or a quantized checkpoint in a format other than its own."""
+    why = checkpoint_format_problem(spec, weight_dtype)
+    if why is not None:
+        raise SimError(f"step: --weight-dtype: {why}")
     try:
         if prefill is not None:
             spec.check_length(prefill, " positions")

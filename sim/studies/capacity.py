@@ -24,7 +24,7 @@ from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import weight_format
 from sim.config.lora import LoraConfig
-from sim.config.speculative import SpeculativeConfig
+from sim.config.speculative import SpeculativeConfig, check_draft
 from sim.cost.draft import build_drafter, kv_blocks_with_draft
 from sim.cost.lora import lora_memory, slot_bytes
 from sim.cost.memory import KvMemory, kv_memory
@@ -139,6 +139,13 @@ def draft_capacity(
     except ValidationError as err:  # an unknown or malformed draft model
         message = err.errors()[0]["msg"].removeprefix("Value error, ").removeprefix("draft_model: ")
         raise SimError(f"--draft-model: {message}") from None
+    try:
+        check_draft(cfg, target, tp)
+    except ValueError as err:
+        key, _, why = str(err).partition(": ")
+        raise SimError(
+            f"{'--draft-tp' if key == 'draft_tensor_parallel_size' else '--draft-model'}: {why}"
+        ) from None
     drafter = build_drafter(cfg, cost)
     blocks = kv_blocks_with_draft(mem.kv_bytes_available, mem.kv_bytes_per_token, drafter, mem.block_size)
     per_seq = math.ceil(typical_len / mem.block_size)

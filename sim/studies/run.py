@@ -23,6 +23,7 @@ from sim.cost.roofline import CostModel
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_recorder, lora_summary
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
+from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
 from sim.engine.speculative import speculative_setup
 from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet, write_fleet_records
@@ -158,6 +159,8 @@ def run_policy(
     elif lora is not None:
         step_time, recorder = lora.step_time, lora_recorder(lora, sink)
     workload = Workload(scenario.workload, scenario.seed if seed is None else seed, base_dir)
+    drafts = scheduler.drafts_scheduled if spec is not None else None
+    step_time = sampled_step_time(scenario, workload, cost, step_time, kind, drafts, policy, source)
     changes = rate_steps(scenario.workload.arrival)  # for the overload test, in the engine and the summary
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)

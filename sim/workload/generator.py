@@ -22,6 +22,7 @@ from sim.io.errors import SimError
 from sim.workload.adapters import AdapterSampler
 from sim.workload.arrivals import ArrivalProcess, DeterministicProcess, RenewalProcess, StagedProcess
 from sim.workload.lengths import LengthSampler, TimeSampler
+from sim.workload.sampling import SamplingDraws
 from sim.workload.traces import TRACE_COLUMNS, TraceProcess
 
 # --- arrival configs ----------------------------------------------------------------------------------
@@ -35,7 +36,7 @@ from sim.workload.traces import TRACE_COLUMNS, TraceProcess
 
 # --- runtime ------------------------------------------------------------------------------------------
 
-_STREAMS = ("arrival", "prompt", "output", "prefix", "think", "lora")
+_STREAMS = ("arrival", "prompt", "output", "prefix", "think", "lora", "sampling")
 
 
 class _Draws:
@@ -47,8 +48,10 @@ class _Draws:
         seeds: dict[str, np.random.SeedSequence],
         prompt: LengthSampler | None,
         output: LengthSampler | None,
+        sampling: SamplingDraws,
     ) -> None:
         self.c = c
+        self.sampling = sampling
         self.rng = {k: np.random.default_rng(s) for k, s in seeds.items()}
         self.prompt = prompt
         self.output = output
@@ -114,6 +117,9 @@ class _Draws:
             out["prompt_id"] = pool
         if "adapter" in cols or c.lora is not None:
             out["adapter"] = cols["adapter"] if "adapter" in cols else self.adapters(self.rng["lora"], n)
+        rows = self.sampling(self.rng["sampling"], n, cols)
+        if rows is not None:
+            out["sampling"] = rows
         return out
 
 
@@ -127,7 +133,7 @@ class ClosedLoop:
         self._think = TimeSampler(c.think_time_s, base_dir)
         self._think_rng = np.random.default_rng(seed)
         self._think_buf: list[float] = []
-        self._buf: list[tuple[int, int, int, int, int, int, int]] = []
+        self._buf: list[tuple[int, int, int, int, int, int, int, int]] = []
         self._next_id = 0
 
     def start_times(self) -> np.ndarray:
@@ -146,10 +152,11 @@ class ClosedLoop:
             d = self._draws.draw(256, {})
             adapter = d["adapter"].tolist() if "adapter" in d else [-1] * 256
             pids = d["prompt_id"].tolist() if "prompt_id" in d else [-1] * 256
-            rows = zip(d["prompt"].tolist(), d["output"].tolist(), d["max_tokens"].tolist(),
-                       d["group"].tolist(), d["plen"].tolist(), adapter, pids, strict=True)  # fmt: skip
+            sampling = d["sampling"].tolist() if "sampling" in d else [-1] * 256
+            columns = [d[k].tolist() for k in ("prompt", "output", "max_tokens", "group", "plen")]
+            rows = zip(*columns, adapter, pids, sampling, strict=True)
             self._buf = list(rows)[::-1]
-        prompt, output, max_tokens, group, plen, adapter, pid = self._buf.pop()
+        prompt, output, max_tokens, group, plen, adapter, pid, sampling_row = self._buf.pop()
         p = self._draws.c.prefix
         if user is not None and p is not None and pid < 0:  # a pool's prompt keeps its own group
             group = user % p.groups
@@ -158,6 +165,7 @@ class ClosedLoop:
         req = Request(rid, arrival, prompt, max_tokens, output, self._draws.c.n, group, plen)
         req.adapter = adapter
         req.prompt_id = pid
+        req.sampling = sampling_row
         return req
 
 
@@ -203,13 +211,15 @@ class Workload:
         build = ARRIVALS.get(config.arrival.kind)
         self._process = None if build is None else build(config.arrival, self._base_dir)
         self._check_trace_columns()
+        # Each request's sampling parameters: rows of `sampling.table`, one table for every draw of the run.
+        self.sampling = SamplingDraws(config.sampling)
         self.closed_loop: ClosedLoop | None = None
         if isinstance(config.arrival, ClosedLoopArrival):
             draws = self._draws()
             self.closed_loop = ClosedLoop(config.arrival, draws, self._seeds["think"], self._base_dir)
 
     def _draws(self) -> _Draws:
-        return _Draws(self.config, self._seeds, self._prompt, self._output)
+        return _Draws(self.config, self._seeds, self._prompt, self._output, self.sampling)
 
     def _check_trace_columns(self) -> None:
         if not isinstance(self._process, TraceProcess):
@@ -301,12 +311,15 @@ class Workload:
                        strict=True)  # fmt: skip
             adapters = iter(d["adapter"][:k].tolist()) if "adapter" in d else None
             pids = iter(d["prompt_id"][:k].tolist()) if "prompt_id" in d else None
+            sampling = iter(d["sampling"][:k].tolist()) if "sampling" in d else None
             for t, prompt, max_tokens, output, group, plen in rows:
                 req = Request(rid, t, prompt, max_tokens, output, n_req, group, plen)
                 if adapters is not None:
                     req.adapter = next(adapters)
                 if pids is not None:
                     req.prompt_id = next(pids)
+                if sampling is not None:
+                    req.sampling = next(sampling)
                 yield req
                 rid += 1
             left -= k

@@ -28,6 +28,7 @@ from sim.io.limits import (
 )
 from sim.io.tables import Table, read_table
 from sim.workload.arrivals import CHUNK, ArrivalProcess, Chunk
+from sim.workload.sampling import SAMPLING_COLUMNS
 
 # Column names accepted for each trace field, in order of preference.
 TRACE_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -109,6 +110,9 @@ class TraceProcess(ArrivalProcess):
             name = found[key]
             if name is not None:
                 self._cols[key] = self._bounded(table, name, low, high, whole=True)[order].astype(np.int64)
+        for key, (low, high, whole) in SAMPLING_COLUMNS.items():  # per-request sampling parameters
+            if key in table.columns:
+                self._cols[key] = self._bounded(table, key, low, high, whole=whole)[order]
         cols = self._cols
         if "prompt" in cols and "prefix_len" in cols:
             over = np.flatnonzero(cols["prefix_len"] > cols["prompt"])

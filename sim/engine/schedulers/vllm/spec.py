@@ -25,7 +25,7 @@ from sim.core.step import StepPlan
 from sim.cost.memory import KvBudget
 from sim.engine.schedulers.vllm.plan import Seq, StepInfo, VllmPlan
 from sim.engine.schedulers.vllm.scheduler import VARIANTS, VllmScheduler
-from sim.engine.speculative import Acceptance, SpecCounts, accepted_drafts
+from sim.engine.speculative import Acceptance, SpecCounts, accepted_drafts, accepted_positions
 
 
 class SpeculativeScheduler(VllmScheduler):
@@ -39,6 +39,7 @@ class SpeculativeScheduler(VllmScheduler):
         self.counts = SpecCounts()
         self._drafts: dict[int, int] = {}  # sid -> drafts scheduled in the latest step
         self._streams: dict[int, random.Random] = {}
+        self._matches: dict[int, random.Random] = {}  # sid -> its n-gram match draws (ngram_match_rate)
         self._emitted_by_decodes = 0
 
     def drafts_scheduled(self) -> int:
@@ -59,7 +60,7 @@ class SpeculativeScheduler(VllmScheduler):
                 break
             computed, length = seq.num_computed, seq.num_tokens
             decoding = seq.num_generated > 0 and computed + 1 == length
-            n = length - computed + (self.k if decoding else 0)
+            n = length - computed + (self.k if decoding and self._proposes(seq) else 0)
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget, limit - computed)
@@ -103,7 +104,11 @@ class SpeculativeScheduler(VllmScheduler):
             count = 1
             k = drafts.get(seq.sid)
             if k:  # a verification: draw the accepted drafts, give back the rejected ones' slots
-                a = accepted_drafts(self._stream(seq).random(), self.acceptance.alpha(req.id), k)
+                u, cumulative = self._stream(seq).random(), self.acceptance.cumulative
+                if cumulative is None:
+                    a = accepted_drafts(u, self.acceptance.alpha(req.id), k)
+                else:
+                    a = accepted_positions(u, cumulative, k)
                 self.counts.add(req.id, k, a)
                 seq.num_computed -= k - a
                 self._sync(seq)
@@ -116,8 +121,21 @@ class SpeculativeScheduler(VllmScheduler):
             if seq.num_generated >= seq.out_len:
                 done.append(seq)
                 self._streams.pop(seq.sid, None)
+                self._matches.pop(seq.sid, None)
         self._emitted_by_decodes = emitted_by_decodes
         return done
+
+    def _proposes(self, seq: Seq) -> bool:
+        """Whether the proposer drafts for `seq` this step: n-gram lookup finds a match at
+        `ngram_match_rate` (a row without a match carries no drafts, as in vLLM); every other proposer
+        always drafts."""
+        rate = self.spec.ngram_match_rate
+        if rate is None:
+            return True
+        rng = self._matches.get(seq.sid)
+        if rng is None:
+            rng = self._matches[seq.sid] = self.acceptance.stream(seq.req.id, seq.child, kind=3)
+        return rng.random() < rate
 
     def _stream(self, seq: Seq) -> random.Random:
         rng = self._streams.get(seq.sid)

@@ -1,0 +1,63 @@
+"""A checkpoint's generation_config.json: the sampling defaults vLLM applies to requests that do not set them.
+
+vLLM 0.15 serves with `--generation-config auto`: it reads the checkpoint's generation_config.json and takes
+`temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty` from it as each request's defaults
+(`ModelConfig.get_diff_sampling_param`); `do_sample` is not read. The catalogue ships none: every catalogue
+model samples with vLLM's own defaults (temperature 1, no top-k/top-p/min-p, no penalties). A model named by
+a config.json path reads the generation_config.json beside it, and a catalogue model
+`sim/catalog/models/NAME.generation_config.json` when one is added.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sim.catalog.models import resolve
+from sim.io.errors import SimError
+
+# The keys vLLM reads, each with its accepted range (vLLM's SamplingParams._verify_args).
+GENERATION_KEYS: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, 100.0, False),
+    "top_p": (1e-9, 1.0, False),
+    "top_k": (-1, 1 << 30, True),
+    "min_p": (0.0, 1.0, False),
+    "repetition_penalty": (1e-9, 2.0, False),
+}
+
+
+def generation_file(name_or_path: str) -> Any:
+    """The generation_config.json of a model (a resource or a path), or None when it has none."""
+    short, _, ref = resolve(name_or_path)
+    if isinstance(ref, Path):
+        found = ref.parent / "generation_config.json"
+        return found if found.is_file() else None
+    found = resources.files("sim") / "catalog" / "models" / f"{short}.generation_config.json"
+    return found if found.is_file() else None
+
+
+def generation_defaults(name_or_path: str) -> dict[str, float]:
+    """The sampling defaults a model's generation_config.json sets (empty when it has none), checked key by
+    key naming the file."""
+    ref = generation_file(name_or_path)
+    if ref is None:
+        return {}
+    try:
+        data = json.loads(ref.read_bytes())
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError):
+        raise SimError(f"{ref}: not a readable JSON generation config") from None
+    if not isinstance(data, dict):
+        raise SimError(f"{ref}: a generation config is a JSON object")
+    out: dict[str, float] = {}
+    for key, (low, high, whole) in GENERATION_KEYS.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        kind = int if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            what = "a whole number" if whole else "a number"
+            raise SimError(f"{ref}: {key}: expected {what} in [{low:g}, {high:g}] (got {repr(value)[:40]})")
+        out[key] = value
+    return out
