@@ -92,10 +92,23 @@ class OrcaConfig(ContinuousConfig):
     reservation: Literal["oracle", "pow2", "max"] = Field(
         "oracle",
         description="output slots reserved per request: the true output length (oracle), it rounded up to a "
-        "power of two (pow2), or up to max_model_len (max)"
+        "power of two (pow2), or up to max_model_len (max)",
     )
     buddy_tokens: int | None = Field(
         None, ge=1, description="slots per buddy (at least max_model_len; default: max_model_len)"
+    )
+
+
+class VllmV0Config(BaseModel):
+    """vLLM before v1 as Sarathi-Serve's artifact runs it (engine/schedulers/vllm_v0.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences running at once.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Prompt tokens per prefill step (default, and at most: max_model_len)."
+    )
+    watermark: float = Field(
+        0.01, ge=0.0, lt=1.0, description="share of KV blocks an admission must leave free"
     )
 
 
@@ -107,4 +120,5 @@ POLICIES: dict[str, type[BaseModel]] = {
     "orca": OrcaConfig,
     "vllm": VllmConfig,
     "sarathi": SarathiConfig,
+    "vllm-v0": VllmV0Config,
 }
