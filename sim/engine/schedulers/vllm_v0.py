@@ -118,11 +118,11 @@ class VllmV0Scheduler:
             return self._plan(V0Step(admitted, []), lengths, np.zeros(len(admitted), np.int64), 0)
         if not self.running:
             return None
-        queue = sorted(self.running, key=lambda s: s.req.arrival)  # FCFS: the oldest first (a stable sort)
+        queue = deque(sorted(self.running, key=lambda s: s.req.arrival))  # FCFS: oldest first (a stable sort)
         scheduled: list[V0Seq] = []
         preempted = 0
         while queue:
-            seq = queue.pop(0)
+            seq = queue.popleft()
             while self.free_blocks == 0:
                 victim = queue.pop() if queue else seq
                 self._preempt(victim)
