@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run test bench validate clean
+.PHONY: venv run test bench validate papers clean
 
 $(STAMP): pyproject.toml
 	@echo "Setting up $(VENV) (first run only, about a minute): creating it and installing servesim"
@@ -45,6 +45,11 @@ bench: $(STAMP)
 validate: $(STAMP)
 	$(BIN)/pytest -q tests/test_engine.py tests/test_replay.py tests/test_vllm.py
 	$(BIN)/sim validate ground-truth --scale 0.25 --jobs 2 --out reports/fidelity
+
+# The published comparisons in scenarios/papers/: per cell the paper's figure, the simulator's, their ratio
+# and the tolerance (docs/papers.md); under a minute on 2 cores. `sim papers --quick` is the reduced form.
+papers: $(STAMP)
+	$(BIN)/sim papers --jobs 2
 
 clean:
 	rm -rf $(VENV) reports/*

@@ -314,6 +314,26 @@ def validate(
     run_ground_truth(csv, out, jobs, calibration, scale, row)
 
 
+@app.command("papers")
+def papers(
+    folder: Path = typer.Argument(Path("scenarios/papers"), help="Folder of *.paper.toml comparisons."),
+    jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
+    quick: bool = typer.Option(False, "--quick", help="Reduced form: shorter runs, tolerances doubled."),
+    out: Path | None = out_option("Output folder (default: reports/papers)."),
+) -> None:
+    """Reproduce the published comparisons: per cell the paper's figure, the simulator's, the ratio, the
+    tolerance; exits 1 when a cell misses without a stated reason (docs/papers.md)."""
+    from sim.io.outputs import exit_on_terminate
+    from sim.report.papers import print_papers
+    from sim.studies.papers import run_papers, unexpected
+
+    with exit_on_terminate():
+        comparisons = run_papers(folder, out or Path("reports/papers"), jobs, quick)
+    print_papers(comparisons)
+    if unexpected(comparisons):
+        raise typer.Exit(1)
+
+
 @app.command("report")
 def report(
     directory: Path = typer.Argument(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sim.config.lora import LoraConfig
@@ -84,11 +86,39 @@ class ContinuousConfig(BaseModel):
     )
 
 
+class OrcaConfig(ContinuousConfig):
+    """The vLLM paper's Orca baselines (engine/schedulers/buddy.py): `continuous` with a buddy allocator."""
+
+    reservation: Literal["oracle", "pow2", "max"] = Field(
+        "oracle",
+        description="output slots reserved per request: the true output length (oracle), it rounded up to a "
+        "power of two (pow2), or up to max_model_len (max)",
+    )
+    buddy_tokens: int | None = Field(
+        None, ge=1, description="slots per buddy (at least max_model_len; default: max_model_len)"
+    )
+
+
+class VllmV0Config(BaseModel):
+    """vLLM before v1 as Sarathi-Serve's artifact runs it (engine/schedulers/vllm_v0.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences running at once.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Prompt tokens per prefill step (default, and at most: max_model_len)."
+    )
+    watermark: float = Field(
+        0.01, ge=0.0, lt=1.0, description="share of KV blocks an admission must leave free"
+    )
+
+
 # The knobs of each scheduling policy, by the name a `[policies.NAME]` table gives as `scheduler`; the
 # policies themselves: sim.engine.schedulers.
 POLICIES: dict[str, type[BaseModel]] = {
     "static": StaticConfig,
     "continuous": ContinuousConfig,
+    "orca": OrcaConfig,
     "vllm": VllmConfig,
     "sarathi": SarathiConfig,
+    "vllm-v0": VllmV0Config,
 }

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.config.capacity import CapacityConfig
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 
@@ -47,6 +48,9 @@ class SweepConfig(BaseModel):
     replications: int = Field(1, ge=1, le=1000)
     params: dict[str, list[Any]] = Field(default_factory=dict)
     capacity_steps: int = Field(3, ge=0, le=30, description="Bisection runs per policy (--find-capacity).")
+    capacity: CapacityConfig | None = Field(
+        None, description="The rule --find-capacity judges by (sim/config/capacity.py); default: [slo]."
+    )
     variants: list[dict[str, Any]] = Field(
         default_factory=list, description="Sets of dotted keys set together; one more grid axis."
     )

@@ -6,6 +6,7 @@
     replications = 3                            # seeds: SeedSequence(scenario.seed).spawn(3)
     params = { "horizon.duration_s" = [300] }   # any other dotted key; the grid is the cartesian product
     capacity_steps = 3                          # bisection runs per policy with --find-capacity
+    capacity = { rules = [{ rule = "latency", metric = "itl", bound_s = 0.1 }] }  # its rule (default: [slo])
     variants = [{ "model.weight_dtype" = "fp8" }, { "model.kv_dtype" = "fp8" }]  # keys set together
 
 The rate axis is `workload.arrival.rate` (poisson, gamma, deterministic). A `staged` arrival keeps its shape:
@@ -49,6 +50,7 @@ from sim.config.sweep import SweepConfig, parse_sweep
 from sim.io.errors import SimError
 from sim.io.outputs import atomic_write, path_component, remove_leftovers
 from sim.records import stats
+from sim.records.capacity_rules import meets_rules
 from sim.studies.executor import check_executor, execute, open_executor
 from sim.studies.points import Task, point_frame, point_path, point_scenario, rate_key, read_point
 
@@ -177,8 +179,10 @@ def run_sweep(
                     f"{k} = {v!r}" for k, v in {**params, "rate": rate}.items() if v is not None
                 )
                 raise SimError(f"sweep point ({where}): {err}") from None
+    gpus: list[int] = []
     if find_capacity:
-        _check_capacity_inputs(base, rates, source)
+        _check_capacity_inputs(base, cfg, rates, source)
+        gpus = [gpu_count(point_scenario(raw, rates[0], params, source)) for params in grid]
     seeds = np.random.SeedSequence(base.seed).spawn(cfg.replications)
 
     def tasks_at(policy: str, rate: float | None, params: dict[str, Any]) -> list[Task]:
@@ -210,7 +214,7 @@ def run_sweep(
         runner.run(grid_tasks, runner.stage("grid points"))
         capacity = None
         if find_capacity:
-            capacity = _search_capacity(base, policies, grid, rates, cfg, tasks_at, runner)
+            capacity = _search_capacity(base, policies, grid, rates, cfg, tasks_at, runner, gpus)
             keys += [k for k in runner.rows if k not in set(keys)]
     frame = point_frame([runner.rows[k] for k in keys])
     agg = stats.aggregate(frame)
@@ -221,12 +225,24 @@ def run_sweep(
     return SweepResult(base, sweep_dir, frame, runner.ran, runner.resumed, capacity)
 
 
-def _check_capacity_inputs(base: Scenario, rates: list[float | None], source: str) -> None:
+def gpu_count(scenario: Scenario) -> int:
+    """GPUs one run uses: the model's tensor-parallel degree, or every `[cluster]` replica's."""
+    if scenario.cluster is None:
+        return scenario.model.tp
+    return sum(g.count * (g.tp or scenario.model.tp) for g in scenario.cluster.groups)
+
+
+def _check_capacity_inputs(base: Scenario, cfg: SweepConfig, rates: list[float | None], source: str) -> None:
     if rates == [None]:
         raise SimError(f"{source}: --find-capacity needs sweep.rates")
     slo = base.slo
-    if slo.ttft_s is None and slo.tpot_s is None and slo.e2e_s is None:
+    no_slo = slo.ttft_s is None and slo.tpot_s is None and slo.e2e_s is None
+    if cfg.capacity is None and no_slo:
         raise SimError(f"{source}: --find-capacity needs an [slo] (ttft_s, tpot_s or e2e_s)")
+    if cfg.capacity is not None and no_slo and any(r.rule == "attainment" for r in cfg.capacity.rules):
+        raise SimError(
+            f"{source}: sweep.capacity.rules: the attainment rule needs an [slo] (ttft_s, tpot_s or e2e_s)"
+        )
 
 
 def _search_capacity(
@@ -237,6 +253,7 @@ def _search_capacity(
     cfg: SweepConfig,
     tasks_at: Callable[[str, float | None, dict[str, Any]], list[Task]],
     runner: _Runner,
+    gpus: list[int],
 ) -> dict[str, Any]:
     """Per policy (and params): grid bracket, then bisection rounds run in parallel across policies."""
     slo = stats.SloBounds(base.slo.ttft_s, base.slo.tpot_s, base.slo.e2e_s)
@@ -255,8 +272,13 @@ def _search_capacity(
         for i, params in enumerate(grid)
     }
 
+    rule = cfg.capacity
+
     def passes(policy: str, i: int, rate: float) -> bool:
-        return stats.sustainable(rate, rows(policy, rate, grid[i]), slo, plateaus[(policy, i)])
+        got, ceiling = rows(policy, rate, grid[i]), plateaus[(policy, i)]
+        if rule is None:
+            return stats.sustainable(rate, got, slo, ceiling)
+        return meets_rules(got, rule) and (ceiling is None or rate <= ceiling)
 
     caps = {
         (policy, i): stats.grid_capacity({r: passes(policy, i, r) for r in rates if r is not None})
@@ -279,18 +301,32 @@ def _search_capacity(
             stats.record(caps[(policy, i)], mid, passes(policy, i, mid))
     if bar is not None:
         runner.finish(bar)
-    return {
+    ceiling = (
+        "no run overloaded, and the rate not above the throughput plateau (the lowest mean throughput among "
+        "grid rates where every run is overloaded)"
+    )
+    capacities = [
+        {"policy": policy, "params": grid[i], **cap.as_dict(unit), "plateau_per_s": plateaus[(policy, i)]}
+        for (policy, i), cap in caps.items()
+    ]
+    if rule is None:
+        criterion = f"mean over replications of p99 TTFT / TPOT / E2E within the SLO, {ceiling}"
+    else:
+        criterion = f"mean over replications of: {rule.describe()}; {ceiling}"
+        if rule.per_gpu:  # per-GPU goodput
+            for entry, (_, i) in zip(capacities, caps, strict=True):
+                found = entry["capacity"]
+                entry["gpus"] = gpus[i]
+                entry["capacity_per_gpu"] = None if found is None else found / gpus[i]
+    out = {
         "scenario": base.name,
         "slo": base.slo.model_dump(),
         "unit": unit,
-        "criterion": (
-            "mean over replications of p99 TTFT / TPOT / E2E within the SLO, no run overloaded, and the rate "
-            "not above the throughput plateau (the lowest mean throughput among grid rates where every run "
-            "is overloaded)"
-        ),
+        "criterion": criterion,
         "replications": cfg.replications,
-        "capacities": [
-            {"policy": policy, "params": grid[i], **cap.as_dict(unit), "plateau_per_s": plateaus[(policy, i)]}
-            for (policy, i), cap in caps.items()
-        ],
+        "capacities": capacities,
     }
+    if rule is not None:
+        out["rules"] = [r.model_dump() for r in rule.rules]
+        out["per_gpu"] = rule.per_gpu
+    return out

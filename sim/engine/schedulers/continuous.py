@@ -112,7 +112,7 @@ class ContinuousScheduler(ReservationQueue):
                     break
                 if admitted and n * p > budget:
                     break
-                if not kv.reserve(kv.need(head)):
+                if not kv.reserve_for(head):
                     break  # head-of-line blocking: FCFS, no overtaking
                 waiting.popleft()
                 head.scheduled_at = now

@@ -38,6 +38,10 @@ class Reservations:
         self.reserved += amount
         return True
 
+    def reserve_for(self, req: Request) -> bool:
+        """Reserve an admitted request's slots, if they fit."""
+        return self.reserve(self.need(req))
+
     def unreserve(self, amount: int) -> None:
         self.reserved -= amount
 

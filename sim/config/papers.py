@@ -1,0 +1,72 @@
+"""A published comparison's cells (`scenarios/papers/*.paper.toml`): what the paper reports, and how close the
+simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each file names and judges them.
+
+    scenario = "vllm-fig12.toml"       # beside this file: its [sweep] and [sweep.capacity] give the figures
+    paper = "Kwon et al., SOSP'23"
+    [[cells]]
+    name = "vLLM / Orca (Oracle), capacity"
+    figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio
+    policies = ["vllm", "orca-oracle"] # numerator, denominator (capacity_order: lowest first)
+    low = 1.7                          # the paper's value, or its range low..high
+    high = 2.7
+    tolerance = 0.25                   # the simulated value may be this share outside low..high
+    source = "§6.2, text"              # where the paper states it (an image: say so and how it was read)
+    known_gap = "..."                  # set when the cell is known to miss, with the reason (docs/papers.md)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.config.scenario import read_toml
+from sim.config.validation import format_validation_error
+from sim.io.errors import SimError
+
+Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio"]
+
+
+class Cell(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    figure: Figure
+    policies: list[str] = Field(min_length=1)
+    low: float | None = Field(None, gt=0)
+    high: float | None = Field(None, gt=0)
+    rate: float | None = Field(None, gt=0, description="The sweep rate a batch figure is read at.")
+    tolerance: float = Field(0.25, ge=0)
+    source: str
+    known_gap: str | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Cell:
+        wanted = {"capacity_order": None, "batch_size": 1}.get(self.figure, 2)
+        if wanted is not None and len(self.policies) != wanted:
+            raise ValueError(f"policies: {self.figure} takes {wanted} (got {len(self.policies)})")
+        if self.figure == "capacity_order":
+            if len(self.policies) < 2:
+                raise ValueError("policies: give at least two, lowest capacity first")
+        elif self.low is None:
+            raise ValueError(f"low: {self.figure} needs the paper's value")
+        if self.high is not None and self.low is not None and self.high < self.low:
+            raise ValueError(f"high ({self.high:g}) is below low ({self.low:g})")
+        if self.figure.startswith("batch") and self.rate is None:
+            raise ValueError(f"rate: {self.figure} is read at one sweep rate")
+        return self
+
+
+class PaperFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    scenario: str
+    paper: str
+    cells: list[Cell] = Field(min_length=1)
+
+
+def load_paper(path: Path) -> PaperFile:
+    raw: dict[str, Any] = read_toml(path)
+    try:
+        return PaperFile.model_validate(raw)
+    except ValidationError as err:
+        raise SimError(format_validation_error(err, raw, str(path), root="paper")) from None

@@ -1,0 +1,140 @@
+"""`sim papers`: run each published comparison in `scenarios/papers/` and judge its cells (docs/papers.md).
+
+Each `NAME.paper.toml` names a scenario beside it; that scenario's sweep runs with `--find-capacity` under
+its own `[sweep.capacity]` rule, and every cell is read from the sweep: capacities (their order or a ratio)
+and mean batch sizes at one rate (the mean over replications). A cell passes when the simulated value lies
+within `tolerance` of the paper's value (or range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the
+reduced form CI runs: a shorter horizon, fewer bisection rounds, and every tolerance doubled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from rich.console import Console
+
+from sim.config.papers import Cell, PaperFile, load_paper
+from sim.io.errors import SimError
+from sim.studies.sweep import SweepResult, run_sweep
+
+QUICK = ("horizon.duration_s=120", "sweep.capacity_steps=2")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    cell: Cell
+    value: float | None  # the simulator's figure (capacity_order: None)
+    shown: str  # the simulator's figure as printed
+    ratio: float | None  # value over the paper's nearest bound (1 inside the range)
+    tolerance: float
+    passed: bool
+
+    @property
+    def status(self) -> str:
+        if self.passed:
+            return "matches"
+        return "known gap" if self.cell.known_gap else "DIFFERS"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    path: Path
+    paper: PaperFile
+    sweep: SweepResult
+    verdicts: list[Verdict]
+
+
+def paper_text(cell: Cell) -> str:
+    if cell.figure == "capacity_order":
+        return " < ".join(cell.policies)
+    assert cell.low is not None
+    high = cell.high if cell.high is not None else cell.low
+    return f"{cell.low:g}" if high == cell.low else f"{cell.low:g}–{high:g}"
+
+
+def _capacities(sweep: SweepResult) -> dict[str, float | None]:
+    assert sweep.capacity is not None
+    return {c["policy"]: c["capacity"] for c in sweep.capacity["capacities"] if not c["params"]}
+
+
+def _batch(sweep: SweepResult, policy: str, rate: float) -> float:
+    rows = sweep.points.filter((pl.col("policy") == policy) & (pl.col("rate") == rate))
+    if rows.height == 0:
+        raise SimError(f"no sweep point for policy {policy!r} at rate {rate:g}: add it to sweep.rates")
+    return float(np.mean(rows["mean_batch_size"].to_list()))
+
+
+def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
+    """One cell's verdict from a finished sweep; `widen` scales its tolerance (the quick form's 2)."""
+    tol = cell.tolerance * widen
+    caps = _capacities(sweep)
+    for name in cell.policies:
+        if name not in caps:
+            raise SimError(f"cell {cell.name!r}: the sweep has no policy {name!r}")
+    if cell.figure == "capacity_order":
+        values = [caps[p] for p in cell.policies]
+        ok = None not in values and all(a < b for a, b in zip(values, values[1:], strict=False))  # type: ignore[operator]
+        shown = " < ".join("?" if v is None else f"{v:.3g}" for v in values)
+        return Verdict(cell, None, shown, None, tol, ok)
+    if cell.figure.startswith("capacity"):
+        num, den = caps[cell.policies[0]], caps[cell.policies[1]]
+        value = None if num is None or den is None or den == 0 else num / den
+    else:
+        assert cell.rate is not None
+        figures = [_batch(sweep, p, cell.rate) for p in cell.policies]
+        value = figures[0] if cell.figure == "batch_size" else figures[0] / figures[1]
+    if value is None:
+        return Verdict(cell, None, "no capacity found", None, tol, False)
+    assert cell.low is not None
+    low, high = cell.low, cell.high if cell.high is not None else cell.low
+    ratio = value / low if value < low else value / high if value > high else 1.0
+    ok = low * (1 - tol) <= value <= high * (1 + tol)
+    return Verdict(cell, value, f"{value:.3g}", ratio, tol, ok)
+
+
+def run_comparison(path: Path, out: Path, jobs: int, quick: bool, console: Console | None) -> Comparison:
+    paper = load_paper(path)
+    scenario = path.parent / paper.scenario
+    overrides = QUICK if quick else ()
+    sweep = run_sweep(scenario, overrides, jobs, force=True, find_capacity=True, out=out, console=console)
+    widen = 2.0 if quick else 1.0
+    return Comparison(path, paper, sweep, [judge(c, sweep, widen) for c in paper.cells])
+
+
+def paper_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise SimError(f"{folder}: no such folder of paper comparisons")
+    found = sorted(folder.glob("*.paper.toml"))
+    if not found:
+        raise SimError(f"{folder}: no *.paper.toml files")
+    return found
+
+
+def run_papers(
+    folder: Path, out: Path, jobs: int = 2, quick: bool = False, console: Console | None = None
+) -> list[Comparison]:
+    """Every comparison in `folder`, each swept into `out/<name>/`."""
+    return [
+        run_comparison(p, out / p.name.removesuffix(".paper.toml"), jobs, quick, console)
+        for p in paper_files(folder)
+    ]
+
+
+def unexpected(comparisons: list[Comparison]) -> list[Verdict]:
+    """Cells that miss without a stated reason: what fails `sim papers`."""
+    return [v for c in comparisons for v in c.verdicts if not v.passed and not v.cell.known_gap]
+
+
+def as_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
+    return [
+        {
+            "comparison": c.path.name, "cell": v.cell.name, "paper": paper_text(v.cell), "sim": v.shown,
+            "ratio": v.ratio, "tolerance": v.tolerance, "status": v.status, "source": v.cell.source,
+        }
+        for c in comparisons
+        for v in c.verdicts
+    ]  # fmt: skip

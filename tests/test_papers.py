@@ -1,0 +1,82 @@
+"""`sim papers`: each cell judged against the paper's value or range, and the vLLM paper's comparison in its
+reduced (CI) form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.config.papers import Cell, load_paper
+from sim.io.errors import SimError
+from sim.studies.papers import judge, run_papers, unexpected
+
+PAPERS = Path(__file__).parent.parent / "scenarios" / "papers"
+
+
+SCHEMA = {"policy": pl.String, "rate": pl.Float64, "mean_batch_size": pl.Float64}
+
+
+def fake_sweep(caps: dict[str, float | None], batches: dict[str, float] | None = None) -> Any:
+    rows = [{"policy": p, "rate": 2.0, "mean_batch_size": b} for p, b in (batches or {}).items()]
+    return SimpleNamespace(
+        capacity={"capacities": [{"policy": p, "params": {}, "capacity": c} for p, c in caps.items()]},
+        points=pl.DataFrame(rows, schema=SCHEMA),
+    )
+
+
+def cell(**fields: Any) -> Cell:
+    return Cell.model_validate({"name": "c", "source": "s", **fields})
+
+
+def test_a_ratio_passes_inside_the_range_widened_by_its_tolerance() -> None:
+    ratio = cell(figure="capacity_ratio", policies=["a", "b"], low=1.7, high=2.7)
+    inside = judge(ratio, fake_sweep({"a": 2.0, "b": 1.0}))
+    assert inside.passed and inside.ratio == 1.0
+    edge = judge(ratio, fake_sweep({"a": 3.3, "b": 1.0}))  # 3.3 ≤ 2.7 × 1.25
+    assert edge.passed and edge.ratio == pytest.approx(3.3 / 2.7)
+    assert not judge(ratio, fake_sweep({"a": 3.5, "b": 1.0})).passed
+    assert not judge(ratio, fake_sweep({"a": 1.2, "b": 1.0})).passed  # below 1.7 × 0.75
+    assert judge(ratio, fake_sweep({"a": 1.2, "b": 1.0}), widen=2.0).passed  # the quick form's ±50%
+    assert not judge(ratio, fake_sweep({"a": None, "b": 1.0})).passed
+
+
+def test_an_order_needs_strictly_rising_capacities() -> None:
+    order = cell(figure="capacity_order", policies=["a", "b", "c"])
+    assert judge(order, fake_sweep({"a": 1.0, "b": 2.0, "c": 3.0})).passed
+    assert not judge(order, fake_sweep({"a": 1.0, "b": 3.0, "c": 2.0})).passed
+
+
+def test_a_batch_figure_is_read_at_its_rate() -> None:
+    batch = cell(figure="batch_size", policies=["a"], rate=2.0, low=10.0)
+    assert judge(batch, fake_sweep({"a": 1.0}, {"a": 11.0})).passed
+    with pytest.raises(SimError, match="no sweep point for policy 'a' at rate 3"):
+        judge(batch.model_copy(update={"rate": 3.0}), fake_sweep({"a": 1.0}, {"a": 11.0}))
+
+
+def test_bad_paper_files_say_where(tmp_path: Path) -> None:
+    path = tmp_path / "x.paper.toml"
+    path.write_text('scenario = "s.toml"\npaper = "p"\n[[cells]]\nname = "n"\nfigure = "batch_size"\n'
+                    'policies = ["a"]\nsource = "s"\nlow = 1.0\n')  # fmt: skip
+    with pytest.raises(SimError, match=r"x.paper.toml: .*rate: batch_size is read at one sweep rate"):
+        load_paper(path)
+
+
+def test_vllm_paper_fig12_reduced_form(tmp_path: Path) -> None:
+    """The reduced form CI runs: every cell matches or is a stated gap, and the ordering holds."""
+    (comparison,) = run_papers(PAPERS, tmp_path, jobs=1, quick=True)
+    verdicts = {v.cell.name: v for v in comparison.verdicts}
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    assert verdicts["capacity order"].passed
+    assert verdicts["vLLM / Orca (Oracle), capacity"].passed
+    assert (tmp_path / "vllm-fig12" / "sweep" / "capacity.json").exists()
+
+
+def test_sim_papers_cli_refuses_a_folder_without_comparisons(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["papers", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no *.paper.toml files" in result.output
