@@ -101,26 +101,27 @@ def test_sim_sweep_on_a_full_disk_exits_2_and_leaves_the_previous_points(
     sweep = ["sweep", str(scenario), "--jobs", "1", "--out", str(out)]
     assert run_cli(sweep, capsys)[0] == 0
     before = files(out)
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", polars_full)  # the first point file rewritten
-    code, err = run_cli([*sweep, "--force"], capsys)
+
+    # A new rate's first point file fails part-way: the finished points and the aggregate stay as they
+    # were (the manifest, which names the new sweep table, is rewritten whole before any point runs).
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", polars_full)
+    code, err = run_cli([*sweep, "--set", "sweep.rates=[1, 2, 4]"], capsys)
     check_refused(code, err, out / "sweep" / "points")
-    assert files(out) == before
+    after = files(out)
+    assert after.pop("sweep/manifest.json") != before["sweep/manifest.json"]
+    assert after == {k: v for k, v in before.items() if k != "sweep/manifest.json"}
 
-    # The aggregate's write failing last, every point file written: they stay, the old aggregate too.
-    monkeypatch.undo()
-    real = pl.DataFrame.write_parquet
-    calls: list[str] = []
-
-    def full_at_the_aggregate(self: pl.DataFrame, file: Any, *args: Any, **kwargs: Any) -> None:
-        calls.append(str(file))
-        if len(calls) > 4:  # 2 rates x 2 policies, then the aggregate
-            polars_full(self, file)
-        real(self, file, *args, **kwargs)
-
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", full_at_the_aggregate)
-    code, err = run_cli([*sweep, "--force"], capsys)
+    # The same sweep again, every point done: the aggregate's write fails, the old one stays.
+    monkeypatch.setattr(Path, "write_text", system_full)  # the manifest, first
+    code, err = run_cli(sweep, capsys)
     check_refused(code, err, out / "sweep")
-    assert files(out) == before  # the same points again (same seeds), and no temporary left
+    monkeypatch.undo()
+    assert run_cli(sweep, capsys)[0] == 0  # the manifest as it was
+    assert files(out) == before
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", polars_full)
+    code, err = run_cli(sweep, capsys)
+    check_refused(code, err, out / "sweep")
+    assert files(out) == before
 
 
 def test_a_full_disk_as_reported_by_the_system_and_by_polars() -> None:
@@ -131,4 +132,3 @@ def test_a_full_disk_as_reported_by_the_system_and_by_polars() -> None:
     assert disk_full_reason(OSError(errno.EACCES, "Permission denied")) is None
     error = pickle.loads(pickle.dumps(DiskFull(Path("out"), "No space left on device")))
     assert isinstance(error, DiskFull) and str(error).startswith("cannot write into out: the disk is full")
-
