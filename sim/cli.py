@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `sim` console command and `python -m sim`.
 
     Bad input of any kind (a `SimError` from a command, an unknown option, a value out of range) prints
-    `error: ...` and exits with code 2; Ctrl-C exits with 130.
+    `error: ...` and exits with code 2, as does a full disk; Ctrl-C exits with 130.
     """
     try:
         code = app(args=list(argv) if argv is not None else None, standalone_mode=False)
@@ -68,6 +68,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("interrupted", err=True)
         code = 130
+    except Exception as exc:  # a full disk wherever a command writes is the user's to fix, not a traceback
+        from sim.io.outputs import disk_full_reason
+
+        if (reason := disk_full_reason(exc)) is None:
+            raise
+        print_error(f"cannot write: the disk is full ({reason}); free some space and run again")
+        code = 2
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -15,7 +15,7 @@ import pytest
 from test_manifest import TINY
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli import app, main
 from sim.config import sweep as sweep_config
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
@@ -185,8 +185,12 @@ def test_a_failing_point_leaves_finished_points_and_no_partial_file(
         raise OSError("disk full")
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", torn)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SimError, match=r"cannot write .*/sweep/points/.*\.parquet: disk full"):
         sweep.run_sweep(path, jobs=1, out=tmp_path)
+    assert point_files(tmp_path) == done
+    with pytest.raises(SystemExit) as exit_info:  # from the command line: one error line, exit 2
+        main(["sweep", str(path), "--jobs", "1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
     assert point_files(tmp_path) == done
     monkeypatch.setattr(pl.DataFrame, "write_parquet", original)
 

@@ -32,15 +32,31 @@ class Block:
 
 
 class BlockPool:
-    """All blocks, the LRU free queue and the hash -> cached blocks map."""
+    """All blocks, the LRU free queue and the hash -> cached blocks map.
+
+    The blocks are made when first used (`blocks` or the free queue first read), so a pool that is never
+    used (an idle replica of a fleet) holds no block; once made, they are plain attributes."""
+
+    blocks: list[Block]
+    _free: OrderedDict[int, Block]
+    _made_on_use = ("blocks", "_free")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
         self.num_blocks = num_blocks
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, Block] = OrderedDict((b.id, b) for b in self.blocks[1:])
         self._cache: dict[Hashable, dict[int, Block]] = {}
+
+    def __getattr__(self, name: str) -> object:  # only called while an attribute is missing
+        made = self.__dict__
+        if name not in self._made_on_use or "blocks" in made or "num_blocks" not in made:
+            raise AttributeError(name)
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self._make_free_queue()
+        return self.__dict__[name]
+
+    def _make_free_queue(self) -> None:
+        self._free = OrderedDict((b.id, b) for b in self.blocks[1:])
 
     @property
     def num_usable(self) -> int:
@@ -115,11 +131,10 @@ class StackPool(BlockPool):
     free queue's head and the queue is a stack (its head is the list's end). Same blocks in the same order
     as `BlockPool`, without the ordered map."""
 
-    def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 2:
-            raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
-        self.num_blocks = num_blocks
-        self.blocks = [Block(i) for i in range(num_blocks)]
+    _stack: list[Block]
+    _made_on_use = ("blocks", "_stack")
+
+    def _make_free_queue(self) -> None:
         self._stack = self.blocks[:0:-1]  # the head (next taken) last: block 1 first
 
     @property

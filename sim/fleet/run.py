@@ -9,6 +9,7 @@ summary is the single-replica summary over the whole fleet, plus `cluster` (grou
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -25,7 +26,7 @@ from sim.cost.replica import build_cost_and_memory
 from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import PagedDecode, decode_scheduler
-from sim.fleet.engine import Fleet, FleetOutput, ReplicaSpec, fleet_overloaded, seeded
+from sim.fleet.engine import Fleet, FleetOutput, Member, ReplicaSpec, fleet_overloaded, seeded
 from sim.fleet.routers import load_all as load_routers
 from sim.fleet.routing import Router
 from sim.io.errors import SimError
@@ -130,15 +131,32 @@ def simulate_fleet(
 REPLICA_RECORDS = "replicas"  # each replica's streamed records, under the run's records folder, until merged
 
 
-def _replica_sink(folder: Path, name: str) -> ParquetSink:
-    (folder / name).mkdir(parents=True, exist_ok=True)
-    return ParquetSink(folder / name)
+class ReplicaSink(ParquetSink):
+    """A replica's `ParquetSink`, which makes its folder at its first chunk: a replica that is never sent
+    a request is never finished (see `_replica_frames`), so it makes no folder and writes no file."""
+
+    def write(self, name: str, chunk: pl.DataFrame) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        super().write(name, chunk)
+
+
+def _replica_sink(folder: Path, name: str) -> ReplicaSink:
+    return ReplicaSink(folder / name)
+
+
+def _idle(out: FleetOutput, member: Member) -> bool:
+    """Whether no request was ever sent to `member` (so it has no record: no request and no step)."""
+    return out.routed[member.index] == 0
 
 
 def _replica_frames(out: FleetOutput) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """The replicas' request and step records, one after the other, each with a `replica` column."""
+    """The replicas' request and step records, one after the other, each with a `replica` column. Idle
+    replicas, whose frames would add no row, are left out (the first one kept, for the columns), and their
+    recorders never finished: they cost nothing here."""
     req_frames, step_frames = [], []
     for m in out.members:
+        if m.index and _idle(out, m):
+            continue
         name = pl.lit(m.spec.name, dtype=pl.String).alias("replica")
         req_frames.append(m.recorder.requests_lazy().with_columns(name))
         step_frames.append(m.recorder.steps_lazy().with_columns(name))
@@ -238,11 +256,18 @@ def fleet_summary(
     config = scenario._router_config
     gpus = sum(g["count"] * g["tp"] for g in groups.values())
     per: dict[str, Any] = {}
+    idle: dict[str, Any] | None = None  # the summary of a replica without records: the same for each
     for m in out.members:
         rname = m.spec.name
-        r_req = requests.filter(pl.col("replica") == rname)
-        r_steps = steps.filter(pl.col("replica") == rname)
-        s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
+        if _idle(out, m):
+            if idle is None:
+                r_req, r_steps = requests.head(0), steps.head(0)
+                idle = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
+            s = copy.deepcopy(idle)
+        else:
+            r_req = requests.filter(pl.col("replica") == rname)
+            r_steps = steps.filter(pl.col("replica") == rname)
+            s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
         per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}
     summary["cluster"] = {
         "router": name,

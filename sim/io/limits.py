@@ -21,4 +21,5 @@ MAX_MODEL_DIM = 2**24  # any width, count or size field of a model config.json
 # per million requests on one core.
 RUN_MAX_REQUESTS = 1_000_000
 RUN_MAX_TOKENS = 10**9  # prompt + output tokens of all requests
+RUN_MAX_KV_BLOCKS = 2**24  # KV blocks of the replicas a fleet's requests reach (about 200 bytes each)
 MAX_PARALLEL_SAMPLES = 1024  # workload.n: sequences generated per request

@@ -5,11 +5,14 @@ A name taken from a scenario (its `name`, a policy table's name) becomes one pat
 temporary sibling and renamed into place (`atomic_write`); a run's folder is filled beside its target and
 swapped in with two renames (`replace_folder`), so a killed run leaves the previous results or none, never
 a mix. Both create files and folders with the modes the process's umask gives (like `open` and `mkdir`).
+A full disk (or quota) while either writes is a `DiskFull` error naming the folder, with the temporaries
+removed and the files already in place left whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -88,28 +91,74 @@ def create_file(path: Path) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
 
 
+# The system's "no space left" and "quota exceeded"; polars' writers report them only in their message.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FULL_MARKS = tuple(f"(os error {code})" for code in sorted(DISK_FULL_ERRNOS))
+
+
+class DiskFull(SimError):
+    """The disk (or the user's quota) filled up while writing into `folder`."""
+
+    def __init__(self, folder: Path, reason: str) -> None:
+        self.folder, self.reason = folder, reason
+        super().__init__(
+            f"cannot write into {shown(folder)}: the disk is full ({reason}); nothing was left half-written"
+            " and the files already there are whole; free some space and run again"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in a sweep's worker process, re-raised in the parent
+        return (DiskFull, (self.folder, self.reason))
+
+
+def disk_full_reason(exc: BaseException) -> str | None:
+    """Why `exc` says the disk is full (`No space left on device`, `Disk quota exceeded`), or None when it
+    does not: an OSError with that errno, or an error (polars') whose message carries the system's code."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return exc.strerror or os.strerror(exc.errno)
+    text = str(exc)
+    for code, mark in zip(sorted(DISK_FULL_ERRNOS), DISK_FULL_MARKS, strict=True):
+        if mark in text:
+            return os.strerror(code)
+    return None
+
+
 @contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """An OSError in the block (a folder where the file goes, a name too long, no permission) becomes a
-    SimError naming `path` and the reason."""
+def disk_full_as_error(folder: Path) -> Iterator[None]:
+    """A disk-full error of any kind in the block becomes `DiskFull(folder)`; other errors pass on."""
     try:
         yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if (reason := disk_full_reason(exc)) is None:
+            raise
+        raise DiskFull(folder, reason) from None
+
+
+@contextmanager
+def writing(path: Path, folder: Path | None = None) -> Iterator[None]:
+    """An OSError in the block (a folder where the file goes, a name too long, no permission) becomes a
+    SimError naming `path` and the reason (`DiskFull` naming `folder`, by default the one holding `path`,
+    when the disk is full)."""
+    try:
+        with disk_full_as_error(path.parent if folder is None else folder):
+            yield
     except OSError as exc:
         raise SimError(f"cannot write {shown(path)}: {exc.strerror or exc}") from None
 
 
 def atomic_write(path: Path, write: Callable[[str], Any]) -> None:
     """Call `write(tmp)` on a temporary sibling of `path`, then rename it into place (normal file mode).
-    Making the folder, the temporary file or the rename failing is a SimError naming `path`; what
-    `write` raises is passed on as it is."""
+    Making the folder, the temporary file, writing it or the rename failing with an OSError is a SimError
+    naming `path` (`DiskFull` when the disk is full, whoever reports it); other errors that `write` raises
+    are passed on as they are. The temporary file is removed in every case."""
     tmp = _temp_name(path, "tmp")
     with _interrupts_held(), contextlib.ExitStack() as cleanup:
         cleanup.callback(_unlink_missing_ok, tmp)  # an error at any point leaves no file behind
         with writing(path):
             path.parent.mkdir(parents=True, exist_ok=True)
             create_file(tmp)
-        write(str(tmp))
-        with writing(path):
+            write(str(tmp))
             os.replace(tmp, path)
 
 
@@ -126,7 +175,8 @@ def write_text(path: Path, text: str) -> None:
 def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Path]:
     """Yield a fresh temporary folder beside `target`; when the block ends without an error, it becomes
     `target`. An existing `target` is replaced only when `is_ours(target)` (else SimError, nothing
-    written); on an error or an interrupt the temporary folder is removed and `target` is left as it was."""
+    written); on an error or an interrupt the temporary folder is removed and `target` is left as it was.
+    The disk filling up at any point, in the block included, is `DiskFull` naming `target`."""
     if target.exists() and not (target.is_dir() and is_ours(target)):
         raise SimError(f"{target}: exists and is not one of our output folders; give another --out")
     tmp = _temp_name(target, "new")
@@ -134,20 +184,30 @@ def replace_folder(target: Path, is_ours: Callable[[Path], bool]) -> Iterator[Pa
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(target.parent)
     try:  # the temporary is made inside: an interrupt at any point leaves no folder behind
-        with writing(target):
+        with writing(target, target):
             tmp.mkdir()
-        yield tmp
-        with writing(target):
-            if target.exists():
-                old = _temp_name(target, "old")
-                os.rename(target, old)
-                os.rename(tmp, target)
-                shutil.rmtree(old)
-            else:
-                os.rename(tmp, target)
+        with disk_full_as_error(target):
+            yield tmp
+        with writing(target, target):
+            _swap_in(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Rename `new` to `target`, the previous `target` moved aside first and put back should that fail."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = _temp_name(target, "old")
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import polars as pl
 
 from sim.config.calibration import Calibration
 from sim.io.errors import SimError
+from sim.io.outputs import atomic_write
 from sim.io.progress import progress
 from sim.studies.validate import (
     BAR_SCALE,
@@ -140,8 +141,9 @@ def write_outputs(frame: pl.DataFrame, out_dir: Path, verdict: str) -> list[Path
     """`fidelity.csv` and `fidelity.html` (renders offline; it states `verdict`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, html_path = out_dir / "fidelity.csv", out_dir / "fidelity.html"
-    frame.write_csv(csv_path)
-    fidelity_chart(frame, verdict).save(str(html_path), inline=True)
+    atomic_write(csv_path, lambda p: frame.write_csv(p))
+    chart = fidelity_chart(frame, verdict)
+    atomic_write(html_path, lambda p: chart.save(p, format="html", inline=True))
     return [csv_path, html_path]
 
 

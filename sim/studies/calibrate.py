@@ -36,6 +36,7 @@ from scipy.optimize import least_squares
 
 from sim.config.calibration import Calibration, KernelCalibration
 from sim.io.errors import SimError
+from sim.io.outputs import write_text
 from sim.studies.calibration_trace import Params, Trace, latencies, recost, recost_prediction, trace_all
 from sim.studies.validate import (
     FRONTEND_KEY,
@@ -295,6 +296,6 @@ def run_calibration(
     if write is None:
         print(text)
     else:
-        write.write_text(text)
+        write_text(write, text)
         print(f"wrote {write}")
     return cal

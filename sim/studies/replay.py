@@ -21,6 +21,7 @@ from sim.engine.schedulers.vllm.plan import Seq
 from sim.engine.schedulers.vllm.scheduler import VllmScheduler
 from sim.io.errors import SimError
 from sim.io.limits import MAX_ID, MAX_PARALLEL_SAMPLES, MAX_TOKENS
+from sim.io.outputs import atomic_write
 from sim.io.progress import progress
 
 KEYS = (
@@ -213,10 +214,13 @@ def replay(
 
 
 def write_steps(path: Path, config: ReplayConfig, steps: list[dict[str, Any]]) -> None:
-    with path.open("w") as f:
-        f.write(json.dumps({"config": config.as_dict()}) + "\n")
-        for rec in steps:
-            f.write(json.dumps(rec) + "\n")
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"config": config.as_dict()}) + "\n")
+            for rec in steps:
+                f.write(json.dumps(rec) + "\n")
+
+    atomic_write(path, write)
 
 
 def read_steps(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -3,7 +3,12 @@
 The estimate: requests = arrival rate x horizon.duration_s (staged: the stages' sum; a trace: its rows
 before the horizon; closed loop: each user's cycles of think time plus one step per output token), capped by
 horizon.max_requests; tokens = requests x (mean prompt + mean output x n). A run over `RUN_MAX_REQUESTS`
-requests, `RUN_MAX_TOKENS` tokens or `MAX_KV_BLOCKS` KV blocks is refused unless forced.
+requests, `RUN_MAX_TOKENS` tokens or `MAX_KV_BLOCKS` KV blocks in a replica is refused unless forced.
+
+A fleet (`[cluster]`) serves the same request stream; each group's replicas have their own GPU, TP and so KV
+blocks. An idle replica holds no block (its pool is made at its first request), so the fleet's blocks are
+those of the replicas its requests can reach: in each group, at most one replica per request. Past
+`RUN_MAX_KV_BLOCKS` of them, the run is refused unless forced.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from sim.config.scenario import Scenario, apply_overrides, parse_override, read_
 from sim.config.sweep import parse_sweep
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
 from sim.cost.replica import build_cost_and_memory
+from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
-from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
 from sim.studies.points import point_scenario
 from sim.workload.generator import Workload
 from sim.workload.traces import TraceProcess
@@ -29,11 +35,14 @@ from sim.workload.traces import TraceProcess
 
 @dataclass(frozen=True, slots=True)
 class RunSize:
-    """Expected requests and tokens of one run, and its KV blocks."""
+    """Expected requests and tokens of one run, the KV blocks of its largest replica, and for a fleet its
+    replicas and the KV blocks of those its requests can reach (a single replica: 1 and its blocks)."""
 
     requests: float
     tokens: float
     kv_blocks: int
+    replicas: int = 1
+    fleet_kv_blocks: int | None = None
 
     def excess(self) -> list[str]:
         """What exceeds the limits, in words; empty when the run is within them."""
@@ -44,6 +53,11 @@ class RunSize:
             out.append(f"about {_count(self.tokens)} tokens (limit {RUN_MAX_TOKENS:,})")
         if self.kv_blocks > MAX_KV_BLOCKS:
             out.append(f"{self.kv_blocks:,} KV blocks (limit {MAX_KV_BLOCKS:,})")
+        if self.fleet_kv_blocks is not None and self.fleet_kv_blocks > RUN_MAX_KV_BLOCKS:
+            out.append(
+                f"{self.fleet_kv_blocks:,} KV blocks in the replicas its requests reach, of {self.replicas:,}"
+                f" (limit {RUN_MAX_KV_BLOCKS:,})"
+            )
         return out
 
 
@@ -93,7 +107,17 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
         users = float(arrival.users)  # type: ignore[union-attr]
         requests = users * (1 + duration / cycle) if cycle > 0 else math.inf
     requests = min(requests, cap)
-    return RunSize(requests, requests * (prompt + output), int(info["kv_blocks"]))
+    tokens = requests * (prompt + output)
+    if scenario.cluster is None:
+        return RunSize(requests, tokens, int(info["kv_blocks"]))
+    reached, largest = 0, 0
+    for gi, group in enumerate(scenario.cluster.groups):
+        where = f"{source}: cluster.groups[{gi}]"
+        _, _, group_info = build_cost_and_memory(group_scenario(scenario, group.gpu, group.tp), where)
+        blocks = int(group_info["kv_blocks"])
+        largest = max(largest, blocks)
+        reached += blocks * math.ceil(min(group.count, requests))
+    return RunSize(requests, tokens, largest, scenario.cluster.replicas, reached)
 
 
 def check_run_size(scenario: Scenario, base_dir: Path, source: str, force: bool) -> RunSize:

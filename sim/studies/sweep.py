@@ -48,7 +48,7 @@ from rich.progress import (
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import SweepConfig, parse_sweep
 from sim.io.errors import SimError
-from sim.io.outputs import atomic_write, path_component, remove_leftovers
+from sim.io.outputs import atomic_write, path_component, remove_leftovers, writing
 from sim.records import stats
 from sim.records.capacity_rules import meets_rules
 from sim.studies.executor import check_executor, execute, open_executor
@@ -193,7 +193,8 @@ def run_sweep(
 
     sweep_dir = (out or Path("reports") / path_component(base.name)) / "sweep"
     points_dir = sweep_dir / "points"
-    points_dir.mkdir(parents=True, exist_ok=True)
+    with writing(points_dir):
+        points_dir.mkdir(parents=True, exist_ok=True)
     remove_leftovers(points_dir)  # point files a killed sweep was writing
     _check_manifest(sweep_dir, points_dir, raw, force)
     console = console or Console()
