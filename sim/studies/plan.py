@@ -15,7 +15,8 @@ Pruning, before and during the search:
   replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
 - dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
   failed is not run;
-- cost order: candidates are run cheapest first, `jobs` at a time on the sweep's process pool, and the
+- cost order: candidates are run cheapest first, `jobs` at a time on the sweep's executor (a process pool,
+  or a dask cluster's workers with `executor="dask"`), and the
   search stops at the first cost above the cheapest configuration that met the SLO (plus `explore` more,
   for the cost-latency front).
 Prefill/decode candidates move KV over the scenario's `cluster.link`, else InfiniBand NDR (different nodes).
@@ -37,7 +38,7 @@ import polars as pl
 from sim.config.scenario import Scenario, load_scenario, validate_scenario
 from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
-from sim.studies.executor import open_executor
+from sim.studies.executor import check_executor, open_executor
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
 from sim.studies.points import apply_rate, flatten_summary, point_scenario, rate_key
 from sim.studies.run import run_policy
@@ -180,8 +181,12 @@ def search(
     attainment: float = 0.9,
     explore: int = 0,
     rule: str = "goodput",
+    executor: str = "process",
+    address: str | None = None,
 ) -> PlanResult:
-    """Search the grid (see the module docstring); `explore` more configurations past the answer."""
+    """Search the grid (see the module docstring); `explore` more configurations past the answer. The runs
+    go to `executor` (`studies.executor`: process, or dask at the scheduler `address`)."""
+    check_executor(executor, address)
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -200,7 +205,7 @@ def search(
         node = node[part]
     rate_set = {key: node}
     scenario = validate_scenario(raw, source)
-    base_dir = scenario_path.parent
+    base_dir = scenario_path.resolve().parent  # absolute: a dask worker may start in another folder
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
     )
@@ -219,7 +224,7 @@ def search(
     best: Candidate | None = None
     extra = explore
     i = 0
-    with open_executor("process", jobs, None) as pool:
+    with open_executor(executor, jobs, address) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
         families = sorted({c.family for c in cands if c.mode == "colocated"})
         sat_tasks = [
