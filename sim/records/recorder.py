@@ -82,7 +82,7 @@ def _quantile(s: np.ndarray, q: float) -> float:
 
 
 def window_quantiles(
-    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 64
+    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 32
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """p50, p99 (as `_quantile`, value for value) and max of the windows `durations[lo[k] : lo[k] + n[k]]`
     (each `n[k] >= 1`), for many windows at once: windows of similar length are sorted together as the rows
