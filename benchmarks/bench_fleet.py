@@ -20,6 +20,9 @@ at least as fast as the floor at 100,000 requests, and peak RSS at 20,000 and at
 to 1,000,000, marked as such. The `no steps` row (`benchmarks/fixed_cost.py`, whole process, on the `vllm`
 policy's stream) starts up, generates the requests and records each as finished without running any step:
 what every policy pays before scheduling, so the floor's time over it bounds any policy's `x floor`.
+The `same steps (POLICY)` rows (`benchmarks/same_steps_floor.py`, whole process and loop alone) replay that
+policy's own run, its steps and its arrivals, through a bare SimPy loop; `x same` is the policy's requests per
+wall second over that process's, the floor that takes the same steps as the run.
 
     .venv/bin/python benchmarks/bench_fleet.py                          # 20k, 100k, 200k: a few minutes
     .venv/bin/python benchmarks/bench_fleet.py --sizes 20000 100000 1000000   # the full check (long)
@@ -41,11 +44,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = ROOT / "benchmarks" / "floor.py"
 FIXED_COST = ROOT / "benchmarks" / "fixed_cost.py"
+SAME_STEPS = ROOT / "benchmarks" / "same_steps_floor.py"
 MIB = 1024 * 1024
 SPEED_SIZE, MEMORY_SIZES, MEMORY_TARGET_MB = 100_000, (20_000, 1_000_000), 200.0
 
@@ -165,19 +170,45 @@ def median_usage(runs: list[Usage]) -> tuple[float, float, float]:
     )
 
 
-def time_policy(policy: str, requests: int, rate: float, seed: int, repeat: int, work: Path) -> Row:
+def time_policy(policy: str, requests: int, rate: float, seed: int, repeat: int, work: Path) -> list[Row]:
+    """The policy's run, then its same-steps floor as a whole process and its loop alone."""
     scenario = work / f"{policy}-{requests}.toml"
     scenario.write_text(scenario_toml(policy, requests, f'{{ kind = "poisson", rate = {rate!r} }}', seed))
     runs, finished, steps, stretch = [], 0, 0, math.nan
+    inputs = work / f"same-{policy}-{requests}.npz"
     for _ in range(repeat):
         out = work / f"run-{policy}-{requests}"
         runs.append(sim_run(scenario, out, work / "run.log"))
         summary = json.loads((out / policy / "summary.json").read_text())
         finished = int(summary["requests"]["finished"])
         steps, stretch = decode_stretches(out / policy / "steps.parquet")
+        write_same_steps_inputs(out / policy, inputs)
         shutil.rmtree(out / policy)  # a 1e6 run writes hundreds of MB; keep one run's files at a time
-    return Row(policy, requests, finished, *median_usage(runs), rate=rate, steps=steps,
-               steps_per_stretch=stretch)  # fmt: skip
+    run = Row(policy, requests, finished, *median_usage(runs), rate=rate, steps=steps,
+              steps_per_stretch=stretch)  # fmt: skip
+    return [run, *time_same_steps(f"same steps ({policy})", inputs, requests, finished, repeat, work)]
+
+
+def write_same_steps_inputs(run_dir: Path, out: Path) -> None:
+    """The same-steps floor's input from a run's records (its step starts and durations, its arrivals)."""
+    steps = pl.read_parquet(run_dir / "steps.parquet", columns=["start", "duration"])
+    arrival = pl.read_parquet(run_dir / "requests.parquet", columns=["arrival"])["arrival"].to_numpy()
+    np.savez(out, start=steps["start"].to_numpy(), duration=steps["duration"].to_numpy(), arrival=arrival)
+
+
+def time_same_steps(
+    what: str, inputs: Path, requests: int, finished: int, repeat: int, work: Path
+) -> list[Row]:
+    """`same_steps_floor.py` on a run's steps and arrivals: the whole process, and its loop alone."""
+    cmd = [sys.executable, str(SAME_STEPS), str(inputs), "--json"]
+    runs, loops = [], []
+    for _ in range(repeat):
+        log = work / "same.log"
+        runs.append(measure(cmd, log))
+        loops.append(float(json.loads(log.read_text().strip().splitlines()[-1])["loop_s"]))
+    loop = statistics.median(loops)
+    return [Row(what, requests, finished, *median_usage(runs)),
+            Row(f"{what[:-1]}, loop only)", requests, finished, loop, math.nan, math.nan)]  # fmt: skip
 
 
 def time_floor(requests: int, load: float, seed: int, repeat: int, work: Path) -> tuple[Row, Row]:
@@ -205,18 +236,29 @@ def time_no_steps(requests: int, rate: float, seed: int, repeat: int, work: Path
     return Row("no steps", requests, 0, *median_usage(runs), rate=rate)
 
 
+def same_steps_of(rows: list[Row]) -> dict[tuple[str, int], Row]:
+    """Each policy's same-steps floor process, by (policy, requests)."""
+    return {(r.what[12:-1], r.requests): r for r in rows if r.what.startswith("same steps (") and
+            not r.what.endswith("loop only)")}  # fmt: skip
+
+
 def table(rows: list[Row], floors: dict[int, Row], loops: dict[int, Row]) -> str:
-    """One line per run; `x floor` against the floor process, `x loop` against the floor's loop alone."""
-    head = f"{'run':<18} {'requests':>10} {'finished':>10} {'wall s':>8} {'cpu s':>8} {'req/s':>9} "
-    head += f"{'x floor':>8} {'x loop':>7} {'peak RSS MiB':>13}"
+    """One line per run; `x floor` against the floor process, `x loop` against the floor's loop alone, and a
+    policy's `x same` against its own same-steps floor process."""
+    head = f"{'run':<34} {'requests':>10} {'finished':>10} {'wall s':>8} {'cpu s':>8} {'req/s':>9} "
+    head += f"{'x floor':>8} {'x loop':>7} {'x same':>7} {'peak RSS MiB':>13}"
     lines = [head, "-" * len(head)]
+    same = same_steps_of(rows)
     for r in rows:
         ratio = r.requests_per_s / floors[r.requests].requests_per_s
         loop = r.requests_per_s / loops[r.requests].requests_per_s
+        own = same.get((r.what, r.requests))
+        to_same = "" if own is None else f"{r.requests_per_s / own.requests_per_s:.2f}"
         cpu = "" if math.isnan(r.cpu_s) else f"{r.cpu_s:.2f}"
         rss = "" if math.isnan(r.peak_rss_mib) else f"{r.peak_rss_mib:,.0f}"
-        lines.append(f"{r.what:<18} {r.requests:>10,} {r.finished:>10,} {r.wall_s:>8.2f} {cpu:>8} "
-                     f"{r.requests_per_s:>9,.0f} {ratio:>8.2f} {loop:>7.2f} {rss:>13}")  # fmt: skip
+        lines.append(f"{r.what:<34} {r.requests:>10,} {r.finished:>10,} {r.wall_s:>8.2f} {cpu:>8} "
+                     f"{r.requests_per_s:>9,.0f} {ratio:>8.2f} {loop:>7.2f} {to_same:>7} "
+                     f"{rss:>13}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -229,6 +271,13 @@ def checks(rows: list[Row], floors: dict[int, Row], policies: list[str]) -> list
         verdict = "met" if ratio >= 1.0 else "not met"
         out.append(f"speed: vllm at {SPEED_SIZE:,} requests runs {ratio:.2f} x the floor "
                    f"(target >= 1.00): {verdict}")  # fmt: skip
+    for (policy, n), own in sorted(same_steps_of(rows).items()):
+        if n == SPEED_SIZE and (policy, n) in by:
+            run = by[policy, n]
+            times = run.requests_per_s / own.requests_per_s
+            out.append(f"same steps: {policy} at {n:,} requests runs {times:.2f} "
+                       f"x its own {run.steps:,} steps and {n:,} arrivals through a bare SimPy loop "
+                       f"(whole processes; that loop takes {own.wall_s:.2f} s)")  # fmt: skip
     if ("no steps", SPEED_SIZE) in by:
         bound = floors[SPEED_SIZE].wall_s / by["no steps", SPEED_SIZE].wall_s
         out.append(f"bound: starting, generating and recording {SPEED_SIZE:,} requests with no step at all "
@@ -303,8 +352,9 @@ def main() -> None:
             if "vllm" in rates:
                 rows.append(time_no_steps(n, rates["vllm"], args.seed, args.repeat, work))
             for policy in args.policies:
-                rows.append(time_policy(policy, n, rates[policy], args.seed, args.repeat, work))
-                r = rows[-1]
+                timed = time_policy(policy, n, rates[policy], args.seed, args.repeat, work)
+                rows += timed
+                r = timed[0]
                 note = f"{policy} {n:,}: {r.wall_s:.2f} s, {r.peak_rss_mib:,.0f} MiB"
                 print(note, file=sys.stderr, flush=True)
 

@@ -248,6 +248,8 @@ def plan(
     ),
     max_gpus: int = typer.Option(16, "--max-gpus", min=1, max=4096, help="Most GPUs in a configuration."),
     jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
+    executor: str = typer.Option("process", "--executor", help="process or dask."),
+    address: str | None = typer.Option(None, "--address", help="Dask scheduler, tcp://HOST:PORT."),
     policy: str | None = typer.Option(None, "--policy", help="The policy to configure (default: the first)."),
     tp: str = typer.Option("1,2,4,8", "--tp", help="TP degrees to try."),
     max_num_seqs: str = typer.Option(
@@ -291,7 +293,7 @@ def plan(
     gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
     result = search(
         scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule, replications, max_replications, tail_samples, max_horizon,
+        rule, replications, max_replications, tail_samples, max_horizon, executor, address,
     )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

@@ -109,3 +109,40 @@ def test_checks_extrapolate_when_the_largest_size_is_smaller() -> None:
     (line,) = fleet.checks(rows, floors, ["vllm"])
     # 180 MB over 180,000 requests is 1 kB per request: 980 MB from 20,000 to 1,000,000.
     assert "+180 MB" in line and "linear extrapolation 20,000 -> 1,000,000: +980 MB" in line
+
+
+def test_same_steps_floor_replays_a_runs_steps_and_arrivals(tmp_path: Path) -> None:
+    """The same-steps floor takes the run's own steps, idle gaps included, and wakes once per arrival: its
+    clock ends where the run's last step ended, after every step and arrival."""
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    same = _load("same_steps_floor")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(fleet.scenario_toml("vllm", 50, '{ kind = "poisson", rate = 0.1 }', 3))
+    res = CliRunner().invoke(app, ["run", str(scenario), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    inputs = tmp_path / "same.npz"
+    fleet.write_same_steps_inputs(tmp_path / "out" / "vllm", inputs)
+    with np.load(inputs) as data:
+        start, duration, arrival = data["start"], data["duration"], data["arrival"]
+    assert (start[1:] > start[:-1] + duration[:-1]).any()  # the run idled between some steps
+    result = same.replay(start, duration, arrival)
+    assert (result.steps, result.arrivals) == (len(start), 50)
+    assert result.simulated_s == pytest.approx(start[-1] + duration[-1], rel=1e-12)
+
+
+def test_checks_and_table_give_the_ratio_to_the_same_steps_floor() -> None:
+    floors = {100_000: _row("floor", 100_000, 2.0, 50)}
+    loops = {100_000: _row("floor (loop only)", 100_000, 1.0, 50)}
+    run = fleet.Row("vllm", 100_000, 100_000, 4.0, 4.0, 150.0, steps=480_000)
+    own = _row("same steps (vllm)", 100_000, 1.0, 60)
+    rows = [run, own, _row("same steps (vllm, loop only)", 100_000, 0.5, 60)]
+    lines = fleet.checks(rows, floors, ["vllm"])
+    assert any(line.startswith("same steps: vllm at 100,000 requests runs 0.25 x its own 480,000 steps")
+               for line in lines)  # fmt: skip
+    vllm_line = next(
+        line for line in fleet.table(rows, floors, loops).splitlines() if line.startswith("vllm ")
+    )
+    assert vllm_line.split()[-2] == "0.25"  # x same: a quarter of its same-steps floor's requests per second

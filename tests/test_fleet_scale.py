@@ -48,8 +48,8 @@ def fleet_toml(tmp_path: Path) -> Path:
 
 
 def pool_made(spec: Any) -> bool:
-    """Whether a replica's KV block pool has made its blocks."""
-    return "blocks" in vars(spec.scheduler.kv.pool)
+    """Whether a replica's KV block pool has made its blocks (`Block`s, or the bare ids' stack)."""
+    return bool({"blocks", "_stack"} & vars(spec.scheduler.kv.pool).keys())
 
 
 @pytest.mark.parametrize("policy", ["vllm", "vllm-cache"])  # blocks on a stack; in an LRU queue

@@ -133,3 +133,13 @@ def test_without_caching_freed_blocks_are_reused_last_freed_first() -> None:
     first, second = a.kv_blocks  # type: ignore[misc]
     kv.free(a)
     assert kv.pool.take(2) == [second, first]  # tail first, ahead of the never-used blocks
+
+
+def test_without_caching_blocks_are_bare_ids_in_a_stack() -> None:
+    """No prefix cache: a block is its id (no object, no reference count), taken from a stack."""
+    kv = KvManager(8, 16, 4096, caching=False)  # 7 usable blocks
+    a, b = Toks(1, 40), Toks(2, 20)
+    assert kv.allocate(a, 40) and kv.allocate(b, 20)
+    assert a.kv_blocks == [1, 2, 3] and b.kv_blocks == [4, 5]
+    kv.free(a)
+    assert kv.pool.take(3) == [3, 2, 1] and kv.num_free == 2

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -220,3 +221,33 @@ def test_plan_refuses_an_empty_gpu_list_and_names_a_tp_that_does_not_divide_the_
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "--tp: tensor parallel degree 3 must divide the 32 attention heads" in res.output
     assert "memory" not in res.output
+
+
+def test_plan_on_a_dask_cluster_gives_the_plan_of_one_process(scenario: Path, tmp_path: Path) -> None:
+    """`sim plan --executor dask --address ...` on a 2-worker LocalCluster: the same answer and the same
+    figures for every configuration both ran as `--jobs 1` in-process."""
+    distributed = pytest.importorskip("dask.distributed")  # in the dev extra; skipped only without it
+    args = ["plan", str(scenario), "--rate", str(RATE), "--gpus", ",".join(GPUS), "--max-gpus", "3"]
+    args += ["--tp", "1"]
+    local = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "local")])
+    assert local.exit_code == 0, local.output
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://", dashboard_address=None
+    ) as cluster:
+        remote = runner.invoke(
+            app, [*args, "--jobs", "2", "--executor", "dask", "--address", cluster.scheduler_address,
+                  "--out", str(tmp_path / "dask")],
+        )  # fmt: skip
+    assert remote.exit_code == 0, remote.output
+    one, two = (json.loads((tmp_path / d / "plan.json").read_text()) for d in ("local", "dask"))
+    assert one["best"] is not None and two["best"] == one["best"]
+    assert two["single_replica_capacity_req_per_s"] == one["single_replica_capacity_req_per_s"]
+    rows_one, rows_two = (pl.read_parquet(tmp_path / d / "plan.parquet") for d in ("local", "dask"))
+    both = rows_one.join(rows_two.select("config"), on="config").sort("config")
+    assert both.height > 1 and both.equals(rows_two.join(both.select("config"), on="config").sort("config"))
+
+
+def test_plan_address_needs_the_dask_executor(scenario: Path) -> None:
+    res = runner.invoke(app, ["plan", str(scenario), "--rate", "5", "--address", "tcp://127.0.0.1:1"])
+    assert res.exit_code == 2 and "goes with --executor dask" in res.output, res.output
+    assert "Traceback" not in res.output

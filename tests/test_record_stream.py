@@ -160,3 +160,22 @@ def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, 
     d, w = durations[keep][order], np.cumsum(tokens[keep][order]).astype(np.float64)
     for key, q in QUANTILES.items():
         assert got[key] == d[int(np.searchsorted(w, q * w[-1], side="left"))]
+
+
+@pytest.mark.parametrize("group", [1, 3, 64])
+def test_itl_quantiles_of_many_windows_at_once_are_numpys_value_for_value(group: int) -> None:
+    """`window_quantiles` (the recorder's ITL p50/p99/max for a batch of finished requests) gives, bit for
+    bit, np.quantile's linear p50 and p99 and the max of each window, whatever the windows' lengths."""
+    from sim.records.recorder import window_quantiles
+
+    rng = np.random.default_rng(7)
+    durations = np.round(rng.lognormal(-3.0, 0.6, 3000), int(rng.integers(3, 12)))  # ties included
+    n = rng.integers(1, 400, 200)
+    n[:5] = (1, 2, 3, 100, 101)
+    lo = rng.integers(0, len(durations) - n)
+    p50, p99, top = window_quantiles(durations, lo, n, group)
+    for k in range(len(n)):
+        window = durations[lo[k] : lo[k] + n[k]]
+        assert p50[k].tobytes() == np.quantile(window, 0.5).tobytes()
+        assert p99[k].tobytes() == np.quantile(window, 0.99).tobytes()
+        assert top[k] == window.max()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from sim.config.policies import SarathiConfig, VllmConfig
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
+from sim.engine.kv import StackPool
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.registry import load_all
 from sim.engine.schedulers.vllm.scheduler import VllmScheduler
@@ -322,6 +323,18 @@ trace_strategy = st.lists(
 )
 
 
+def blocks_in_use(s: VllmScheduler) -> int:
+    """Blocks held by sequences: by reference count with a prefix cache; without one, where blocks are bare
+    ids, the ids in the sequences' tables, each held once and none of them free as well."""
+    pool = s.kv.pool
+    if isinstance(pool, StackPool):
+        held = [b for q in [*s.running, *s.waiting] for b in q.kv_blocks or ()]
+        assert len(set(held)) == len(held) and not set(held) & set(pool._stack)
+        assert all(0 < b < pool.num_blocks for b in held)
+        return len(held)
+    return sum(1 for b in pool.blocks[1:] if b.ref > 0)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     trace=trace_strategy,
@@ -370,7 +383,7 @@ def test_invariants_every_step(
                 accepted.append(r)
             head += 1
         plan = s.schedule(float(t))
-        in_use = sum(1 for b in pool.blocks[1:] if b.ref > 0)
+        in_use = blocks_in_use(s)
         assert in_use + pool.num_free == num_blocks - 1
         assert len(s.running) <= max_num_seqs
         if plan is not None:
@@ -378,7 +391,7 @@ def test_invariants_every_step(
             assert (plan.new_tokens > 0).all()
             assert 0 <= plan.kv.used <= plan.kv.allocated <= plan.kv.capacity
             s.update(plan, float(t) + 0.5)
-        in_use = sum(1 for b in pool.blocks[1:] if b.ref > 0)
+        in_use = blocks_in_use(s)
         assert in_use + pool.num_free == num_blocks - 1
         held = [q for q in s.running if q.kv_blocks is not None]
         assert len(held) == len(s.running) and all(q.kv_blocks is None for q in s.waiting)

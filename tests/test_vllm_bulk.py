@@ -120,3 +120,23 @@ def test_a_long_lone_decode_is_advanced_in_bulk() -> None:
     gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     assert req.itl_max == max(gaps)
     assert steps["kv_used"].to_list() == [100 + k for k in range(1000)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0, 10, allow_nan=False, width=32), min_size=1, max_size=60),
+    st.data(),
+)
+def test_suffix_max_answers_the_largest_gap_since_any_step(values: list[float], data: st.DataObject) -> None:
+    """The bulk sequences' largest step gap (`SuffixMax`) is `max` over the steps since theirs, with values
+    dropped before a step no query reaches back to."""
+    from sim.engine.schedulers.vllm.bulk import SuffixMax
+
+    stack, kept_from = SuffixMax(), 0
+    for step, value in enumerate(values):
+        stack.append(step, value)
+        if data.draw(st.booleans()):
+            kept_from = data.draw(st.integers(kept_from, step))
+            stack.drop_before(kept_from)
+        first = data.draw(st.integers(kept_from, step))
+        assert stack.since(first) == max(values[first : step + 1])

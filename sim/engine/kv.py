@@ -127,21 +127,29 @@ class BlockPool:
 
 
 class StackPool(BlockPool):
-    """The block pool without a prefix cache: no block ever has a hash, so every freed block goes to the
-    free queue's head and the queue is a stack (its head is the list's end). Same blocks in the same order
-    as `BlockPool`, without the ordered map."""
+    """The block pool without a prefix cache: no block is ever shared or hashed, so a block is its id (an
+    int, no `Block` object or reference count), every freed block goes to the free queue's head and the queue
+    is a stack (its head is the list's end). Same block ids in the same order as `BlockPool`, without the
+    ordered map. The stack is made when first used, as `BlockPool`'s blocks are."""
 
-    _stack: list[Block]
-    _made_on_use = ("blocks", "_stack")
+    _stack: list[int]
 
-    def _make_free_queue(self) -> None:
-        self._stack = self.blocks[:0:-1]  # the head (next taken) last: block 1 first
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
+        self.num_blocks = num_blocks
+
+    def __getattr__(self, name: str) -> object:  # only called while the stack is not made yet
+        if name != "_stack" or "num_blocks" not in self.__dict__:
+            raise AttributeError(name)
+        self._stack = list(range(self.num_blocks - 1, 0, -1))  # the head (next taken) last: block 1
+        return self._stack
 
     @property
     def num_free(self) -> int:
         return len(self._stack)
 
-    def take(self, n: int) -> list[Block]:
+    def take(self, n: int) -> list[int]:  # type: ignore[override]
         stack = self._stack
         if n > len(stack):
             raise RuntimeError(f"cannot take {n} blocks, {len(stack)} free")
@@ -150,16 +158,10 @@ class StackPool(BlockPool):
         out = stack[-n:]
         del stack[-n:]
         out.reverse()
-        for block in out:
-            block.ref = 1
         return out
 
-    def release(self, blocks: Iterable[Block]) -> None:
-        freed = []
-        for block in blocks:
-            block.ref -= 1
-            if block.ref == 0:
-                freed.append(block)
+    def release(self, blocks: Iterable[int]) -> None:  # type: ignore[override]
+        freed = list(blocks)
         freed.reverse()  # the first given ends at the head
         self._stack.extend(freed)
 
@@ -176,7 +178,8 @@ class StackPool(BlockPool):
 class Tokens(Protocol):
     """A sequence as the block manager sees it; the `kv_*` fields are its block table, owned by the manager.
 
-    `kv_blocks` is None while the sequence holds nothing; `kv_slots` is the token slots it has been given;
+    `kv_blocks` is None while the sequence holds nothing (else its `Block`s; without a prefix cache, the
+    blocks' ids); `kv_slots` is the token slots it has been given;
     `kv_cached` counts its leading blocks in the prefix cache; `kv_room` is the most slots it may reach
     without a call to `allocate` (see `KvManager.filled`); -1 while it holds nothing.
     """

@@ -8,7 +8,9 @@ columns at a time (`summarize`, which takes frames or lazy scans of the written 
 Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
 continuous batching every step between a request's first and last token emits one of its tokens, so its gap
 distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
-are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range.
+are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range. They are computed
+for `ITL_BATCH` recorded requests at once (`window_quantiles`); the rows wait for them before they are handed
+on, and the steps they read are kept until then.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from sim.records.columns import (
 from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.sinks import MemorySink, RecordSink
 
+ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
+
 # A recorded request row: stored floats, stored ints, state code, reject reason.
-_RequestRow = tuple[tuple[float, ...], tuple[int, ...], int, "str | None", tuple[int, ...]]
+_RequestRow = tuple[list[float], tuple[int, ...], int, "str | None", tuple[int, ...]]
 
 
 class _Rows:
@@ -77,6 +81,38 @@ def _quantile(s: np.ndarray, q: float) -> float:
     return b - d * (1 - t) if t >= 0.5 else a + d * t
 
 
+def window_quantiles(
+    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 32
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """p50, p99 (as `_quantile`, value for value) and max of the windows `durations[lo[k] : lo[k] + n[k]]`
+    (each `n[k] >= 1`), for many windows at once: windows of similar length are sorted together as the rows
+    of one matrix, padded with +inf past their ends, and the order statistics are read by index."""
+    count = len(lo)
+    p50, p99, top = np.empty(count), np.empty(count), np.empty(count)
+    order = np.argsort(n, kind="stable")
+    last = len(durations) - 1
+    for start in range(0, count, group):
+        rows = order[start : start + group]
+        lens = n[rows]
+        width = int(lens[-1])
+        cols = np.arange(width)
+        vals = durations[np.minimum(lo[rows, None] + cols, last)]
+        vals[cols >= lens[:, None]] = np.inf
+        vals.sort(axis=1)
+        r = np.arange(len(rows))
+        end = lens - 1
+        top[rows] = vals[r, end]
+        for q, out in ((0.5, p50), (0.99, p99)):
+            v = end * q
+            i = v.astype(np.int64)
+            t = v - i
+            a, b = vals[r, i], vals[r, np.minimum(i + 1, end)]
+            d = b - a
+            got = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+            out[rows] = np.where(v >= end, top[rows], got)
+    return p50, p99, top
+
+
 class Recorder:
     """Collects request and step records during a run, in flat typed buffers (no per-record objects), and
     hands them to `sink` in chunks of `chunk_rows` rows as the run goes (by default kept in memory).
@@ -106,6 +142,8 @@ class Recorder:
         self._held_seq = 0
         self._last_id: int | None = None  # the id of the latest row handed on
         self._unsorted = False
+        # recorded rows whose ITL quantiles are not filled in yet: (row floats, first step, steps)
+        self._pending: list[tuple[list[float], int, int]] = []
         self._new_request_chunk()
         self._request_chunks = 0
         # steps: durations and ends of steps from `_win_start` on (global step numbers)
@@ -209,6 +247,7 @@ class Recorder:
         """Drop the step durations no request in flight can need any more."""
         if not self._trim:
             return
+        self._resolve()  # the rows waiting for their quantiles need their steps
         keep = self._flushed_steps
         firsts = [r.first_token_at for r in self._active.values() if r.num_generated > 0]
         if firsts:
@@ -237,20 +276,22 @@ class Recorder:
         Its ITL p50/p99 are those of the step durations over its token range, read now (see the module doc).
         """
         nan = math.nan
-        itl_p50 = itl_p99 = itl_max = nan
+        itl_max = nan
+        window = None
         if req.num_generated > 1:
             itl_max = req.itl_max
             ends = self._ends
             lo = bisect_right(ends, req.first_token_at)
             hi = bisect_right(ends, req.last_token_at)
             if hi > lo:
-                window = np.sort(np.frombuffer(self._durations, np.float64, hi - lo, lo * 8))
-                itl_p50, itl_p99 = _quantile(window, 0.5), _quantile(window, 0.99)
-                itl_max = max(itl_max, float(window[-1]))
+                window = (self._win_start + lo, hi - lo)
         finished_at = req.finished_at if state == FINISHED else nan
+        floats = [req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, nan, nan,
+                  itl_max]  # fmt: skip
+        if window is not None:
+            self._pending.append((floats, *window))
         row = (
-            (req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, itl_p50,
-             itl_p99, itl_max),
+            floats,
             (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
              req.prefix_group, req.prefix_hit_tokens, req.prefix_query_tokens),
             STATE_CODE[state],
@@ -261,6 +302,24 @@ class Recorder:
             self._trim = False  # recorded without `arrive`: its steps cannot be told apart; keep them all
         self._held_seq += 1
         heapq.heappush(self._held, (req.id, self._held_seq, row))
+        if not self._pending:
+            self._release()
+        elif len(self._pending) >= ITL_BATCH:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        """Fill in the ITL p50, p99 and max of the recorded rows that wait for them (`window_quantiles`,
+        all at once), then hand on the rows whose turn it is."""
+        pending = self._pending
+        if pending:
+            first = self._win_start
+            lo = np.fromiter((p[1] - first for p in pending), np.int64, len(pending))
+            n = np.fromiter((p[2] for p in pending), np.int64, len(pending))
+            p50, p99, top = window_quantiles(np.frombuffer(self._durations, np.float64), lo, n)
+            figures = zip(p50.tolist(), p99.tolist(), top.tolist(), strict=True)
+            for (floats, _, _), (a, b, m) in zip(pending, figures, strict=True):
+                floats[5], floats[6], floats[7] = a, b, max(floats[7], m)
+            self._pending = []
         self._release()
 
     def _release(self) -> None:
@@ -365,7 +424,7 @@ class Recorder:
         self._finished = True
         self._active.clear()
         self._active_ids.clear()
-        self._release()
+        self._resolve()
         self._flush_requests()
         self._flush_steps()
         self.sink.finish("requests", sort_by="id" if self._unsorted else None)

@@ -18,8 +18,9 @@ Pruning, before and during the search:
 - dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
   failed is not run (one too close to call prunes nothing);
 - cost order: candidates are run cheapest first, one at a time (its replications `jobs` at a time on the
-  sweep's process pool, so the plan is the same at any `jobs`), and the search stops at the first cost
-  above the cheapest configuration that met the SLO (plus `explore` more, for the cost-latency front).
+  sweep's executor: a process pool, or a dask cluster's workers with `executor="dask"`; so the plan is the
+  same at any `jobs`), and the search stops at the first cost above the cheapest configuration that met the
+  SLO (plus `explore` more, for the cost-latency front).
 Prefill/decode candidates move KV over the scenario's `cluster.link`, else InfiniBand NDR (different nodes).
 A row's figures come from its first replication, a full fleet run of the same scenario (its seed): `sim run`
 with the chosen configuration's `--set` overrides reproduces it.
@@ -40,7 +41,7 @@ from sim.config.scenario import Scenario, load_scenario, validate_scenario
 from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
-from sim.studies.executor import open_executor
+from sim.studies.executor import check_executor, open_executor
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
 from sim.studies.plan_verdict import (
     DEFAULT_MAX_HORIZON_S,
@@ -215,11 +216,15 @@ def search(
     max_replications: int = DEFAULT_MAX_REPLICATIONS,
     tail_samples: int = TAIL_SAMPLES,
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S,
+    executor: str = "process",
+    address: str | None = None,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
     on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
-    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`."""
+    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`. The runs
+    go to `executor` (`studies.executor`: process, or dask at the scheduler `address`)."""
+    check_executor(executor, address)
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -238,7 +243,7 @@ def search(
         node = node[part]
     rate_set = {key: node}
     scenario = validate_scenario(raw, source)
-    base_dir = scenario_path.parent
+    base_dir = scenario_path.resolve().parent  # absolute: a dask worker may start in another folder
     if not 1 <= replications <= max_replications:
         raise SimError(f"--replications: 1 to --max-replications ({max_replications}) (got {replications})")
     run_set: dict[str, Any] = {}
@@ -271,7 +276,7 @@ def search(
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
     extra = explore
-    with open_executor("process", jobs, None) as pool:
+    with open_executor(executor, jobs, address) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
         families = sorted({c.family for c in cands if c.mode == "colocated"})
         sat_tasks = [

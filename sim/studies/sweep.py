@@ -187,7 +187,7 @@ def run_sweep(
 
     def tasks_at(policy: str, rate: float | None, params: dict[str, Any]) -> list[Task]:
         return [
-            Task(raw, source, str(path.parent), policy, rate, params, i, seeds[i])
+            Task(raw, source, str(path.resolve().parent), policy, rate, params, i, seeds[i])
             for i in range(cfg.replications)
         ]
 

@@ -14,7 +14,7 @@ hand the step to `_schedule_fast` and `_update_fast` in fast mode. The running r
 from __future__ import annotations
 
 import heapq
-from array import array
+from bisect import bisect_left
 
 from sim.core.request import Request
 from sim.engine.kv import Block, KvManager, cdiv
@@ -39,8 +39,7 @@ class BulkDecoding:
     def _init_bulk(self, caching: bool) -> None:
         """No sequence in bulk (once `fast` is set)."""
         self._updated = 0  # steps applied
-        self._gaps = array("d")  # step j's end minus step j-1's, for steps from `_gaps_from` on
-        self._gaps_from = 1
+        self._gaps = SuffixMax()  # step j's end minus step j-1's, by step
         self._busy: dict[Seq, None] = {}  # running sequences handled row by row (insertion-ordered set)
         self._bulk_n = self._bulk_ctx = 0  # sequences in bulk, Σ of their `bulk_ctx`
         self._bulk_max: list[
@@ -145,8 +144,7 @@ class BulkDecoding:
             seq.num_generated += count
             req = seq.req
             req.num_computed = seq.num_computed
-            lo = since + 1 - self._gaps_from
-            req.emit_run(count, self._last_end, max(self._gaps[lo : lo + count]))
+            req.emit_run(count, self._last_end, self._gaps.since(since + 1))
         if seq.bulk_phase >= 0:
             self._phases[seq.bulk_phase].pop(seq, None)
             seq.bulk_phase = -1
@@ -189,7 +187,7 @@ class BulkDecoding:
         """`update` in fast mode: the rows handled one by one emit as there, the bulk ones only when they
         finish; sequences that can decode alone go into bulk."""
         step = self._updated = self._step
-        self._gaps.append(now - self._last_end)
+        self._gaps.append(step, now - self._last_end)
         self._last_end = now
         done_seqs = self._emit_rows(info.emit, now)
         finishes, by_row = self._finishes, len(done_seqs)
@@ -222,10 +220,39 @@ class BulkDecoding:
         self._bulk_max = [e for e in self._bulk_max if e[3].bulk_since == e[1]]
         heapq.heapify(self._bulk_max)
         oldest = min((s.bulk_since for s in self.running if s.bulk_since >= 0), default=self._updated)
-        drop = oldest + 1 - self._gaps_from
-        if drop > 0:
-            del self._gaps[:drop]
-            self._gaps_from += drop
+        self._gaps.drop_before(oldest + 1)
+
+
+class SuffixMax:
+    """The largest of the values appended at steps `first` up to the latest, for any `first`: a monotonic
+    stack (each entry larger than every later one), so an append costs O(1) amortised and a query a bisection,
+    where `max` over a slice copies the whole window."""
+
+    __slots__ = ("_steps", "_values")
+
+    def __init__(self) -> None:
+        self._steps: list[int] = []  # rising
+        self._values: list[float] = []  # falling: the largest value from each step on
+
+    def append(self, step: int, value: float) -> None:
+        """The value of `step`, later than every step appended before."""
+        steps, values = self._steps, self._values
+        while values and values[-1] <= value:
+            values.pop()
+            steps.pop()
+        steps.append(step)
+        values.append(value)
+
+    def since(self, first: int) -> float:
+        """The largest value appended at `first` or later (at least one must be)."""
+        return self._values[bisect_left(self._steps, first)]
+
+    def drop_before(self, first: int) -> None:
+        """Forget the values of the steps before `first` (no query will reach back to them)."""
+        k = bisect_left(self._steps, first)
+        if k:
+            del self._steps[:k]
+            del self._values[:k]
 
 
 def _order(seq: Seq) -> int:

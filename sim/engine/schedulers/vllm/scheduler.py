@@ -140,12 +140,15 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
 
     def _plan(self, info: StepInfo) -> VllmPlan:
         counts, contexts = info.counts, info.contexts
-        rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
-        if ones == rows:  # one token per row: c·q = q, c² = 1
-            cq, cc, max_end = ctx, rows, max(contexts) + 1 if contexts else 0
+        if not counts:  # every row in bulk
+            rows = tokens = ones = ctx = cq = cc = max_end = 0
         else:
-            cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
-            max_end = max(map(add, counts, contexts))
+            rows, tokens, ones, ctx = len(counts), sum(counts), counts.count(1), sum(contexts)
+            if ones == rows:  # one token per row: c·q = q, c² = 1
+                cq, cc, max_end = ctx, rows, max(contexts) + 1
+            else:
+                cq, cc = sum(map(mul, counts, contexts)), sum(map(mul, counts, counts))
+                max_end = max(map(add, counts, contexts))
         if info.bulk:  # one token each on their contexts
             bulk = info.bulk
             rows, tokens, ones, cc = rows + bulk, tokens + bulk, ones + bulk, cc + bulk
