@@ -30,6 +30,13 @@ runner = CliRunner()
 MAKE = "make"
 ACTIVATE = "activate"
 SIM = "sim"
+DASK = "dask"
+DASK_SCHEDULER = "tcp://HOST:8786"  # the README's scheduler address; the test's local cluster stands in
+DASK_SWEEP = f"sim sweep scenarios/convoy.toml --executor dask --address {DASK_SCHEDULER} --find-capacity"
+DASK_PLAN = (
+    "sim plan scenarios/plan-llama70b-chat.toml --rate 20 --executor dask"
+    f" --address {DASK_SCHEDULER} --jobs 9"
+)
 SWEEP = "sim sweep scenarios/convoy.toml [--jobs 2] [--find-capacity]"
 VALIDATE = "sim validate ground-truth --scale 0.25 --jobs 2 [--out DIR]"
 REPLAY = (
@@ -41,7 +48,8 @@ PLAN = (
 )
 PAPERS = "sim papers --jobs 2 [--quick]"
 # README command -> how it is run: MAKE (the target is checked), ACTIVATE (the environment `make venv` makes
-# has the script), SIM (run through the CLI; with the changes in REDUCED when it is slow).
+# has the script), SIM (run through the CLI; with the changes in REDUCED when it is slow), DASK (as SIM, on a
+# local two-worker dask cluster at the README's scheduler address).
 COVERED = {
     "make run": MAKE,
     "make test": MAKE,
@@ -66,12 +74,18 @@ COVERED = {
     "make papers": MAKE,
     "sim kernels": SIM,
     PAPERS: SIM,
+    DASK_SWEEP: DASK,
+    DASK_PLAN: DASK,
 }
+REDUCED_SWEEP = [
+    "--set", "horizon.duration_s=40", "--set", "sweep.replications=1", "--set", "sweep.rates=[1,4]",
+]  # fmt: skip
 # The slow commands (about half a minute each on two cores), and how the test runs them at a reduced scale.
 REDUCED = {
-    SWEEP: ["--set", "horizon.duration_s=40", "--set", "sweep.replications=1", "--set", "sweep.rates=[1,4]"],
-    VALIDATE: ["--scale", "0.02", "--row", "llama-2-7b"],
-    PAPERS: ["--quick"],  # five of its rows, each 0.02 as long
+    SWEEP: REDUCED_SWEEP,
+    VALIDATE: ["--scale", "0.02", "--row", "llama-2-7b"],  # five of its rows, each 0.02 as long
+    PAPERS: ["--quick"],
+    DASK_SWEEP: REDUCED_SWEEP,
 }
 
 
@@ -152,7 +166,7 @@ def test_every_readme_command_is_covered() -> None:
     assert not missing, f"README commands this test does not run; add them to COVERED: {missing}"
     stale = [c for c in COVERED if c not in commands]
     assert not stale, f"COVERED lists commands the README no longer shows: {stale}"
-    assert set(REDUCED) <= {c for c, how in COVERED.items() if how == SIM}
+    assert set(REDUCED) <= {c for c, how in COVERED.items() if how in (SIM, DASK)}
 
 
 def test_the_readme_says_which_commands_are_slow() -> None:
@@ -207,3 +221,21 @@ def test_every_sim_command_of_the_readme_runs_as_written(repo_like: Path) -> Non
     assert (repo_like / "reports" / "convoy" / "index.html").is_file()
     assert (repo_like / "reports" / "convoy" / "sweep" / "capacity.json").is_file()
     assert (repo_like / PLACEHOLDERS["DIR"] / "fidelity.html").is_file()
+
+
+def test_the_readme_dask_commands_run_on_a_local_cluster(repo_like: Path) -> None:
+    """The README's sweep and plan on a dask cluster, as written, with a local two-worker cluster standing in
+    for the scheduler at `tcp://HOST:8786` (the sweep at its REDUCED scale)."""
+    distributed = pytest.importorskip("dask.distributed")  # in the dev extra; skipped only without it
+    commands = [c for c in readme_commands() if COVERED.get(c) == DASK]
+    assert sorted(commands) == sorted(c for c, how in COVERED.items() if how == DASK)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://", dashboard_address=None
+    ) as cluster:
+        for command in commands:
+            args = reduced(filled(variants(command)[0]), REDUCED.get(command, []))
+            args = [cluster.scheduler_address if a == DASK_SCHEDULER else a for a in args]
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, (args, result.output)
+    assert (repo_like / "reports" / "convoy" / "sweep" / "capacity.json").is_file()
+    assert (repo_like / "reports" / "plan-llama70b-chat" / "plan" / "plan.json").is_file()
