@@ -3,7 +3,8 @@
 Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
 of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
 the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
-the engine's.
+the engine's. What both models compute alike (the rows' attention sums, the ring bytes, the max of compute and
+memory) has one definition, in `sim.cost.kernels`.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 

@@ -4,7 +4,9 @@ Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwi
 (GEMMs and paged attention are separate kernels with different achieved bandwidth).
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
-(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
+(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
+attention sums, the ring bytes and the max of compute and memory are the kernel model's own definitions
+(`sim.cost.kernels`, `sim.cost.allreduce`).
 """
 
 from __future__ import annotations
