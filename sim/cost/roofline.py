@@ -110,6 +110,7 @@ class CostModel:
         self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
         self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
         self.full_layers = m.num_layers - m.num_sliding_layers
+        self.sliding_layers = m.num_sliding_layers
         self.window = float(m.sliding_window or 0)
         self.lin_flops_tok = m.linear_flops_per_token / tp
         self.head_flops_row = m.lm_head_flops / tp
@@ -143,7 +144,7 @@ class CostModel:
         """(pairs, KV tokens read, prefill tokens) over the layers, from the per-layer sums."""
         pairs, ctx, s_pairs, s_ctx, queries = sums
         pairs_all, kv_tokens = self.full_layers * pairs, self.full_layers * ctx
-        ns = self.model.num_sliding_layers
+        ns = self.sliding_layers
         if ns:
             pairs_all += ns * s_pairs
             kv_tokens += ns * s_ctx
@@ -228,8 +229,7 @@ class CostModel:
         over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
         window may be reached: then only the per-row arrays give the answer.
         """
-        ns = self.model.num_sliding_layers
-        if ns and max_end > self.window:
+        if self.sliding_layers and max_end > self.window:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
