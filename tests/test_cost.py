@@ -201,3 +201,27 @@ def test_the_sampler_costs_each_row_its_vocabulary() -> None:
     assert cost.step_time(c, q)[0] - base.step_time(c, q)[0] == pytest.approx(extra, rel=1e-9)
     assert cost.step(c, q).overhead_s - base.step(c, q).overhead_s == pytest.approx(extra, rel=1e-9)
     assert model.vocab_size == 152_064 and extra == pytest.approx(1.46e-3, rel=1e-2)
+
+
+def test_both_cost_models_take_the_rows_attention_sums_from_one_definition() -> None:
+    """`layer_sums` against a token-by-token count, on a sliding-window model with rows before, across and
+    past the window; the roofline and the kernel model both reduce a step through it."""
+    from sim.cost.kernel_model import KernelCostModel
+    from sim.cost.kernels import layer_sums
+
+    model = load_model("gemma-2-9b")
+    w = int(model.sliding_window or 0)
+    assert w and model.num_sliding_layers
+    c, q = _arr(1, 300, 1, 2000, 17), _arr(40, 0, w - 1, w - 500, 3 * w)
+    full = sum(q[i] * c[i] + c[i] * (c[i] + 1) // 2 for i in range(c.size))
+    sliding = sum(min(q[i] + j, w) for i in range(c.size) for j in range(1, c[i] + 1))
+    sums = layer_sums(c, q, float(c.sum()), True, float(w))
+    assert sums == (full, q.sum(), sliding, np.minimum(q, w).sum(), c.sum() - 2)
+    roof = CostModel(model, get_gpu("H100"))
+    assert roof._reduce(c, q) == (
+        float(c.sum()),
+        roof.full_layers * sums[0] + model.num_sliding_layers * sums[2],
+        roof.full_layers * sums[1] + model.num_sliding_layers * sums[3],
+        sums[4],
+    )
+    assert KernelCostModel(model, get_gpu("H100"))._reduce(c, q) == sums

@@ -3,7 +3,8 @@
 Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
 of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
 the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
-the engine's.
+the engine's. What both models compute alike (the rows' attention sums, the ring bytes, the max of compute and
+memory) has one definition, in `sim.cost.kernels`.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 
@@ -51,13 +52,17 @@ from sim.cost.kernels import (
     ELEMENTWISE_KERNELS,
     Gemm,
     Kernel,
+    LayerSums,
     StepCost,
     attention_seconds,
     elementwise_bytes,
     gemm_seconds,
     host_seconds,
     kernel_seconds,
+    layer_sums,
     overlapped,
+    step_arrays,
+    totals_layer_sums,
 )
 from sim.cost.roofline import expected_distinct_experts
 from sim.io.errors import SimError
@@ -270,23 +275,11 @@ class KernelCostModel:
 
     # ----------------------------------------------------------------------------------------- steps
 
-    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float, float]:
-        """Per-layer sums: (pairs and KV tokens read on full layers, the same on sliding layers, prefill
-        query tokens). A row adds c·q + c(c+1)/2 pairs, so full layers need only Σc·q and Σc²."""
-        tokens = float(c.sum())
-        cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
-        pairs = cq + 0.5 * (cc + tokens)
-        ctx = float(q.sum())
-        queries = tokens - float(np.count_nonzero(c == 1))
-        if not self.model.num_sliding_layers or float((q + c).max()) <= self.window:
-            return pairs, ctx, pairs, ctx, queries
-        w = self.window
-        end, start = (q + c).astype(np.float64), q.astype(np.float64)
-        s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
-        s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
-        return pairs, ctx, float((s_end - s_start).sum()), float(np.minimum(start, w).sum()), queries
+    def _reduce(self, c: np.ndarray, q: np.ndarray) -> LayerSums:
+        """Per-layer sums of the step's rows (`sim.cost.kernels.layer_sums`)."""
+        return layer_sums(c, q, float(c.sum()), bool(self.model.num_sliding_layers), self.window)
 
-    def _seconds(self, tokens: int, rows: int, sums: tuple[float, float, float, float, float]) -> float:
+    def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> float:
         """GPU and host seconds of a step: the definition behind `step`, `step_time`, `step_time_totals`."""
         pairs, ctx, s_pairs, s_ctx, queries = sums
         t = self._linear_time(tokens) + self._head_time(rows)
@@ -299,7 +292,7 @@ class KernelCostModel:
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """Full breakdown of one step, kernel by kernel."""
-        c, q = _arrays(new_tokens, context)
+        c, q = step_arrays(new_tokens, context)
         rows = int(c.size)
         tokens = int(c.sum()) if rows else 0
         if tokens <= 0:
@@ -343,7 +336,7 @@ class KernelCostModel:
         """(seconds, compute_bound) of one step without the breakdown: the same seconds as `step`.
 
         compute_bound: the step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
-        c, q = _arrays(new_tokens, context)
+        c, q = step_arrays(new_tokens, context)
         if c.size == 0:
             return 0.0, False
         tokens = int(c.sum())
@@ -364,9 +357,7 @@ class KernelCostModel:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
-        pairs = float(cq) + 0.5 * (float(cc) + float(tokens))
-        c = float(ctx)
-        sums = (pairs, c, pairs, c, float(tokens - ones))
+        sums = totals_layer_sums(tokens, ones, cq, cc, ctx)
         return self._seconds(tokens, rows, sums), self._compute_bound(tokens)
 
     def _compute_bound(self, tokens: int) -> bool:
@@ -375,12 +366,3 @@ class KernelCostModel:
             2.0 * tokens * g.k * g.n / self._peak(g.group)
             > g.k * g.n * g.weight_bytes_per_param / self.gemm_bw
         )
-
-
-def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Integer or float ndarrays as given (no copy); other sequences converted once."""
-    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
-    q = context if isinstance(context, np.ndarray) else np.asarray(context)
-    if c.shape != q.shape:
-        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
-    return c, q

@@ -1,4 +1,5 @@
-"""The kernels of a step: time of one GEMM, attention or element-wise kernel, and the host's share."""
+"""The kernels of a step: time of one GEMM, attention or element-wise kernel, and the host's share; and the
+step arithmetic both cost models share (the rows' attention sums, the max of compute and memory)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,45 @@ ACT_BYTES = 2  # activations are 16-bit
 # Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
 # the KV-cache write.
 ELEMENTWISE_KERNELS = 5
+
+
+# Per-layer sums of a step's rows: (pairs and KV tokens read on a full-attention layer, the same on a
+# sliding-window layer, prefill query tokens).
+LayerSums = tuple[float, float, float, float, float]
+
+
+def step_arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A step's rows as ndarrays: given ones as they are (no copy), other sequences converted once."""
+    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
+    q = context if isinstance(context, np.ndarray) else np.asarray(context)
+    if c.shape != q.shape:
+        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
+    return c, q
+
+
+def layer_sums(c: np.ndarray, q: np.ndarray, tokens: float, sliding: bool, window: float) -> LayerSums:
+    """Per-layer attention sums of rows computing c new tokens on q cached ones (`tokens` = Σc). A row adds
+    c·q + c(c+1)/2 (query, key) pairs, so full layers need only Σc·q and Σc²; a `sliding` layer of `window`
+    tokens differs only where a row reaches past the window."""
+    cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
+    pairs = cq + 0.5 * (cc + tokens)
+    ctx = float(q.sum())
+    queries = tokens - float(np.count_nonzero(c == 1))
+    if not sliding or float((q + c).max()) <= window:
+        return pairs, ctx, pairs, ctx, queries
+    w = window
+    end, start = (q + c).astype(np.float64), q.astype(np.float64)
+    s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
+    s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
+    return pairs, ctx, float((s_end - s_start).sum()), float(np.minimum(start, w).sum()), queries
+
+
+def totals_layer_sums(tokens: int, ones: int, cq: int, cc: int, ctx: int) -> LayerSums:
+    """`layer_sums` from the rows' integer sums (no row reaching a sliding window): Σc, #(c == 1), Σc·q, Σc²
+    and Σq."""
+    pairs = float(cq) + 0.5 * (float(cc) + float(tokens))
+    c = float(ctx)
+    return pairs, c, pairs, c, float(tokens) - float(ones)
 
 
 def kernel_seconds(flops, nbytes, flops_per_s, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]

@@ -4,7 +4,9 @@ Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwi
 (GEMMs and paged attention are separate kernels with different achieved bandwidth).
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
-(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`.
+(prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
+attention sums, the ring bytes and the max of compute and memory are the kernel model's own definitions
+(`sim.cost.kernels`, `sim.cost.allreduce`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs, matmul_rate
 from sim.config.calibration import Calibration
+from sim.cost.allreduce import ring_bytes
+from sim.cost.kernels import ACT_BYTES, LayerSums, kernel_seconds, layer_sums, step_arrays, totals_layer_sums
 from sim.io.errors import SimError
-
-ACT_BYTES = 2  # activations exchanged by the all-reduce are 16-bit
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def roofline_seconds(  # type: ignore[no-untyped-def]
     memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
     extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
     extra = overhead_seconds(cal, layers, vocab, rows, extra)
-    return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+    return kernel_seconds(compute, memory, 1.0, 1.0, extra), compute > memory
 
 
 def overhead_seconds(cal, layers, vocab, rows, base=0.0):  # type: ignore[no-untyped-def]
@@ -108,6 +110,7 @@ class CostModel:
         self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
         self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
         self.full_layers = m.num_layers - m.num_sliding_layers
+        self.sliding_layers = m.num_sliding_layers
         self.window = float(m.sliding_window or 0)
         self.lin_flops_tok = m.linear_flops_per_token / tp
         self.head_flops_row = m.lm_head_flops / tp
@@ -123,7 +126,7 @@ class CostModel:
             self.attn_cost_pair *= attn_k
         self.hbm = gpu.hbm_bandwidth
         self.allreduces = 2 * m.num_layers if tp > 1 else 0
-        ring = 2.0 * (tp - 1) / tp * m.hidden_size * ACT_BYTES
+        ring = ring_bytes(m.hidden_size * ACT_BYTES, tp)
         self.ring_s_per_token = self.allreduces * ring / gpu.interconnect_bandwidth  # at allreduce_eff = 1
 
     def _weights(self, tokens: float) -> tuple[float, float]:
@@ -132,27 +135,20 @@ class CostModel:
         return self.static_weight_bytes + m.num_moe_layers * touched * self.expert_bytes_per_layer, touched
 
     def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
-        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens).
-
-        Full layers: a row adds c·q + c(c+1)/2 pairs, so the sums need only c·q and c·c.
-        """
+        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens)."""
         tokens = float(c.sum())
-        cq, cc = float(np.dot(c, q)), float(np.dot(c, c))
-        pairs = self.full_layers * (cq + 0.5 * (cc + tokens))
-        kv_tokens = self.full_layers * float(q.sum())
-        prefill = tokens - float(np.count_nonzero(c == 1))
-        ns = self.model.num_sliding_layers
-        if ns and float((q + c).max()) <= self.window:  # no row reaches the window
-            pairs += ns * (cq + 0.5 * (cc + tokens))
-            kv_tokens += ns * float(q.sum())
-        elif ns:
-            w = self.window
-            end, start = (q + c).astype(np.float64), q.astype(np.float64)
-            s_end = np.where(end <= w, end * (end + 1) * 0.5, w * (w + 1) * 0.5 + (end - w) * w)
-            s_start = np.where(start <= w, start * (start + 1) * 0.5, w * (w + 1) * 0.5 + (start - w) * w)
-            pairs += ns * float((s_end - s_start).sum())
-            kv_tokens += ns * float(np.minimum(start, w).sum())
-        return tokens, pairs, kv_tokens, prefill
+        sums = layer_sums(c, q, tokens, bool(self.model.num_sliding_layers), self.window)
+        return (tokens, *self._over_layers(sums))
+
+    def _over_layers(self, sums: LayerSums) -> tuple[float, float, float]:
+        """(pairs, KV tokens read, prefill tokens) over the layers, from the per-layer sums."""
+        pairs, ctx, s_pairs, s_ctx, queries = sums
+        pairs_all, kv_tokens = self.full_layers * pairs, self.full_layers * ctx
+        ns = self.sliding_layers
+        if ns:
+            pairs_all += ns * s_pairs
+            kv_tokens += ns * s_ctx
+        return pairs_all, kv_tokens, queries
 
     def _seconds(
         self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
@@ -171,7 +167,7 @@ class CostModel:
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """Full breakdown of one step."""
-        c, q = _arrays(new_tokens, context)
+        c, q = step_arrays(new_tokens, context)
         rows = int(c.size)
         tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
         if tokens <= 0:
@@ -218,7 +214,7 @@ class CostModel:
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         """(seconds, compute_bound) of one step: the engine's fast path, same seconds as `step`."""
-        c, q = _arrays(new_tokens, context)
+        c, q = step_arrays(new_tokens, context)
         if c.size == 0:
             return 0.0, False
         tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
@@ -233,25 +229,9 @@ class CostModel:
         over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
         window may be reached: then only the per-row arrays give the answer.
         """
-        ns = self.model.num_sliding_layers
-        if ns and max_end > self.window:
+        if self.sliding_layers and max_end > self.window:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
-        t = float(tokens)
-        q = float(cq) + 0.5 * (float(cc) + t)
-        pairs = self.full_layers * q
-        kv_tokens = self.full_layers * float(ctx)
-        if ns:  # the same sums as `_reduce`, in the same order: identical seconds
-            pairs += ns * q
-            kv_tokens += ns * float(ctx)
-        return self._seconds(t, pairs, kv_tokens, t - float(ones), rows)
-
-
-def _arrays(new_tokens: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Integer or float ndarrays as given (no copy); other sequences converted once."""
-    c = new_tokens if isinstance(new_tokens, np.ndarray) else np.asarray(new_tokens)
-    q = context if isinstance(context, np.ndarray) else np.asarray(context)
-    if c.shape != q.shape:
-        raise ValueError(f"new_tokens {c.shape} and context {q.shape} differ in shape")
-    return c, q
+        pairs, kv_tokens, prefill = self._over_layers(totals_layer_sums(tokens, ones, cq, cc, ctx))
+        return self._seconds(float(tokens), pairs, kv_tokens, prefill, rows)
