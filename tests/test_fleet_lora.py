@@ -139,14 +139,41 @@ def test_a_routing_sequence_worked_by_hand() -> None:
      9    0      0 (6)                    9    7     0
     10    0      0 (7): at the bound     10    7     1 (round robin)
     """
+    sent, out = _hand_worked(report_delay_s=0.0, arrival=0.0)
+    assert sent == HAND_WORKED
+    assert out.routed == [7, 4]
+    assert [m.outstanding for m in out.members] == [0, 0]
+    assert [len(m.adapters) for m in out.members] == [MAX_LORAS, MAX_LORAS]  # held none; slots full
+    assert math.ceil(1.25 * (10 + 1) / 2) == 7
+
+
+def test_delayed_reports_count_the_adapters_sent_since() -> None:
+    """With report_delay_s, a report is a snapshot (here the one at t = 0, with nothing held); the
+    router's own sends since add their adapters to it, so the sequence worked by hand routes alike."""
+    sent, out = _hand_worked(report_delay_s=10.0, arrival=1.0)
+    assert sent == HAND_WORKED
+    assert out.routed == [7, 4]
+
+
+HAND_WORKED = [0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 1]
+
+
+def _hand_worked(report_delay_s: float, arrival: float) -> tuple[list[int], Any]:
+    """Two replicas behind adapter_affinity with fallback round robin, eleven requests at one instant;
+    the replica each was sent to, and the fleet's output."""
     data = _scenario({"kind": "adapter_affinity", "fallback": "round_robin"}, replicas=2)
+    data["cluster"]["report_delay_s"] = report_delay_s
     scenario = validate_scenario(data, "t.toml")
     assert scenario.cluster is not None
     specs, _ = build_specs(scenario, scenario.cluster, "p", "t")
-    kind = load_all()["adapter_affinity"]
-    config = scenario._router_config
-    fleet = Fleet(specs, lambda n: kind.build(config, n, np.random.default_rng(0)), Horizon(drain=True))
-    adapters = [0, 1, 0, 1, 2, 0, 1, 0, 0, 0, 0]
+    kind, config = load_all()["adapter_affinity"], scenario._router_config
+    fleet = Fleet(
+        specs,
+        lambda n: kind.build(config, n, np.random.default_rng(0)),
+        Horizon(drain=True),
+        None,
+        report_delay_s,
+    )
     sent: list[int] = []
     route = fleet.entry_router.route
 
@@ -155,33 +182,10 @@ def test_a_routing_sequence_worked_by_hand() -> None:
         return sent[-1]
 
     fleet.entry_router.route = recording  # type: ignore[method-assign]
-    out = fleet.run(iter([_req(i, a) for i, a in enumerate(adapters)]))
-    assert sent == [0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 1]
-    assert out.routed == [7, 4]
-    assert [m.outstanding for m in out.members] == [0, 0]
-    assert all(len(m.adapters) == len(m.spec.lora.step_time.cache.gpu) for m in out.members)  # type: ignore[union-attr]
-    assert math.ceil(1.25 * (10 + 1) / 2) == 7
-
-
-def test_delayed_reports_count_the_adapters_sent_since() -> None:
-    """With report_delay_s, a report is a snapshot; the router's own sends add their adapters to it, so
-    the same hand-worked sequence routes alike."""
-    data = _scenario({"kind": "adapter_affinity", "fallback": "round_robin"}, replicas=2)
-    data["cluster"]["report_delay_s"] = 10.0
-    scenario = validate_scenario(data, "t.toml")
-    assert scenario.cluster is not None
-    specs, _ = build_specs(scenario, scenario.cluster, "p", "t")
-    kind = load_all()["adapter_affinity"]
-    config = scenario._router_config
-    fleet = Fleet(
-        specs, lambda n: kind.build(config, n, np.random.default_rng(0)), Horizon(drain=True), None, 10.0
-    )
-    adapters = [0, 1, 0, 1, 2, 0, 1, 0, 0, 0, 0]
-    reqs = [_req(i, a) for i, a in enumerate(adapters)]
-    for r in reqs:
-        r.arrival = 1.0  # after the first snapshot, at t = 0
-    out = fleet.run(iter(reqs))
-    assert out.routed == [7, 4]
+    requests = [_req(i, a) for i, a in enumerate([0, 1, 0, 1, 2, 0, 1, 0, 0, 0, 0])]
+    for req in requests:
+        req.arrival = arrival
+    return sent, fleet.run(iter(requests))
 
 
 @pytest.mark.parametrize(
