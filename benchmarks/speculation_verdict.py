@@ -10,6 +10,12 @@ and its k - 1 further passes (as sim/engine/speculative.py times them), and emit
 sampling parameters pays (a full-vocabulary sort per row and position).
 
     .venv/bin/python benchmarks/speculation_verdict.py --batch 1 128 --context 500 [--method ngram]
+
+Another target and proposer: `--model`, `--gpu`, `--tp`, `-k`, `--alpha`, and `--method eagle` with
+`--head-layers` and `--draft-vocab-size` (an EAGLE-3 head), e.g. EAGLE-3 on Llama-3.1-8B on one H100:
+
+    .venv/bin/python benchmarks/speculation_verdict.py --model llama-3.1-8b-instruct --tp 1 --method eagle \
+        --draft-vocab-size 32000 -k 6 --alpha 0.8 --batch 1
 """
 
 from __future__ import annotations
@@ -40,13 +46,21 @@ def verdict(
     method: str = "draft",
     alpha: float = 0.5,
     k: int = 4,
+    target: tuple[str, str, int] = ("llama-3.1-70b", "H100-SXM", 4),
+    head: tuple[int, int | None] = (1, None),
 ) -> float:
-    """Speculation's speed-up in tokens per second at `batch` rows of `context` tokens."""
-    cost = CostModel(load_model("llama-3.1-70b"), get_gpu("H100-SXM"), 4)
-    draft_model = (
-        {"draft_model": "qwama-0.5b-instruct", "draft_tensor_parallel_size": 1} if method == "draft" else {}
+    """Speculation's speed-up in tokens per second at `batch` rows of `context` tokens; `target`: model,
+    GPU and TP; `head`: an eagle head's layers and draft vocabulary."""
+    model, gpu, tp = target
+    cost = CostModel(load_model(model), get_gpu(gpu), tp)
+    proposer: dict[str, object] = {}
+    if method == "draft":
+        proposer = {"draft_model": "qwama-0.5b-instruct", "draft_tensor_parallel_size": 1}
+    elif method == "eagle":
+        proposer = {"head_layers": head[0], "draft_vocab_size": head[1]}
+    spec = SpeculativeConfig.model_validate(
+        {"method": method, "num_speculative_tokens": k, "acceptance_rate": alpha, **proposer}
     )
-    spec = SpeculativeConfig(method=method, num_speculative_tokens=k, acceptance_rate=alpha, **draft_model)
     drafter = build_drafter(spec, cost)
     ctx = np.full(batch, context, np.int64)
     ones = np.ones(batch, np.int64)
@@ -77,11 +91,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 128])
     ap.add_argument("--context", type=int, default=500)
-    ap.add_argument("--method", choices=["draft", "ngram"], default="draft")
+    ap.add_argument("--method", choices=["draft", "ngram", "eagle"], default="draft")
+    ap.add_argument("--model", default="llama-3.1-70b")
+    ap.add_argument("--gpu", default="H100-SXM")
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("-k", type=int, default=4, help="draft tokens per step")
+    ap.add_argument("--alpha", type=float, default=0.5, help="per-token acceptance")
+    ap.add_argument("--head-layers", type=int, default=1, help="eagle: the head's decoder layers")
+    ap.add_argument("--draft-vocab-size", type=int, default=None, help="eagle: an EAGLE-3 head's vocabulary")
     args = ap.parse_args()
+    target = (args.model, args.gpu, args.tp)
+    head = (args.head_layers, args.draft_vocab_size)
     for batch in args.batch:
         row = ", ".join(
-            f"{name} {verdict(batch, args.context, p, args.method):.2f}x" for name, p in SETTINGS.items()
+            f"{name} {verdict(batch, args.context, p, args.method, args.alpha, args.k, target, head):.2f}x"
+            for name, p in SETTINGS.items()
         )
         print(f"{args.method}, batch {batch}: {row}")
 

@@ -146,3 +146,18 @@ def test_checks_and_table_give_the_ratio_to_the_same_steps_floor() -> None:
         line for line in fleet.table(rows, floors, loops).splitlines() if line.startswith("vllm ")
     )
     assert vllm_line.split()[-2] == "0.25"  # x same: a quarter of its same-steps floor's requests per second
+
+
+def test_speculation_verdict_keeps_its_defaults_and_takes_an_eagle3_head() -> None:
+    """The default target (Llama-3.1-70B on 4 x H100, the Qwama draft, k = 4, alpha = 0.5) as before, and
+    EAGLE-3 on Llama-3.1-8B (docs/speculative.md): its reduced LM head pays, and a tree's acceptance length
+    given to a chain lifts the speed-up well past the chain's."""
+    module = _load("speculation_verdict")
+    verdict, greedy = module.verdict, module.SETTINGS["greedy"]
+    assert verdict(1, 500, None) == verdict(1, 500, None, "draft", 0.5, 4, ("llama-3.1-70b", "H100-SXM", 4))
+    target = ("llama-3.1-8b-instruct", "H100-SXM", 1)
+    eagle3 = verdict(1, 500, greedy, "eagle", 0.755, 4, target, (1, 32000))
+    full_head = verdict(1, 500, greedy, "eagle", 0.755, 4, target, (1, None))
+    tree_length = verdict(1, 500, greedy, "eagle", 0.922, 7, target, (1, 32000))
+    assert 1.0 < full_head < eagle3 < (1 - 0.755**5) / (1 - 0.755)  # below its tokens per step
+    assert tree_length > 1.5 * eagle3

@@ -143,4 +143,40 @@ def test_keys_not_given_stay_out_of_the_manifest() -> None:
     """A run without the per-position, match-rate and draft-vocabulary keys dumps its table as before."""
     dump = SpeculativeConfig(method="ngram", num_speculative_tokens=2, acceptance_rate=0.5).model_dump()
     assert not {"ngram_match_rate", "draft_vocab_size", "acceptance_per_position", "acceptance_decay",
-                "accepted_per_position", "num_drafts"} & set(dump)  # fmt: skip
+                "accepted_per_position", "num_drafts", "acceptance_half_life"} & set(dump)  # fmt: skip
+
+
+def _along_a_response(alpha: float, k: int, half_life: float, length: int) -> tuple[float, float]:
+    """Expected accepted drafts and rejections (steps stopped short) over one response of `length`
+    tokens, each verification after g tokens accepting every draft i with probability alpha x
+    2^(-g / half_life) given the ones before it: worked step by step, from the first token (the prefill's)."""
+    accepted, stops = [0.0] * (length + 1), [0.0] * (length + 1)
+    for g in range(length - 1, 0, -1):
+        p = alpha * 0.5 ** (g / half_life)
+        for a in range(k + 1):
+            prob = p**a * (1 - p) if a < k else p**k
+            nxt = min(g + a + 1, length)
+            accepted[g] += prob * (a + accepted[nxt])
+            stops[g] += prob * ((a < k) + stops[nxt])
+    return accepted[1], stops[1]
+
+
+def test_acceptance_falls_along_a_response_by_its_half_life() -> None:
+    """alpha 0.9 halving every 200 tokens of a 400-token response: the measured per-token acceptance is
+    the one the step-by-step expectation gives (0.48), not the configured 0.9."""
+    steady = _spec(acceptance_rate=0.9)
+    falling = _spec(acceptance_rate=0.9, acceptance_half_life=200.0)
+    assert steady["per_token_acceptance"] == pytest.approx(0.9, abs=0.01)
+    accepted, stops = _along_a_response(0.9, 4, 200.0, 400)
+    assert falling["per_token_acceptance"] == pytest.approx(accepted / (accepted + stops), abs=0.015)
+    assert falling["accepted_tokens"] / 20 == pytest.approx(accepted, rel=0.03)
+    assert falling["expected_tokens_per_step"] is None and falling["acceptance_half_life"] == 200.0
+    assert "acceptance_half_life" not in steady
+    # per draft position too: every alpha_i times the same factor
+    positions = SpeculativeConfig(
+        method="ngram", num_speculative_tokens=2, acceptance_per_position=[0.8, 0.5], acceptance_half_life=100
+    )
+    assert positions.along_response(100) == pytest.approx(0.5)
+    cumulative = (0.8, 0.4)
+    assert accepted_positions(0.39, cumulative, 2, 0.5) == 1  # 0.39 < 0.8 x 0.5, not < 0.4 x 0.25
+    assert accepted_positions(0.09, cumulative, 2, 0.5) == 2

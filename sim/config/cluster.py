@@ -2,6 +2,7 @@
 
     [cluster]
     router = { kind = "power_of_two", choices = 2 }   # or just router = "round_robin" (the default)
+    # with LoRA: router = { kind = "adapter_affinity", load_factor = 1.25, fallback = "least_outstanding" }
     report_delay_s = 0.0      # replicas report queue length and KV use this often (0: always current)
     link = "infiniband-ndr"   # prefill -> decode KV transfers (sim/catalog/links.toml)
 
@@ -129,6 +130,20 @@ class AffinityConfig(BaseModel):
     virtual_nodes: int = Field(64, ge=1, le=4096, description="Ring points per replica.")
 
 
+# The routers an adapter-affinity router may fall back on (each with its default knobs).
+Fallback = Literal["round_robin", "random", "least_outstanding", "power_of_two", "least_kv"]
+
+
+class AdapterAffinityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    load_factor: float = Field(
+        1.25, ge=1.0, le=100.0, description="Bound on a replica's load, as a multiple of the mean."
+    )
+    fallback: Fallback = Field(
+        "least_outstanding", description="Router for a request no replica under the bound has the adapter of."
+    )
+
+
 # The knobs of each router, by name (`cluster.router = { kind = NAME, ... }`); the routers: sim.fleet.routers.
 ROUTERS: dict[str, type[BaseModel]] = {
     "round_robin": _NoKnobs,
@@ -137,4 +152,5 @@ ROUTERS: dict[str, type[BaseModel]] = {
     "power_of_two": PowerConfig,
     "least_kv": _NoKnobs,
     "prefix_affinity": AffinityConfig,
+    "adapter_affinity": AdapterAffinityConfig,
 }

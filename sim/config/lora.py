@@ -108,7 +108,8 @@ class LoraConfig(_Config):
 
 def check_lora(scenario: Any, configs: dict[str, BaseModel], source: str) -> None:
     """A workload that names adapters needs LoRA on every policy (vLLM refuses a LoRA request without
-    --enable-lora), within the slots' rank; LoRA is modelled for single replicas of the vllm policies."""
+    --enable-lora), within the slots' rank; LoRA is modelled for the vllm policies, on one replica or in a
+    colocated fleet whose groups all serve adapters or none."""
     wl: LoraWorkload | None = scenario.workload.lora
     for name, config in configs.items():
         lora = getattr(config, "lora", None)
@@ -124,10 +125,33 @@ def check_lora(scenario: Any, configs: dict[str, BaseModel], source: str) -> Non
                 f"{source}: policies.{name}.lora.max_lora_rank: {lora.max_lora_rank} is below the adapters' "
                 f"rank {max(wl.ranks)} (workload.lora.rank)"
             )
-        if lora is not None and scenario.cluster is not None:
-            raise SimError(f"{source}: policies.{name}.lora: LoRA is not modelled with [cluster]")
+        if lora is not None and scenario.cluster is not None and scenario.cluster.disaggregated:
+            raise SimError(
+                f"{source}: policies.{name}.lora: LoRA is modelled in colocated fleets (groups of role "
+                f"'both'), not with prefill/decode groups"
+            )
         if lora is not None and lora.host_link is not None and lora.host_link not in link_names():
             raise SimError(
                 f"{source}: policies.{name}.lora.host_link: unknown link {lora.host_link[:40]!r} "
                 f"(one of {', '.join(link_names())})"
+            )
+    if scenario.cluster is not None:
+        _check_fleet_groups(scenario, configs, source)
+
+
+def _check_fleet_groups(scenario: Any, configs: dict[str, BaseModel], source: str) -> None:
+    """In a fleet, the groups a policy runs either all serve LoRA or none does: the replicas' records are
+    one frame, with or without the LoRA columns."""
+    for name in configs:
+        served = [
+            (i, getattr(configs[g.policy or name], "lora", None) is not None)
+            for i, g in enumerate(scenario.cluster.groups)
+        ]
+        if len({s for _, s in served}) > 1:
+            i = next(i for i, s in served if s != served[0][1])
+            group = scenario.cluster.groups[i]
+            raise SimError(
+                f"{source}: cluster.groups[{i}].policy: policy {group.policy or name!r} "
+                f"{'serves' if served[i][1] else 'does not serve'} LoRA adapters and group 0's does"
+                f"{'' if served[0][1] else ' not'}; every group of a fleet serves adapters, or none does"
             )

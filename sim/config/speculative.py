@@ -83,6 +83,13 @@ class SpeculativeConfig(BaseModel):
     num_drafts: int | None = Field(
         None, ge=1, le=2**53, exclude_if=_unset, description="vLLM's spec_decode_num_drafts count."
     )
+    acceptance_half_life: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e9,
+        exclude_if=_unset,
+        description="Output tokens over which acceptance halves along a response (default: no fall).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeConfig:
@@ -158,6 +165,12 @@ class SpeculativeConfig(BaseModel):
                 f"at most num_drafts ({drafts}): a draft at position i is accepted only after the ones before"
             )
         return [n / b if b else 0.0 for n, b in zip(counts, before, strict=False)]
+
+    def along_response(self, generated: int) -> float:
+        """The factor on every alpha_i of a verification after `generated` output tokens: 2^(-generated /
+        acceptance_half_life), 1 without a half-life."""
+        half = self.acceptance_half_life
+        return 1.0 if half is None else 0.5 ** (generated / half)
 
     def position_rates(self) -> list[float] | None:
         """alpha_i of each draft position (None: one alpha at every position, as `acceptance_rate`)."""

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from sim.engine.lora import LoraRun, LoraStepTime
+from sim.records.columns import CHUNK_ROWS
 from sim.records.recorder import Recorder
 from sim.records.sinks import RecordSink
 
@@ -24,11 +25,13 @@ class LoraRecorder(Recorder):
 
     EXTRA_COLUMNS = ("adapter",)
 
-    def __init__(self, timer: LoraStepTime, sink: RecordSink | None = None) -> None:
+    def __init__(
+        self, timer: LoraStepTime, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS
+    ) -> None:
         self._timer = timer
         self._lora_ints = array("q")
         self._lora_load = array("d")
-        super().__init__(sink)
+        super().__init__(sink, chunk_rows)
 
     def _request_extras(self, req: Any) -> tuple[int, ...]:
         return (req.adapter,)

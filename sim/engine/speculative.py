@@ -4,9 +4,11 @@ sim/cost/draft.py).
 
 A decoding sequence carries k draft tokens (`num_speculative_tokens`); the target verifies them in one step
 that computes 1 + k tokens for it. Draft token i is accepted with probability alpha independently of the
-others, and verification stops at the first rejection, so the accepted count a in {0..k} has
-P(a >= i) = alpha^i; the step emits a + 1 tokens (the accepted drafts and the target's own token at the first
-rejected position). Its mean is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1).
+others (or alpha_i per position; each times 2^(-g / acceptance_half_life) after g output tokens, when
+acceptance falls along a response), and verification stops at the first rejection, so the accepted count
+a in {0..k} has P(a >= i) = alpha^i; the step emits a + 1 tokens (the accepted drafts and the target's own
+token at the first rejected position). Its mean is (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023,
+eq. 1).
 
 Who proposes the drafts sets their cost, added to the target's verification step:
 
@@ -55,11 +57,16 @@ def tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def accepted_positions(u: float, cumulative: tuple[float, ...], k: int) -> int:
+def accepted_positions(u: float, cumulative: tuple[float, ...], k: int, factor: float = 1.0) -> int:
     """Drafts accepted out of k when draft i is accepted with probability alpha_i given the ones before it:
-    the largest a <= k with u < alpha_1 x ... x alpha_a (`cumulative` holds those products)."""
+    the largest a <= k with u < alpha_1 x ... x alpha_a (`cumulative` holds those products); with
+    `factor` f, every alpha_i is f alpha_i, so the bound is f^a alpha_1 x ... x alpha_a."""
     a = 0
-    while a < k and u < cumulative[a]:
+    if factor == 1.0:
+        while a < k and u < cumulative[a]:
+            a += 1
+        return a
+    while a < k and u < cumulative[a] * factor ** (a + 1):
         a += 1
     return a
 
@@ -272,6 +279,8 @@ class SpecRecorder(Recorder):
 
 def _expected_tokens(config: SpeculativeConfig) -> float | None:
     """Tokens a verification emits on average, from the configured acceptance (None when drawn)."""
+    if config.acceptance_half_life is not None:  # alpha falls along each response: no closed form
+        return None
     rates = config.position_rates()
     if rates is not None:
         match = 1.0 if config.ngram_match_rate is None else config.ngram_match_rate
@@ -291,7 +300,11 @@ def spec_summary(
     """The summary's `speculative` block."""
     steps, drafted, accepted, stops = counts.steps, counts.drafted, counts.accepted, counts.rejections
     busy = timing.target_s + timing.draft_s
+    falling = (
+        {} if config.acceptance_half_life is None else {"acceptance_half_life": config.acceptance_half_life}
+    )
     return {
+        **falling,
         "method": config.method,
         "proposer": drafter.name,
         "num_speculative_tokens": config.num_speculative_tokens,

@@ -15,8 +15,9 @@ the transfer ends: TTFT includes the transfer. A one-token request ends at its p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -25,9 +26,11 @@ import simpy
 from sim.catalog.links import Link
 from sim.core.request import Request
 from sim.core.step import StepPlan
+from sim.engine.lora import LoraRun
+from sim.engine.lora_records import LoraRecorder
 from sim.engine.replica import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
 from sim.engine.schedulers.base import Scheduler
-from sim.fleet.routing import ReplicaReport, Router, Snapshot
+from sim.fleet.routing import NO_ADAPTERS, ReplicaReport, Router, Snapshot
 from sim.records.columns import CHUNK_ROWS, FINISHED, IN_FLIGHT
 from sim.records.overload import requests_backlog_trend
 from sim.records.recorder import Recorder
@@ -47,6 +50,10 @@ class FleetRecorder(Recorder):
         super().step(start, duration, plan, compute_bound, waiting)
         kv = plan.kv
         self.kv_fraction = kv.allocated / kv.capacity if kv.capacity else 0.0
+
+
+class LoraFleetRecorder(LoraRecorder, FleetRecorder):
+    """A LoRA replica's recorder (its adapter columns) that also keeps its latest KV share."""
 
 
 class PrefillRecorder(FleetRecorder):
@@ -78,6 +85,39 @@ class ReplicaSpec:
     scheduler: Scheduler
     step_time: StepTime
     kv_bytes_per_token: int = 0  # per GPU (prefill replicas: what a transfer moves per prompt token)
+    lora: LoraRun | None = None  # its LoRA parts (its own adapter cache, and `step_time` is their timer)
+
+
+class ReplicaAdapters:
+    """A LoRA replica's adapters as its report shows them: those in its GPU slots, and those the requests
+    it holds name (`held`: adapter -> requests), which it loads when it runs them."""
+
+    __slots__ = ("held", "slots")
+
+    def __init__(self, slots: Collection[int]) -> None:
+        self.held: dict[int, int] = {}
+        self.slots = slots  # the live GPU slots of its adapter cache (`LoraCache.gpu`)
+
+    def __contains__(self, adapter: object) -> bool:
+        return adapter in self.held or adapter in self.slots
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self.held.keys() | set(self.slots)))
+
+    def __len__(self) -> int:
+        return len(self.held.keys() | set(self.slots))
+
+    def add(self, adapter: int) -> None:
+        if adapter >= 0:
+            self.held[adapter] = self.held.get(adapter, 0) + 1
+
+    def remove(self, adapter: int) -> None:
+        if adapter >= 0:
+            left = self.held[adapter] - 1
+            if left:
+                self.held[adapter] = left
+            else:
+                del self.held[adapter]
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +129,7 @@ class Member:
     replica: Replica
     recorder: FleetRecorder
     inbound: int = 0  # transfers on their way to it
+    lora_adapters: ReplicaAdapters | None = None  # serving LoRA: the adapters it has or will load
 
     @property
     def outstanding(self) -> int:
@@ -101,6 +142,10 @@ class Member:
     @property
     def kv_fraction(self) -> float:
         return self.recorder.kv_fraction
+
+    @property
+    def adapters(self) -> Collection[int]:
+        return NO_ADAPTERS if self.lora_adapters is None else self.lora_adapters
 
 
 @dataclass(slots=True)
@@ -147,14 +192,19 @@ class Fleet:
         chunk = max(MIN_CHUNK_ROWS, CHUNK_ROWS // max(len(specs), 1))
         for i, spec in enumerate(specs):
             sink = sink_for(spec.name) if sink_for is not None else None
-            rec = (
-                PrefillRecorder(self.lengths, sink, chunk)
-                if spec.role == "prefill"
-                else FleetRecorder(sink, chunk)
-            )
+            rec: FleetRecorder
+            if spec.role == "prefill":
+                rec = PrefillRecorder(self.lengths, sink, chunk)
+            elif spec.lora is not None:
+                rec = LoraFleetRecorder(spec.lora.step_time, sink, chunk)
+            else:
+                rec = FleetRecorder(sink, chunk)
             replica = Replica(env, spec.scheduler, spec.step_time, rec)
             replica.max_waiting = horizon.max_waiting
-            self.members.append(Member(i, spec, replica, rec))
+            member = Member(i, spec, replica, rec)
+            if spec.lora is not None:
+                member.lora_adapters = ReplicaAdapters(spec.lora.step_time.cache.gpu.keys())
+            self.members.append(member)
         self.entry = [m for m in self.members if m.spec.role in ("both", "prefill")]
         self.decode = [m for m in self.members if m.spec.role == "decode"]
         if self.decode and link is None:
@@ -172,6 +222,8 @@ class Fleet:
         self.users: ClosedLoopUsers | None = None
         for m in self.members:
             m.replica.on_finish = self._on_prefill if m.spec.role == "prefill" else self._on_end
+            if m.lora_adapters is not None:
+                m.replica.on_finish = self._lora_end(m.lora_adapters)
 
     # --- bookkeeping ------------------------------------------------------------------------------------
     def _check_done(self) -> None:
@@ -183,6 +235,15 @@ class Fleet:
         if self.users is not None:  # the user sends its next request after its think time
             self.users.ended(req)
         self._check_done()
+
+    def _lora_end(self, adapters: ReplicaAdapters) -> Callable[[Request], None]:
+        """A LoRA replica's end of a request: its adapter is one fewer request's, then `_on_end`."""
+
+        def ended(req: Request) -> None:
+            adapters.remove(req.adapter)
+            self._on_end(req)
+
+        return ended
 
     # --- closed-loop users (`engine.replica`'s, with the router between them and the replicas) ------------
     def _close_arrivals(self) -> None:
@@ -197,23 +258,29 @@ class Fleet:
         """Replicas report every `report_delay_s`: the router sees the latest reports, not live state."""
 
         def snap(ms: list[Member]) -> list[Snapshot]:
-            return [Snapshot(m.outstanding, m.waiting, m.kv_fraction) for m in ms]
+            return [Snapshot(m.outstanding, m.waiting, m.kv_fraction, _frozen(m.adapters)) for m in ms]
 
         while True:
             self.entry_reports, self.decode_reports = snap(self.entry), snap(self.decode)
             yield self.env.timeout(self.report_delay_s)
 
-    def _counted(self, member: Member, index: int) -> None:
-        """A delayed report does not see what was just sent: the router counts its own sends meanwhile."""
+    def _counted(self, member: Member, index: int, adapter: int = -1) -> None:
+        """A delayed report does not see what was just sent: the router counts its own sends meanwhile
+        (and, with LoRA, the adapters they name)."""
         reports = self.entry_reports if member.spec.role != "decode" else self.decode_reports
         if isinstance(reports, list) and reports and isinstance(reports[0], Snapshot):
-            reports[index].outstanding += 1  # type: ignore[misc]
+            snapshot = cast(Snapshot, reports[index])
+            snapshot.outstanding += 1
+            if adapter >= 0 and member.lora_adapters is not None and adapter not in snapshot.adapters:
+                snapshot.adapters = snapshot.adapters | {adapter}
 
     # --- arrivals ----------------------------------------------------------------------------------------
     def _dispatch(self, req: Request) -> None:
         i = self.entry_router.route(req, self.entry_reports)
         member = self.entry[i]
-        self._counted(member, i)
+        self._counted(member, i, req.adapter)
+        if member.lora_adapters is not None:
+            member.lora_adapters.add(req.adapter)
         self.routed[member.index] += 1
         self.pending += 1
         if member.spec.role == "prefill":
@@ -301,6 +368,10 @@ class Fleet:
             admitted.update(getattr(m.spec.scheduler, "admitted_at", {}))
         out = FleetOutput(self.members, end, False, self.handoffs, admitted, self.routed)
         return out
+
+
+def _frozen(adapters: Collection[int]) -> frozenset[int]:
+    return adapters if isinstance(adapters, frozenset) else frozenset(adapters)
 
 
 def fleet_overloaded(requests: pl.DataFrame | pl.LazyFrame, rate_steps: tuple[float, ...] = ()) -> bool:

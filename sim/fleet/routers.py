@@ -10,6 +10,10 @@
   of `virtual_nodes` points per replica, with bounded load (Mirrokni, Thorup and Zadimoghaddam, 2018):
   walk the ring from the key to the first replica whose outstanding count is below
   ceil(load_factor x (total + 1) / replicas).
+- `adapter_affinity` (LoRA): of the replicas below that same bound whose adapters (in GPU slots, or named
+  by requests they hold) include the request's, the one with fewest outstanding (ties: the lowest index);
+  when there is none, or the request names no adapter, the `fallback` router (least_outstanding by
+  default) picks among all replicas.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import bisect
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
 from sim.config.cluster import ROUTERS as KNOBS
-from sim.config.cluster import AffinityConfig, PowerConfig
+from sim.config.cluster import AdapterAffinityConfig, AffinityConfig, PowerConfig
 from sim.core.request import Request
 from sim.fleet.routing import ReplicaReport, RouterKind
 
@@ -91,6 +96,12 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def load_bound(reports: Sequence[ReplicaReport], load_factor: float) -> int:
+    """Bounded load: a replica takes a request while its outstanding count is below this."""
+    total = sum(r.outstanding for r in reports)
+    return math.ceil(load_factor * (total + 1) / len(reports))
+
+
 class PrefixAffinity:
     def __init__(self, config: AffinityConfig, n: int, rng: np.random.Generator) -> None:
         self.load_factor = config.load_factor
@@ -104,9 +115,7 @@ class PrefixAffinity:
         return f"group-{req.prefix_group}" if req.prefix_group >= 0 else f"request-{req.id}"
 
     def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
-        n = len(reports)
-        total = sum(r.outstanding for r in reports)
-        bound = math.ceil(self.load_factor * (total + 1) / n)
+        bound = load_bound(reports, self.load_factor)
         ring, owner = self.ring, self.owner
         start = bisect.bisect_left(ring, _hash64(self.key(req)))
         for k in range(len(ring)):
@@ -116,13 +125,33 @@ class PrefixAffinity:
         return owner[start % len(ring)]  # unreachable: some replica is below the mean
 
 
-BUILDERS = {
+class AdapterAffinity:
+    def __init__(self, config: AdapterAffinityConfig, n: int, rng: np.random.Generator) -> None:
+        self.load_factor = config.load_factor
+        self.fallback = BUILDERS[config.fallback](KNOBS[config.fallback](), n, rng)
+
+    def route(self, req: Request, reports: Sequence[ReplicaReport]) -> int:
+        adapter = req.adapter
+        if adapter >= 0:
+            bound = load_bound(reports, self.load_factor)
+            best, best_load = -1, bound
+            for i, report in enumerate(reports):
+                load = report.outstanding
+                if load < best_load and adapter in report.adapters:
+                    best, best_load = i, load
+            if best >= 0:
+                return best
+        return self.fallback.route(req, reports)  # type: ignore[no-any-return]
+
+
+BUILDERS: dict[str, Any] = {
     "round_robin": RoundRobin,
     "random": RandomRouter,
     "least_outstanding": LeastOutstanding,
     "power_of_two": PowerOfChoices,
     "least_kv": LeastKv,
     "prefix_affinity": PrefixAffinity,
+    "adapter_affinity": AdapterAffinity,
 }
 ROUTERS = {name: RouterKind(name, KNOBS[name], build) for name, build in BUILDERS.items()}
 

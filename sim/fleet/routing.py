@@ -6,8 +6,8 @@ The routers themselves, by name: `sim.fleet.routers`; their knobs: `sim.config.c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -18,7 +18,9 @@ from sim.core.request import Request
 
 class ReplicaReport(Protocol):
     """What a replica tells the router: requests it holds (queued, running or on their way to it), those
-    of them queued, and the share of its KV cache held, as of its latest report."""
+    of them queued, the share of its KV cache held, and, serving LoRA, its adapters (those in its GPU
+    slots and those the requests it holds name, which it loads when it runs them), as of its latest
+    report."""
 
     @property
     def outstanding(self) -> int: ...
@@ -29,6 +31,12 @@ class ReplicaReport(Protocol):
     @property
     def kv_fraction(self) -> float: ...
 
+    @property
+    def adapters(self) -> Collection[int]: ...
+
+
+NO_ADAPTERS: frozenset[int] = frozenset()
+
 
 @dataclass(slots=True)
 class Snapshot:
@@ -37,6 +45,7 @@ class Snapshot:
     outstanding: int = 0
     waiting: int = 0
     kv_fraction: float = 0.0
+    adapters: frozenset[int] = field(default=NO_ADAPTERS)
 
 
 class Router(Protocol):

@@ -4,7 +4,9 @@ Records: the requests and steps of every replica in one frame each, with a `repl
 that served the request: its decode replica under disaggregation); disaggregated runs add where each
 request spent its time (`prefill_replica`, `prefill_s`, `transfer_s`, `decode_wait_s`, `decode_s`). The
 summary is the single-replica summary over the whole fleet, plus `cluster` (groups, GPUs, router) and
-`replicas` (each replica's own summary).
+`replicas` (each replica's own summary). A fleet serving LoRA gives each replica its own adapter cache
+(sim/engine/lora.py); its records carry the LoRA columns and its summaries a `lora` block, the fleet's and
+each replica's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from sim.catalog.links import get_link
 from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
 from sim.core.request import Request
+from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.replica import build_cost_and_memory
+from sim.cost.roofline import CostModel
+from sim.engine.lora import LoraRun, setup_lora
+from sim.engine.lora_records import lora_summary
 from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import PagedDecode, decode_scheduler
@@ -68,6 +74,11 @@ def build_specs(
             raise SimError(str(err)) from None
         pname = group.policy or policy
         kind, config = scenario.policy(pname)
+        loras: list[LoraRun | None] = [None] * group.count
+        if getattr(config, "lora", None) is not None:  # each replica its own adapter cache
+            scen = group_scenario(scenario, group.gpu, group.tp)
+            loras, budget = _group_lora(scen, config, cost, budget, where, group.count)
+            info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
         scheds: list[Any] = []
         for _ in range(group.count):
             sched: Any = policies[kind].build(config, budget)
@@ -83,13 +94,35 @@ def build_specs(
             "policy": pname,
             "scheduler": shown,
         }
-        for r, sched in enumerate(scheds):
+        for r, (sched, lora) in enumerate(zip(scheds, loras, strict=True)):
+            step_time = cost.step_time if lora is None else lora.step_time
             specs.append(
                 ReplicaSpec(
-                    f"{gname}-{r}", gname, group.role, sched, cost.step_time, info["kv_bytes_per_token"]
+                    f"{gname}-{r}", gname, group.role, sched, step_time, info["kv_bytes_per_token"], lora
                 )
             )
     return specs, groups
+
+
+def _group_lora(
+    scenario: Scenario, config: Any, cost: CostModel, budget: KvBudget, where: str, count: int
+) -> tuple[list[LoraRun | None], KvBudget]:
+    """One group's LoRA parts, one per replica (each with its own GPU slots and host cache), and its
+    replicas' KV budget with the slots taken out (as `studies.run` does for one replica)."""
+    m = scenario.model
+    kv = replica_kv_memory(m, cost.model, cost.gpu, where)
+    runs: list[LoraRun | None] = []
+    for _ in range(count):
+        try:
+            run = setup_lora(cost.model, cost.gpu, m.tp, cost, kv, config.lora, scenario.workload.lora)[0]
+        except SimError as err:
+            raise SimError(f"{where}: model: {err}") from None
+        runs.append(run)
+    first = runs[0]
+    assert first is not None
+    if m.num_kv_blocks is None:  # the LoRA slots take KV memory
+        budget = KvBudget(first.blocks_with, budget.block_size, budget.max_model_len)
+    return runs, budget
 
 
 def simulate_fleet(
@@ -268,6 +301,8 @@ def fleet_summary(
             r_req = requests.filter(pl.col("replica") == rname)
             r_steps = steps.filter(pl.col("replica") == rname)
             s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
+        if m.spec.lora is not None:  # its own adapter cache's loads
+            s["lora"] = lora_summary(m.spec.lora, steps.head(0) if _idle(out, m) else r_steps)
         per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}
     summary["cluster"] = {
         "router": name,
@@ -279,4 +314,7 @@ def fleet_summary(
         "groups": groups,
     }
     summary["replicas"] = per
+    first = out.members[0].spec.lora
+    if first is not None:  # the fleet's loads over every replica; slot and KV figures: the first group's
+        summary["lora"] = lora_summary(first, steps)
     return summary

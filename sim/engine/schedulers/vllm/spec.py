@@ -41,6 +41,7 @@ class SpeculativeScheduler(VllmScheduler):
         self._streams: dict[int, random.Random] = {}
         self._matches: dict[int, random.Random] = {}  # sid -> its n-gram match draws (ngram_match_rate)
         self._emitted_by_decodes = 0
+        self.falls = spec.acceptance_half_life is not None  # acceptance falls along a response
 
     def drafts_scheduled(self) -> int:
         """Draft tokens the latest scheduled step verifies."""
@@ -105,10 +106,11 @@ class SpeculativeScheduler(VllmScheduler):
             k = drafts.get(seq.sid)
             if k:  # a verification: draw the accepted drafts, give back the rejected ones' slots
                 u, cumulative = self._stream(seq).random(), self.acceptance.cumulative
+                fall = self.spec.along_response(seq.num_generated) if self.falls else 1.0
                 if cumulative is None:
-                    a = accepted_drafts(u, self.acceptance.alpha(req.id), k)
+                    a = accepted_drafts(u, self.acceptance.alpha(req.id) * fall, k)
                 else:
-                    a = accepted_positions(u, cumulative, k)
+                    a = accepted_positions(u, cumulative, k, fall)
                 self.counts.add(req.id, k, a)
                 seq.num_computed -= k - a
                 self._sync(seq)
