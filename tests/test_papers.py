@@ -14,16 +14,23 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.config.papers import Cell, load_paper
 from sim.io.errors import SimError
-from sim.studies.papers import judge, run_papers, unexpected
+from sim.studies.papers import judge, run_comparison, unexpected
 
 PAPERS = Path(__file__).parent.parent / "scenarios" / "papers"
 
 
-SCHEMA = {"policy": pl.String, "rate": pl.Float64, "mean_batch_size": pl.Float64}
+SCHEMA = {"policy": pl.String, "rate": pl.Float64, "mean_batch_size": pl.Float64, "e2e_p50": pl.Float64}
 
 
-def fake_sweep(caps: dict[str, float | None], batches: dict[str, float] | None = None) -> Any:
-    rows = [{"policy": p, "rate": 2.0, "mean_batch_size": b} for p, b in (batches or {}).items()]
+def fake_sweep(
+    caps: dict[str, float | None],
+    batches: dict[str, float] | None = None,
+    e2e: dict[str, float] | None = None,
+) -> Any:
+    rows = [
+        {"policy": p, "rate": 2.0, "mean_batch_size": b, "e2e_p50": (e2e or {}).get(p)}
+        for p, b in (batches or {}).items()
+    ]
     return SimpleNamespace(
         capacity={"capacities": [{"policy": p, "params": {}, "capacity": c} for p, c in caps.items()]},
         points=pl.DataFrame(rows, schema=SCHEMA),
@@ -59,6 +66,24 @@ def test_a_batch_figure_is_read_at_its_rate() -> None:
         judge(batch.model_copy(update={"rate": 3.0}), fake_sweep({"a": 1.0}, {"a": 11.0}))
 
 
+def test_a_speedup_is_the_baseline_latency_over_the_faster_ones_at_its_rate() -> None:
+    speedup = cell(figure="speedup", policies=["base", "fast"], rate=2.0, low=1.5)
+    sweep = fake_sweep({}, {"base": 1.0, "fast": 1.0}, {"base": 3.0, "fast": 2.0})
+    verdict = judge(speedup, sweep)
+    assert verdict.passed and verdict.value == pytest.approx(1.5)
+    slower = judge(speedup.model_copy(update={"policies": ["fast", "base"]}), sweep)  # 0.67 < 1.5 × 0.75
+    assert not slower.passed and slower.value == pytest.approx(2 / 3)
+    with pytest.raises(SimError, match="the sweep has no policy 'other'"):
+        judge(speedup.model_copy(update={"policies": ["base", "other"]}), sweep)
+
+
+def test_a_speedup_needs_a_rate_and_a_known_metric() -> None:
+    with pytest.raises(ValueError, match="rate: speedup is read at one sweep rate"):
+        cell(figure="speedup", policies=["a", "b"], low=1.5)
+    with pytest.raises(ValueError, match="metric"):
+        cell(figure="speedup", policies=["a", "b"], low=1.5, rate=1.0, metric="latency")
+
+
 def test_bad_paper_files_say_where(tmp_path: Path) -> None:
     path = tmp_path / "x.paper.toml"
     path.write_text('scenario = "s.toml"\npaper = "p"\n[[cells]]\nname = "n"\nfigure = "batch_size"\n'
@@ -69,7 +94,7 @@ def test_bad_paper_files_say_where(tmp_path: Path) -> None:
 
 def test_vllm_paper_fig12_reduced_form(tmp_path: Path) -> None:
     """The reduced form CI runs: every cell matches or is a stated gap, and the ordering holds."""
-    (comparison,) = run_papers(PAPERS, tmp_path, jobs=1, quick=True)
+    comparison = run_comparison(PAPERS / "vllm-fig12.paper.toml", tmp_path / "vllm-fig12", 1, True, None)
     verdicts = {v.cell.name: v for v in comparison.verdicts}
     assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
     assert verdicts["capacity order"].passed
@@ -80,3 +105,13 @@ def test_vllm_paper_fig12_reduced_form(tmp_path: Path) -> None:
 def test_sim_papers_cli_refuses_a_folder_without_comparisons(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["papers", str(tmp_path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no *.paper.toml files" in result.output
+
+
+@pytest.mark.parametrize("name", ["vllm-spec-sharegpt", "vllm-spec-cnn"])
+def test_vllm_speculative_blog_reduced_form(tmp_path: Path, name: str) -> None:
+    """The blog's speed-ups at 1 req/s: no capacity cell, so no capacity search is run."""
+    comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
+    assert comparison.sweep.capacity is None
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    (verdict,) = comparison.verdicts
+    assert verdict.value is not None and verdict.value > 1.2
