@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.config.papers import Cell, load_paper
 from sim.io.errors import SimError
+from sim.report.papers_page import curve_frames, write_papers_page
 from sim.studies.papers import judge, run_comparison, unexpected
 
 PAPERS = Path(__file__).parent.parent / "scenarios" / "papers"
@@ -115,3 +116,17 @@ def test_vllm_speculative_blog_reduced_form(tmp_path: Path, name: str) -> None:
     assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
     (verdict,) = comparison.verdicts
     assert verdict.value is not None and verdict.value > 1.2
+
+
+def test_the_report_page_overlays_the_simulated_curve_on_the_published_point(tmp_path: Path) -> None:
+    comparison = run_comparison(PAPERS / "vllm-spec-sharegpt.paper.toml", tmp_path / "spec", 1, True, None)
+    curve, published = curve_frames(comparison, "speedup")
+    assert curve["rate"].to_list() == [1.0, 4.0, 8.0]
+    assert curve["series"].unique().to_list() == ["draft over vllm"]
+    assert published.to_dicts() == [
+        {"series": "draft over vllm", "rate": 1.0, "value": 1.5, "cell": comparison.verdicts[0].cell.name}
+    ]
+    assert curve.filter(pl.col("rate") == 1.0)["value"].item() == pytest.approx(comparison.verdicts[0].value)
+    page = write_papers_page([comparison], tmp_path, quick=True, png=False).read_text()
+    assert 'data-chart="c0-cells"' in page and 'data-chart="c0-speedup"' in page
+    assert "1 of 1 cells match the published figures." in page
