@@ -8,7 +8,8 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio, speedup
     policies = ["vllm", "orca-oracle"] # numerator, denominator (capacity_order: lowest first)
     # speedup: the first policy's latency over the second's at `rate` (policies = [baseline, faster]),
-    # the latency being `metric`'s `stat` (e2e p50 by default)
+    # the latency being `metric`'s `stat` (e2e p50 by default); attainment: one policy's share of finished
+    # requests within every [slo] bound at `rate`
     low = 1.7                          # the paper's value, or its range low..high
     high = 2.7
     tolerance = 0.25                   # the simulated value may be this share outside low..high
@@ -28,8 +29,9 @@ from sim.config.scenario import read_toml
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 
-Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup"]
-RATE_FIGURES = ("batch_size", "batch_ratio", "speedup")  # read at one sweep rate
+Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment"]
+RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment")  # read at one sweep rate
+SINGLE = ("batch_size", "attainment")  # one policy's figure
 
 
 class Cell(BaseModel):
@@ -48,7 +50,7 @@ class Cell(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> Cell:
-        wanted = {"capacity_order": None, "batch_size": 1}.get(self.figure, 2)
+        wanted = None if self.figure == "capacity_order" else 1 if self.figure in SINGLE else 2
         if wanted is not None and len(self.policies) != wanted:
             raise ValueError(f"policies: {self.figure} takes {wanted} (got {len(self.policies)})")
         if self.figure == "capacity_order":

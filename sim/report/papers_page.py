@@ -13,11 +13,15 @@ import polars as pl
 from sim.io.outputs import atomic_write, write_text
 from sim.report.charts import rate_axis
 from sim.report.page import Section, chart_png, chart_spec, render_page
-from sim.studies.papers import Comparison, as_rows, point_mean
+from sim.studies.papers import Comparison, as_rows, point_mean, rate_column
 
 PNG_DIR = "charts"
 
-CURVES = {"batch_size": "mean batch size (requests)", "speedup": "speed-up (baseline latency / policy's)"}
+CURVES = {
+    "batch_size": "mean batch size (requests)",
+    "speedup": "speed-up (baseline latency / policy's)",
+    "attainment": "SLO attainment (share of finished requests)",
+}
 
 
 def cell_rows(comparison: Comparison) -> list[dict[str, Any]]:
@@ -62,16 +66,18 @@ def curve_frames(comparison: Comparison, figure: str) -> tuple[pl.DataFrame, pl.
     published: list[dict[str, Any]] = []
     for cell in cells:
         assert cell.rate is not None and cell.low is not None
-        column = "mean_batch_size" if figure == "batch_size" else f"{cell.metric}_{cell.stat}"
-        series = cell.policies[0] if figure == "batch_size" else f"{cell.policies[1]} over {cell.policies[0]}"
+        column = rate_column(cell)
+        single = len(cell.policies) == 1
+        series = cell.policies[0] if single else f"{cell.policies[1]} over {cell.policies[0]}"
         swept = [set(points.filter(pl.col("policy") == p)["rate"].to_list()) for p in cell.policies]
         for rate in sorted(set.intersection(*swept)):  # the capacity search's rates are some policies' only
             values = [point_mean(comparison.sweep, p, rate, column) for p in cell.policies]
             if None in values or (figure == "speedup" and not values[1]):
                 continue
-            value = values[0] if figure == "batch_size" else values[0] / values[1]  # type: ignore[operator]
+            value = values[0] if single else values[0] / values[1]  # type: ignore[operator]
             curve.append({"series": series, "rate": rate, "value": value})
-        published.append({"series": series, "rate": cell.rate, "value": cell.low, "cell": cell.name})
+        for bound in sorted({cell.low, cell.high or cell.low}):  # a range: both of its ends
+            published.append({"series": series, "rate": cell.rate, "value": bound, "cell": cell.name})
     return pl.DataFrame(curve), pl.DataFrame(published)
 
 

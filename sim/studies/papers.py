@@ -19,10 +19,12 @@ import polars as pl
 from rich.console import Console
 
 from sim.config.papers import Cell, PaperFile, load_paper
+from sim.config.scenario import read_toml
 from sim.io.errors import SimError
 from sim.studies.sweep import SweepResult, run_sweep
 
-QUICK = ("horizon.duration_s=120", "sweep.capacity_steps=2")
+QUICK_DURATION_S = 120.0  # the quick form's horizon, for scenarios that run longer
+QUICK = ("sweep.capacity_steps=2",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +73,19 @@ def point_mean(sweep: SweepResult, policy: str, rate: float, column: str) -> flo
     return float(np.mean(values)) if values else None
 
 
+def rate_column(cell: Cell) -> str:
+    """The sweep column a figure read at one rate comes from."""
+    if cell.figure.startswith("batch"):
+        return "mean_batch_size"
+    return "slo_attainment" if cell.figure == "attainment" else f"{cell.metric}_{cell.stat}"
+
+
 def _rate_value(cell: Cell, sweep: SweepResult) -> float | None:
     assert cell.rate is not None
-    column = "mean_batch_size" if cell.figure.startswith("batch") else f"{cell.metric}_{cell.stat}"
-    figures = [point_mean(sweep, p, cell.rate, column) for p in cell.policies]
+    figures = [point_mean(sweep, p, cell.rate, rate_column(cell)) for p in cell.policies]
     if None in figures:
         return None
-    if cell.figure == "batch_size":
+    if len(figures) == 1:  # batch_size, attainment
         return figures[0]
     num, den = figures  # batch_ratio: the first's batch over the second's; speedup: baseline over faster
     return None if not den else num / den  # type: ignore[operator]
@@ -111,10 +119,19 @@ def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
     return Verdict(cell, value, f"{value:.3g}", ratio, tol, ok)
 
 
+def quick_overrides(scenario: Path) -> tuple[str, ...]:
+    """The reduced form's `--set`s: fewer bisection rounds, and a horizon cut to 120 s where it is longer."""
+    duration = read_toml(scenario).get("horizon", {}).get("duration_s")
+    shorter = () if isinstance(duration, int | float) and duration <= QUICK_DURATION_S else (
+        f"horizon.duration_s={QUICK_DURATION_S:g}",
+    )  # fmt: skip
+    return QUICK + shorter
+
+
 def run_comparison(path: Path, out: Path, jobs: int, quick: bool, console: Console | None) -> Comparison:
     paper = load_paper(path)
     scenario = path.parent / paper.scenario
-    overrides = QUICK if quick else ()
+    overrides = quick_overrides(scenario) if quick else ()
     sweep = run_sweep(
         scenario, overrides, jobs, force=True, find_capacity=paper.needs_capacity(), out=out, console=console
     )
