@@ -331,7 +331,8 @@ def papers(
     out: Path | None = out_option("Output folder (default: reports/papers)."),
 ) -> None:
     """Reproduce the published comparisons: per cell the paper's figure, the simulator's, the ratio, the
-    tolerance; exits 1 when a cell misses without a stated reason (docs/papers.md)."""
+    tolerance, and a page (OUT/index.html) of the simulated curves over the published points; exits 1 when a
+    cell misses without a stated reason (docs/papers.md)."""
     from sim.io.outputs import exit_on_terminate
     from sim.report.papers import print_papers
     from sim.report.papers_page import write_papers_page
