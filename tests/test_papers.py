@@ -162,3 +162,14 @@ def test_distserve_measured_runs_reduced_form(tmp_path: Path, name: str) -> None
         assert all(v.passed for v in comparison.verdicts)
         values = [v.value for v in comparison.verdicts]  # attainment falls as the rate grows
         assert values == sorted(values, reverse=True) and values[-1] < 0.95  # type: ignore[type-var]
+
+
+def test_sarathi_serve_mistral_strict_reduced_form(tmp_path: Path) -> None:
+    """Sarathi-Serve's capacity is above vLLM's under the paper's rule (P99 TBT and median delay)."""
+    name = "sarathi-mistral7b-strict"
+    comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    verdicts = {v.cell.name: v for v in comparison.verdicts}
+    assert verdicts["capacity order"].passed
+    assert comparison.sweep.capacity is not None
+    assert "p99 itl ≤ 0.1 s" in comparison.sweep.capacity["criterion"]
