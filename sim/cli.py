@@ -331,14 +331,19 @@ def papers(
     out: Path | None = out_option("Output folder (default: reports/papers)."),
 ) -> None:
     """Reproduce the published comparisons: per cell the paper's figure, the simulator's, the ratio, the
-    tolerance; exits 1 when a cell misses without a stated reason (docs/papers.md)."""
+    tolerance, and a page (OUT/index.html) of the simulated curves over the published points; exits 1 when a
+    cell misses without a stated reason (docs/papers.md)."""
     from sim.io.outputs import exit_on_terminate
     from sim.report.papers import print_papers
+    from sim.report.papers_page import write_papers_page
     from sim.studies.papers import run_papers, unexpected
 
+    out = out or Path("reports/papers")
     with exit_on_terminate():
-        comparisons = run_papers(folder, out or Path("reports/papers"), jobs, quick)
+        comparisons = run_papers(folder, out, jobs, quick)
+        page = write_papers_page(comparisons, out, quick)
     print_papers(comparisons)
+    typer.echo(f"report page: {page}")
     if unexpected(comparisons):
         raise typer.Exit(1)
 

@@ -14,16 +14,28 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.config.papers import Cell, load_paper
 from sim.io.errors import SimError
-from sim.studies.papers import judge, run_papers, unexpected
+from sim.report.papers_page import curve_frames, write_papers_page
+from sim.studies.papers import judge, quick_overrides, run_comparison, unexpected
 
 PAPERS = Path(__file__).parent.parent / "scenarios" / "papers"
 
 
-SCHEMA = {"policy": pl.String, "rate": pl.Float64, "mean_batch_size": pl.Float64}
+SCHEMA = {
+    "policy": pl.String, "rate": pl.Float64, "mean_batch_size": pl.Float64, "e2e_p50": pl.Float64,
+    "slo_attainment": pl.Float64,
+}  # fmt: skip
 
 
-def fake_sweep(caps: dict[str, float | None], batches: dict[str, float] | None = None) -> Any:
-    rows = [{"policy": p, "rate": 2.0, "mean_batch_size": b} for p, b in (batches or {}).items()]
+def fake_sweep(
+    caps: dict[str, float | None],
+    batches: dict[str, float] | None = None,
+    e2e: dict[str, float] | None = None,
+) -> Any:
+    rows = [  # each policy's attainment is its batch over 10
+        {"policy": p, "rate": 2.0, "mean_batch_size": b, "e2e_p50": (e2e or {}).get(p),
+         "slo_attainment": b / 10}
+        for p, b in (batches or {}).items()
+    ]  # fmt: skip
     return SimpleNamespace(
         capacity={"capacities": [{"policy": p, "params": {}, "capacity": c} for p, c in caps.items()]},
         points=pl.DataFrame(rows, schema=SCHEMA),
@@ -59,6 +71,41 @@ def test_a_batch_figure_is_read_at_its_rate() -> None:
         judge(batch.model_copy(update={"rate": 3.0}), fake_sweep({"a": 1.0}, {"a": 11.0}))
 
 
+def test_a_speedup_is_the_baseline_latency_over_the_faster_ones_at_its_rate() -> None:
+    speedup = cell(figure="speedup", policies=["base", "fast"], rate=2.0, low=1.5)
+    sweep = fake_sweep({}, {"base": 1.0, "fast": 1.0}, {"base": 3.0, "fast": 2.0})
+    verdict = judge(speedup, sweep)
+    assert verdict.passed and verdict.value == pytest.approx(1.5)
+    slower = judge(speedup.model_copy(update={"policies": ["fast", "base"]}), sweep)  # 0.67 < 1.5 × 0.75
+    assert not slower.passed and slower.value == pytest.approx(2 / 3)
+    with pytest.raises(SimError, match="the sweep has no policy 'other'"):
+        judge(speedup.model_copy(update={"policies": ["base", "other"]}), sweep)
+
+
+def test_an_attainment_is_one_policys_share_within_the_slo_at_its_rate() -> None:
+    attainment = cell(figure="attainment", policies=["a"], rate=2.0, low=0.6, high=0.9)
+    assert judge(attainment, fake_sweep({}, {"a": 9.5})).passed  # 0.95 ≤ 0.9 × 1.25
+    low = judge(attainment, fake_sweep({}, {"a": 4.0}))  # 0.4 < 0.6 × 0.75
+    assert not low.passed and low.value == pytest.approx(0.4) and low.ratio == pytest.approx(0.4 / 0.6)
+    with pytest.raises(ValueError, match="policies: attainment takes 1"):
+        cell(figure="attainment", policies=["a", "b"], rate=2.0, low=0.6)
+
+
+def test_the_quick_form_shortens_only_longer_horizons(tmp_path: Path) -> None:
+    longer, shorter = tmp_path / "long.toml", tmp_path / "short.toml"
+    longer.write_text("[horizon]\nduration_s = 600\n")
+    shorter.write_text("[horizon]\nduration_s = 100\n")
+    assert "horizon.duration_s=120" in quick_overrides(longer)
+    assert not any(o.startswith("horizon.") for o in quick_overrides(shorter))
+
+
+def test_a_speedup_needs_a_rate_and_a_known_metric() -> None:
+    with pytest.raises(ValueError, match="rate: speedup is read at one sweep rate"):
+        cell(figure="speedup", policies=["a", "b"], low=1.5)
+    with pytest.raises(ValueError, match="metric"):
+        cell(figure="speedup", policies=["a", "b"], low=1.5, rate=1.0, metric="latency")
+
+
 def test_bad_paper_files_say_where(tmp_path: Path) -> None:
     path = tmp_path / "x.paper.toml"
     path.write_text('scenario = "s.toml"\npaper = "p"\n[[cells]]\nname = "n"\nfigure = "batch_size"\n'
@@ -69,7 +116,7 @@ def test_bad_paper_files_say_where(tmp_path: Path) -> None:
 
 def test_vllm_paper_fig12_reduced_form(tmp_path: Path) -> None:
     """The reduced form CI runs: every cell matches or is a stated gap, and the ordering holds."""
-    (comparison,) = run_papers(PAPERS, tmp_path, jobs=1, quick=True)
+    comparison = run_comparison(PAPERS / "vllm-fig12.paper.toml", tmp_path / "vllm-fig12", 1, True, None)
     verdicts = {v.cell.name: v for v in comparison.verdicts}
     assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
     assert verdicts["capacity order"].passed
@@ -80,3 +127,49 @@ def test_vllm_paper_fig12_reduced_form(tmp_path: Path) -> None:
 def test_sim_papers_cli_refuses_a_folder_without_comparisons(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["papers", str(tmp_path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no *.paper.toml files" in result.output
+
+
+@pytest.mark.parametrize("name", ["vllm-spec-sharegpt", "vllm-spec-cnn"])
+def test_vllm_speculative_blog_reduced_form(tmp_path: Path, name: str) -> None:
+    """The blog's speed-ups at 1 req/s: no capacity cell, so no capacity search is run."""
+    comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
+    assert comparison.sweep.capacity is None
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    (verdict,) = comparison.verdicts
+    assert verdict.value is not None and verdict.value > 1.2
+
+
+def test_the_report_page_overlays_the_simulated_curve_on_the_published_point(tmp_path: Path) -> None:
+    comparison = run_comparison(PAPERS / "vllm-spec-sharegpt.paper.toml", tmp_path / "spec", 1, True, None)
+    curve, published = curve_frames(comparison, "speedup")
+    assert curve["rate"].to_list() == [1.0, 4.0, 8.0]
+    assert curve["series"].unique().to_list() == ["draft over vllm"]
+    assert published.to_dicts() == [
+        {"series": "draft over vllm", "rate": 1.0, "value": 1.5, "cell": comparison.verdicts[0].cell.name}
+    ]
+    assert curve.filter(pl.col("rate") == 1.0)["value"].item() == pytest.approx(comparison.verdicts[0].value)
+    page = write_papers_page([comparison], tmp_path, quick=True, png=False).read_text()
+    assert 'data-chart="c0-cells"' in page and 'data-chart="c0-speedup"' in page
+    assert "1 of 1 cells match the published figures." in page
+
+
+@pytest.mark.parametrize("name", ["distserve-vllm", "distserve-disagg"])
+def test_distserve_measured_runs_reduced_form(tmp_path: Path, name: str) -> None:
+    """The authors' measured attainments: DistServe's cells match; vLLM's at 2 and 3 req/s are stated gaps."""
+    comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    if name == "distserve-disagg":
+        assert all(v.passed for v in comparison.verdicts)
+        values = [v.value for v in comparison.verdicts]  # attainment falls as the rate grows
+        assert values == sorted(values, reverse=True) and values[-1] < 0.95  # type: ignore[type-var]
+
+
+def test_sarathi_serve_mistral_strict_reduced_form(tmp_path: Path) -> None:
+    """Sarathi-Serve's capacity is above vLLM's under the paper's rule (P99 TBT and median delay)."""
+    name = "sarathi-mistral7b-strict"
+    comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    verdicts = {v.cell.name: v for v in comparison.verdicts}
+    assert verdicts["capacity order"].passed
+    assert comparison.sweep.capacity is not None
+    assert "p99 itl ≤ 0.1 s" in comparison.sweep.capacity["criterion"]

@@ -5,8 +5,11 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     paper = "Kwon et al., SOSP'23"
     [[cells]]
     name = "vLLM / Orca (Oracle), capacity"
-    figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio
+    figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio, speedup
     policies = ["vllm", "orca-oracle"] # numerator, denominator (capacity_order: lowest first)
+    # speedup: the first policy's latency over the second's at `rate` (policies = [baseline, faster]),
+    # the latency being `metric`'s `stat` (e2e p50 by default); attainment: one policy's share of finished
+    # requests within every [slo] bound at `rate`
     low = 1.7                          # the paper's value, or its range low..high
     high = 2.7
     tolerance = 0.25                   # the simulated value may be this share outside low..high
@@ -21,11 +24,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.config.capacity import Metric, Stat
 from sim.config.scenario import read_toml
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 
-Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio"]
+Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment"]
+RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment")  # read at one sweep rate
+SINGLE = ("batch_size", "attainment")  # one policy's figure
 
 
 class Cell(BaseModel):
@@ -35,14 +41,16 @@ class Cell(BaseModel):
     policies: list[str] = Field(min_length=1)
     low: float | None = Field(None, gt=0)
     high: float | None = Field(None, gt=0)
-    rate: float | None = Field(None, gt=0, description="The sweep rate a batch figure is read at.")
+    rate: float | None = Field(None, gt=0, description="The sweep rate a batch or speedup figure is read at.")
+    metric: Metric = Field("e2e", description="speedup: the latency compared.")
+    stat: Stat = Field("p50", description="speedup: the statistic of `metric` compared.")
     tolerance: float = Field(0.25, ge=0)
     source: str
     known_gap: str | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> Cell:
-        wanted = {"capacity_order": None, "batch_size": 1}.get(self.figure, 2)
+        wanted = None if self.figure == "capacity_order" else 1 if self.figure in SINGLE else 2
         if wanted is not None and len(self.policies) != wanted:
             raise ValueError(f"policies: {self.figure} takes {wanted} (got {len(self.policies)})")
         if self.figure == "capacity_order":
@@ -52,7 +60,7 @@ class Cell(BaseModel):
             raise ValueError(f"low: {self.figure} needs the paper's value")
         if self.high is not None and self.low is not None and self.high < self.low:
             raise ValueError(f"high ({self.high:g}) is below low ({self.low:g})")
-        if self.figure.startswith("batch") and self.rate is None:
+        if self.figure in RATE_FIGURES and self.rate is None:
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
         return self
 
@@ -62,6 +70,10 @@ class PaperFile(BaseModel):
     scenario: str
     paper: str
     cells: list[Cell] = Field(min_length=1)
+
+    def needs_capacity(self) -> bool:
+        """Whether a cell reads capacities (then the sweep runs `--find-capacity`)."""
+        return any(c.figure.startswith("capacity") for c in self.cells)
 
 
 def load_paper(path: Path) -> PaperFile:

@@ -1,8 +1,9 @@
 """`sim papers`: run each published comparison in `scenarios/papers/` and judge its cells (docs/papers.md).
 
-Each `NAME.paper.toml` names a scenario beside it; that scenario's sweep runs with `--find-capacity` under
-its own `[sweep.capacity]` rule, and every cell is read from the sweep: capacities (their order or a ratio)
-and mean batch sizes at one rate (the mean over replications). A cell passes when the simulated value lies
+Each `NAME.paper.toml` names a scenario beside it; that scenario's sweep runs (with `--find-capacity` under
+its own `[sweep.capacity]` rule when a cell reads capacities), and every cell is read from the sweep:
+capacities (their order or a ratio), and at one rate mean batch sizes and speed-ups (one policy's latency
+statistic over another's), each the mean over replications. A cell passes when the simulated value lies
 within `tolerance` of the paper's value (or range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the
 reduced form CI runs: a shorter horizon, fewer bisection rounds, and every tolerance doubled.
 """
@@ -18,10 +19,12 @@ import polars as pl
 from rich.console import Console
 
 from sim.config.papers import Cell, PaperFile, load_paper
+from sim.config.scenario import read_toml
 from sim.io.errors import SimError
 from sim.studies.sweep import SweepResult, run_sweep
 
-QUICK = ("horizon.duration_s=120", "sweep.capacity_steps=2")
+QUICK_DURATION_S = 120.0  # the quick form's horizon, for scenarios that run longer
+QUICK = ("sweep.capacity_steps=2",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,19 +64,40 @@ def _capacities(sweep: SweepResult) -> dict[str, float | None]:
     return {c["policy"]: c["capacity"] for c in sweep.capacity["capacities"] if not c["params"]}
 
 
-def _batch(sweep: SweepResult, policy: str, rate: float) -> float:
+def point_mean(sweep: SweepResult, policy: str, rate: float, column: str) -> float | None:
+    """A sweep column's mean over the replications of one policy at one rate (None: no run has it)."""
     rows = sweep.points.filter((pl.col("policy") == policy) & (pl.col("rate") == rate))
     if rows.height == 0:
         raise SimError(f"no sweep point for policy {policy!r} at rate {rate:g}: add it to sweep.rates")
-    return float(np.mean(rows["mean_batch_size"].to_list()))
+    values = [v for v in rows[column].to_list() if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def rate_column(cell: Cell) -> str:
+    """The sweep column a figure read at one rate comes from."""
+    if cell.figure.startswith("batch"):
+        return "mean_batch_size"
+    return "slo_attainment" if cell.figure == "attainment" else f"{cell.metric}_{cell.stat}"
+
+
+def _rate_value(cell: Cell, sweep: SweepResult) -> float | None:
+    assert cell.rate is not None
+    figures = [point_mean(sweep, p, cell.rate, rate_column(cell)) for p in cell.policies]
+    if None in figures:
+        return None
+    if len(figures) == 1:  # batch_size, attainment
+        return figures[0]
+    num, den = figures  # batch_ratio: the first's batch over the second's; speedup: baseline over faster
+    return None if not den else num / den  # type: ignore[operator]
 
 
 def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
     """One cell's verdict from a finished sweep; `widen` scales its tolerance (the quick form's 2)."""
     tol = cell.tolerance * widen
-    caps = _capacities(sweep)
+    swept = set(sweep.points["policy"].to_list()) if sweep.points.height else set()
+    caps = _capacities(sweep) if cell.figure.startswith("capacity") else {}
     for name in cell.policies:
-        if name not in caps:
+        if name not in (caps or swept):
             raise SimError(f"cell {cell.name!r}: the sweep has no policy {name!r}")
     if cell.figure == "capacity_order":
         values = [caps[p] for p in cell.policies]
@@ -84,11 +108,10 @@ def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
         num, den = caps[cell.policies[0]], caps[cell.policies[1]]
         value = None if num is None or den is None or den == 0 else num / den
     else:
-        assert cell.rate is not None
-        figures = [_batch(sweep, p, cell.rate) for p in cell.policies]
-        value = figures[0] if cell.figure == "batch_size" else figures[0] / figures[1]
+        value = _rate_value(cell, sweep)
     if value is None:
-        return Verdict(cell, None, "no capacity found", None, tol, False)
+        missing = "no capacity found" if cell.figure.startswith("capacity") else "no finished requests"
+        return Verdict(cell, None, missing, None, tol, False)
     assert cell.low is not None
     low, high = cell.low, cell.high if cell.high is not None else cell.low
     ratio = value / low if value < low else value / high if value > high else 1.0
@@ -96,11 +119,22 @@ def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
     return Verdict(cell, value, f"{value:.3g}", ratio, tol, ok)
 
 
+def quick_overrides(scenario: Path) -> tuple[str, ...]:
+    """The reduced form's `--set`s: fewer bisection rounds, and a horizon cut to 120 s where it is longer."""
+    duration = read_toml(scenario).get("horizon", {}).get("duration_s")
+    shorter = () if isinstance(duration, int | float) and duration <= QUICK_DURATION_S else (
+        f"horizon.duration_s={QUICK_DURATION_S:g}",
+    )  # fmt: skip
+    return QUICK + shorter
+
+
 def run_comparison(path: Path, out: Path, jobs: int, quick: bool, console: Console | None) -> Comparison:
     paper = load_paper(path)
     scenario = path.parent / paper.scenario
-    overrides = QUICK if quick else ()
-    sweep = run_sweep(scenario, overrides, jobs, force=True, find_capacity=True, out=out, console=console)
+    overrides = quick_overrides(scenario) if quick else ()
+    sweep = run_sweep(
+        scenario, overrides, jobs, force=True, find_capacity=paper.needs_capacity(), out=out, console=console
+    )
     widen = 2.0 if quick else 1.0
     return Comparison(path, paper, sweep, [judge(c, sweep, widen) for c in paper.cells])
 
