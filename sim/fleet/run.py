@@ -21,6 +21,7 @@ from sim.catalog.links import get_link
 from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
 from sim.core.request import Request
+from sim.cost.parallel import group_placement, wrap_step_time
 from sim.cost.replica import build_cost_and_memory
 from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
@@ -62,9 +63,12 @@ def build_specs(
         gname = cluster.group_name(gi)
         where = f"{source}: cluster.groups[{gi}]"
         try:
-            cost, budget, info = build_cost_and_memory(group_scenario(scenario, group.gpu, group.tp), where)
+            gs = group_scenario(scenario, group.gpu, group.tp)
+            placement = group_placement(group, gs.model.tp)
+            cost, budget, info = build_cost_and_memory(gs, where, placement, where)
         except SimError as err:
             raise SimError(str(err)) from None
+        step_time = wrap_step_time(cost, cost.model, cost.gpu, placement)
         pname = group.policy or policy
         kind, config = scenario.policy(pname)
         scheds: list[Any] = []
@@ -84,9 +88,7 @@ def build_specs(
         }
         for r, sched in enumerate(scheds):
             specs.append(
-                ReplicaSpec(
-                    f"{gname}-{r}", gname, group.role, sched, cost.step_time, info["kv_bytes_per_token"]
-                )
+                ReplicaSpec(f"{gname}-{r}", gname, group.role, sched, step_time, info["kv_bytes_per_token"])
             )
     return specs, groups
 

@@ -19,7 +19,9 @@ from sim.config.lengths import mean_of
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import parse_sweep
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
+from sim.cost.parallel import group_placement
 from sim.cost.replica import build_cost_and_memory
+from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
 from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
 from sim.studies.points import point_scenario
@@ -76,7 +78,13 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
     cap = math.inf if h.max_requests is None else float(h.max_requests)
     trace = Workload(w, 0, base_dir).trace if arrival.kind == "trace" else None
     prompt, output = request_lengths(w, trace, base_dir)
-    cost, _, info = build_cost_and_memory(scenario, source)
+    group = scenario.cluster.groups[0] if scenario.cluster is not None else None
+    if group is not None and (group.pp, group.ep, group.dp) != (1, 1, 1):  # its [model] may not fit alone
+        placed = group_scenario(scenario, group.gpu, group.tp)
+        where = f"{source}: cluster.groups[0]"
+        cost, _, info = build_cost_and_memory(placed, where, group_placement(group, placed.model.tp), where)
+    else:
+        cost, _, info = build_cost_and_memory(scenario, source)
     if arrival.kind in ("poisson", "gamma", "deterministic"):
         requests = arrival.rate * duration  # type: ignore[union-attr]
     elif arrival.kind == "staged":
