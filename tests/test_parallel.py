@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,29 @@ def test_ep_dp_scenario_runs_end_to_end(tmp_path: Path) -> None:
     bad = runner.invoke(app, args + [a for s in [*sets[:-1], "cluster.groups=[{tp=1, dp=4, ep=4}]"]
                                      for a in ("--set", s)])  # fmt: skip
     assert bad.exit_code == 2 and "cluster.groups[0].pp: deepseek-v3 does not fit" in bad.output
+
+
+def test_sim_step_shows_each_rank_and_the_all_to_alls() -> None:
+    args = ["step", "deepseek-v3", "--gpu", "H100", "--dp", "16", "--ep", "16", "--prefill", "4096"]
+    res = runner.invoke(app, [*args, "--expert-skew", "1.0", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert len(out["attention_rank_s"]) == 16 and len(out["expert_rank_s_per_layer"]) == 16
+    assert (
+        out["ep_link"] == "infiniband-ndr" and out["dispatch_s_per_layer"] > 0 and out["skew_s_per_layer"] > 0
+    )
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "dispatch all-to-all (infiniband-ndr)" in table.output
+    pp = runner.invoke(
+        app, ["step", "llama-3.1-70b", "--gpu", "H100", "--tp", "4", "--pp", "2", "--prefill", "512"]
+    )
+    assert pp.exit_code == 0 and "PP send (nvlink-4)" in pp.output and "stage 1 (40 layers)" in pp.output
+
+
+def test_sim_capacity_shows_memory_per_rank() -> None:
+    res = runner.invoke(app, ["capacity", "deepseek-v3", "--gpu", "H100", "--tp", "8", "--pp", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["layers_per_stage"] == 31 and out["gpus"] == 16 and 0 < out["weights_gb"] < out["budget_gb"]
+    bad = runner.invoke(app, ["capacity", "deepseek-v3", "--gpu", "H100", "--dp", "3", "--ep", "3"])
+    assert bad.exit_code == 2 and "error: capacity: --ep: 3 must divide the 256 experts" in bad.output

@@ -81,23 +81,27 @@ def stage_layers(num_layers: int, pp: int) -> list[int]:
     return parts
 
 
-def check_placement(model: ModelSpec, p: Placement, where: str) -> None:
-    """SimError naming the key when vLLM would refuse the placement for this model."""
+def check_placement(model: ModelSpec, p: Placement, where: str, sep: str = ".") -> None:
+    """SimError naming the key (`where` + `sep` + key) when vLLM would refuse the placement for this model."""
     try:
         check_tp(model, p.tp)
     except SimError as err:
-        raise SimError(f"{where}.tp: {err}") from None
+        raise SimError(f"{where}{sep}tp: {err}") from None
     if p.pp > model.num_layers:
-        raise SimError(f"{where}.pp: {p.pp} stages exceed the {model.num_layers} layers of {model.name}")
+        raise SimError(f"{where}{sep}pp: {p.pp} stages exceed the {model.num_layers} layers of {model.name}")
     if p.ep > 1:
         if not model.num_experts:
-            raise SimError(f"{where}.ep: {model.name} is dense (no experts to place); use ep = 1")
+            raise SimError(f"{where}{sep}ep: {model.name} is dense (no experts to place); use ep = 1")
         if p.ep != p.tp * p.dp:
-            raise SimError(f"{where}.ep: vLLM's expert-parallel size is tp x dp = {p.tp * p.dp}, got {p.ep}")
+            raise SimError(
+                f"{where}{sep}ep: vLLM's expert-parallel size is tp x dp = {p.tp * p.dp}, got {p.ep}"
+            )
         if model.num_experts % p.ep:
-            raise SimError(f"{where}.ep: {p.ep} must divide the {model.num_experts} experts of {model.name}")
+            raise SimError(
+                f"{where}{sep}ep: {p.ep} must divide the {model.num_experts} experts of {model.name}"
+            )
     if p.nodes is not None and p.gpus > p.nodes * p.gpus_per_node:
-        raise SimError(f"{where}.nodes: {p.gpus} GPUs exceed {p.nodes} x {p.gpus_per_node}")
+        raise SimError(f"{where}{sep}nodes: {p.gpus} GPUs exceed {p.nodes} x {p.gpus_per_node}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ class RankMemory:
 
 def rank_memory(
     model: ModelSpec, gpu: Gpu, p: Placement, util: float, weight_dtype: str | None, kv_dtype: str | None,
-    block_size: int, where: str, group_size: int | None = None,
+    block_size: int, where: str, group_size: int | None = None, sep: str = ".",
 ) -> RankMemory:  # fmt: skip
     """Per-GPU weights, reserve and KV of the placement; SimError naming `where.pp` if they do not fit."""
     wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
@@ -139,7 +143,7 @@ def rank_memory(
     left = budget - weights - reserve
     if left < per_token * block_size:
         raise SimError(
-            f"{where}.pp: {model.name} does not fit on {gpu.name} at tp {p.tp} x pp {p.pp} x dp {p.dp}: "
+            f"{where}{sep}pp: {model.name} does not fit on {gpu.name} at tp {p.tp} x pp {p.pp} x dp {p.dp}: "
             f"{weights / GB:.1f} GB of weights + {reserve / GB:.1f} GB reserve per GPU exceed the "
             f"{budget / GB:.1f} GB usable"
         )
