@@ -203,3 +203,22 @@ def test_sim_capacity_shows_memory_per_rank() -> None:
     assert out["layers_per_stage"] == 31 and out["gpus"] == 16 and 0 < out["weights_gb"] < out["budget_gb"]
     bad = runner.invoke(app, ["capacity", "deepseek-v3", "--gpu", "H100", "--dp", "3", "--ep", "3"])
     assert bad.exit_code == 2 and "error: capacity: --ep: 3 must divide the 256 experts" in bad.output
+
+
+def test_given_kv_blocks_are_checked_against_the_placement(tmp_path: Path) -> None:
+    sets = [
+        "model.name='deepseek-v3'", "model.gpu='H100-SXM'", "model.max_model_len=4096",
+        "horizon.duration_s=2", "workload.arrival={kind='poisson', rate=1.0}",
+        "cluster.groups=[{tp=8, pp=2}]", "model.num_kv_blocks=4000000",
+    ]  # fmt: skip
+    args = ["run", str(RAG), "--policy", "vllm-prefix-cache", "--out", str(tmp_path)]
+    res = runner.invoke(app, args + [a for s in sets for a in ("--set", s)])
+    assert (
+        res.exit_code == 2 and "cluster.groups[0]: model.num_kv_blocks: 4,000,000 blocks exceed" in res.output
+    )
+    ok = runner.invoke(
+        app, args + [a for s in [*sets[:-1], "model.num_kv_blocks=5000"] for a in ("--set", s)]
+    )
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads((tmp_path / "vllm-prefix-cache" / "summary.json").read_text())
+    assert summary["cluster"]["groups"]["g0"]["kv_blocks"] == 5000

@@ -80,6 +80,13 @@ def placed_cost_and_memory(
     mem = rank_memory(model, cost.gpu, p, m.gpu_memory_utilization, m.weight_dtype, m.kv_dtype, m.block_size,
                       where, m.weight_group_size)  # fmt: skip
     blocks = mem.kv_tokens // m.block_size
+    if m.num_kv_blocks is not None:  # given: the replica's blocks, all its attention ranks together
+        if m.num_kv_blocks > blocks:
+            raise SimError(
+                f"{where}: model.num_kv_blocks: {m.num_kv_blocks:,} blocks exceed the {blocks:,} that the "
+                f"placement's {p.dp} attention rank(s) hold after weights and reserve"
+            )
+        blocks = m.num_kv_blocks
     info = {
         "model": m.name, "gpu": cost.gpu.name, "tp": p.tp, "pp": p.pp, "ep": p.ep, "dp": p.dp,
         "nodes": p.node_count, "kv_blocks": blocks, "block_size": m.block_size,
