@@ -179,6 +179,13 @@ def capacity(
     models: list[str] = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
     gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. A100-80GB, H100."),
     tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor parallel degree."),
+    pp: int = typer.Option(1, "--pp", min=1, max=64, help="Pipeline-parallel stages."),
+    ep: int = typer.Option(1, "--ep", min=1, max=1024, help="Expert-parallel ranks (1 or tp x dp)."),
+    dp: int = typer.Option(1, "--dp", min=1, max=1024, help="Data-parallel attention ranks."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=72, help="GPUs per node."),
+    expert_skew: float = typer.Option(
+        0.0, "--expert-skew", min=0.0, max=4.0, help="Zipf exponent of the gate."
+    ),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.0, max=1.0),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="fp32 bf16 fp16 fp8 int8 int4"),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
@@ -206,7 +213,17 @@ def capacity(
     ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
+    from sim.cost.parallel import Placement
     from sim.report.capacity import print_capacity
+
+    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew)
+    if placement.beyond_tp:  # memory per GPU of the placement (sim/report/parallel.py)
+        from sim.report.parallel import parallel_capacity
+
+        if len(models) > 1:
+            raise SimError("--pp, --ep and --dp take one model")
+        parallel_capacity(models[0], gpu, placement, gpu_memory_utilization, weight_dtype, kv_dtype, as_json)
+        return
 
     print_capacity(
         models, gpu, tp, gpu_memory_utilization, weight_dtype, kv_dtype, max_model_len, typical_len, compare,
@@ -428,6 +445,13 @@ def step(
     model: str = typer.Argument(..., help="Model: catalog name, HF id or config.json path."),
     gpu: str = typer.Option(..., "--gpu", help="GPU name, e.g. H100, H200, A100-80GB."),
     tp: int = typer.Option(1, "--tp", min=1, max=64, help="Tensor parallel degree."),
+    pp: int = typer.Option(1, "--pp", min=1, max=64, help="Pipeline-parallel stages."),
+    ep: int = typer.Option(1, "--ep", min=1, max=1024, help="Expert-parallel ranks (1 or tp x dp)."),
+    dp: int = typer.Option(1, "--dp", min=1, max=1024, help="Data-parallel attention ranks."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=72, help="GPUs per node."),
+    expert_skew: float = typer.Option(
+        0.0, "--expert-skew", min=0.0, max=4.0, help="Zipf exponent of the gate."
+    ),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
@@ -441,8 +465,17 @@ def step(
 ) -> None:
     """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
     from sim.catalog.quantisation import check_format_options
+    from sim.cost.parallel import Placement
     from sim.report.step import print_step
 
     check_format_options(weight_dtype, kv_dtype, weight_group_size)
+    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew)
+    if placement.beyond_tp:  # per stage and rank, with the communication kernels (sim/report/parallel.py)
+        from sim.report.parallel import parallel_step
+        from sim.report.step import step_rows
+
+        c, q = step_rows(batch, context, prefill)
+        parallel_step(model, gpu, placement, weight_dtype, kv_dtype, c, q, as_json)
+        return
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,
                weight_group_size)  # fmt: skip

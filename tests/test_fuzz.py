@@ -164,9 +164,23 @@ sampling_tables = st.fixed_dictionaries(
     },
 )
 
+placement_groups = st.fixed_dictionaries(
+    {"tp": st.sampled_from([1, 2, 3, 8])},
+    optional={
+        "pp": st.one_of(st.integers(0, 4), st.just(100)),
+        "ep": st.sampled_from([1, 2, 3, 4, 8, 16]),
+        "dp": st.integers(0, 4),
+        "nodes": st.integers(0, 3),
+        "gpus_per_node": st.sampled_from([0, 1, 4, 8]),
+        "expert_skew": st.one_of(st.floats(0.0, 2.0), st.just(-1.0)),
+        "intra_node_link": st.sampled_from(["nvlink-4", "pigeon"]),
+        "inter_node_link": st.sampled_from(["infiniband-ndr", "ethernet-100g"]),
+    },
+)
+
 
 @st.composite
-def scenario_files(draw: st.DrawFn) -> bytes:
+def scenario_files(draw: st.DrawFn, placement: bool = False) -> bytes:
     workload: dict[str, Any] = {"arrival": draw(arrivals), "prompt": draw(lengths), "output": draw(lengths)}
     if draw(st.booleans()):
         workload["max_tokens"] = draw(st.integers(1, 512))
@@ -183,6 +197,11 @@ def scenario_files(draw: st.DrawFn) -> bytes:
         "policies": draw(policies),
         "slo": {"ttft_s": 1.0, "tpot_s": 0.1},
     }
+    if placement:  # one replica group placed over pp, ep, dp and nodes (sim/cost/parallel.py)
+        data["cluster"] = {"groups": [draw(placement_groups)]}
+        data["model"]["tp"] = data["cluster"]["groups"][0]["tp"]
+        data["model"]["name"] = draw(st.sampled_from(["mixtral-8x7b", "llama-2-7b"]))
+        workload["arrival"] = {"kind": "poisson", "rate": draw(st.floats(0.5, 8.0))}
     data = draw(mutated(data))
     if draw(st.integers(0, 19)) == RARE:
         return draw(st.binary(max_size=200))
@@ -439,6 +458,18 @@ def test_fuzz_run(
         assert {p for p in _files(root) - given_files if out_dir not in p.parents} == set()
         _check_latencies(out_dir)
         _check_counts(out_dir)
+
+
+@settings(FUZZ, max_examples=40)
+@given(scenario=scenario_files(placement=True))
+def test_fuzz_run_placement(scenario: bytes) -> None:
+    """A replica group placed beyond TP runs, or exits 2 with `error:` lines; no request is lost."""
+    with _workdir() as root:
+        (root / "s.toml").write_bytes(scenario)
+        code, out, err = _run_cli(["run", str(root / "s.toml"), "--out", str(root / "out")])
+        _check_outcome(code, out, err)
+        _check_latencies(root / "out")
+        _check_counts(root / "out")
 
 
 @settings(FUZZ, max_examples=150)

@@ -12,6 +12,8 @@
     gpu = "H100-SXM"          # default: model.gpu
     tp = 2                    # default: model.tp
     policy = "vllm"           # a table of [policies] (default: the policy being run)
+    pp = 1                    # pipeline stages, ep = expert-parallel ranks (1 or tp x dp), dp = data-parallel
+    gpus_per_node = 8         #   attention ranks; nodes: default ceil(tp x pp x dp / gpus_per_node)
 
 Without `[cluster]` a scenario is one replica, exactly as before.
 """
@@ -42,6 +44,38 @@ class GroupSection(_Table):
     gpu: str | None = Field(None, description="GPU catalog name (default: model.gpu).")
     tp: int | None = Field(None, ge=1, le=64, description="Tensor-parallel degree (default: model.tp).")
     policy: str | None = Field(None, description="A [policies] table (default: the policy being run).")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages (layers split across them).")
+    ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: 1 (experts TP-sharded) or tp x dp.")
+    dp: int = Field(1, ge=1, le=1024, description="Data-parallel attention ranks, each with its own KV.")
+    nodes: int | None = Field(None, ge=1, le=512, description="Nodes (default: enough for tp x pp x dp).")
+    gpus_per_node: int = Field(8, ge=1, le=72, description="GPUs per node (an NVLink domain).")
+    expert_skew: float = Field(
+        0.0, ge=0.0, le=4.0, description="Zipf exponent of the gate's tokens per expert (0: uniform)."
+    )
+    intra_node_link: str = Field("nvlink-4", description="Link within a node (sim/catalog/links.toml).")
+    inter_node_link: str = Field("infiniband-ndr", description="Link between nodes (sim/catalog/links.toml).")
+
+    @model_validator(mode="after")
+    def _placement(self) -> GroupSection:
+        gpus = (self.tp or 1) * self.pp * self.dp
+        if self.nodes is not None and gpus > self.nodes * self.gpus_per_node:
+            raise ValueError(
+                f"nodes: tp x pp x dp = {gpus} GPUs exceed {self.nodes} nodes x {self.gpus_per_node} GPUs"
+            )
+        return self
+
+
+# The placement keys beyond TP, with their defaults: left out of a run's manifest when at them, so records of
+# plain-TP groups stay as they were.
+PLACEMENT_KEYS = (
+    "pp", "ep", "dp", "nodes", "gpus_per_node", "expert_skew", "intra_node_link", "inter_node_link",
+)  # fmt: skip
+
+
+def drop_default_placement(group: dict[str, Any]) -> dict[str, Any]:
+    """A dumped group table without the placement keys left at their defaults."""
+    fields = GroupSection.model_fields
+    return {k: v for k, v in group.items() if k not in PLACEMENT_KEYS or v != fields[k].default}
 
 
 class ClusterSection(_Table):
@@ -105,6 +139,12 @@ def check_cluster(cluster: ClusterSection, policies: dict[str, Any], source: str
                 f"{source}: cluster.groups[{i}].policy: no policy {group.policy[:40]!r} "
                 f"(have: {', '.join(policies)})"
             )
+        for key in ("intra_node_link", "inter_node_link"):
+            if getattr(group, key) not in link_names():
+                raise SimError(
+                    f"{source}: cluster.groups[{i}].{key}: unknown link {getattr(group, key)[:40]!r} "
+                    f"(one of {', '.join(link_names())})"
+                )
         if group.gpu is not None:
             try:
                 get_gpu(group.gpu)

@@ -25,6 +25,7 @@ from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.cost.memory import KvBudget, replica_kv_memory
+from sim.cost.parallel import group_placement, wrap_step_time
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
 from sim.engine.lora import LoraRun, setup_lora
@@ -69,15 +70,20 @@ def build_specs(
         gname = cluster.group_name(gi)
         where = f"{source}: cluster.groups[{gi}]"
         try:
-            cost, budget, info = build_cost_and_memory(group_scenario(scenario, group.gpu, group.tp), where)
+            gs = group_scenario(scenario, group.gpu, group.tp)
+            placement = group_placement(group, gs.model.tp)
+            cost, budget, info = build_cost_and_memory(gs, where, placement, where)
         except SimError as err:
             raise SimError(str(err)) from None
+        placed_step_time = wrap_step_time(cost, cost.model, cost.gpu, placement)
         pname = group.policy or policy
         kind, config = scenario.policy(pname)
         loras: list[LoraRun | None] = [None] * group.count
         if getattr(config, "lora", None) is not None:  # each replica its own adapter cache
-            scen = group_scenario(scenario, group.gpu, group.tp)
-            loras, budget = _group_lora(scen, config, cost, budget, where, group.count)
+            if placement.beyond_tp:
+                raise SimError(f"{where}: LoRA adapters are served with tensor parallelism only (pp, ep"
+                               " and dp at 1), as the LoRA cost model is per TP shard")  # fmt: skip
+            loras, budget = _group_lora(gs, config, cost, budget, where, group.count)
             info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
         scheds: list[Any] = []
         for _ in range(group.count):
@@ -95,7 +101,7 @@ def build_specs(
             "scheduler": shown,
         }
         for r, (sched, lora) in enumerate(zip(scheds, loras, strict=True)):
-            step_time = cost.step_time if lora is None else lora.step_time
+            step_time = placed_step_time if lora is None else lora.step_time
             specs.append(
                 ReplicaSpec(
                     f"{gname}-{r}", gname, group.role, sched, step_time, info["kv_bytes_per_token"], lora

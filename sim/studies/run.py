@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from sim import __version__
+from sim.config.cluster import drop_default_placement
 from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.cost.memory import KvBudget, replica_kv_memory
@@ -65,6 +66,8 @@ def compared_scenario(scenario: Scenario) -> dict[str, Any]:
     for key in ("cluster", "prices"):  # absent unless given: single-replica records stay as they were
         if not out.get(key):
             out.pop(key, None)
+    if "cluster" in out:  # placement keys at their defaults: plain-TP fleet records stay as they were
+        out["cluster"]["groups"] = [drop_default_placement(g) for g in out["cluster"]["groups"]]
     if out["model"].get("weight_group_size") is None:  # likewise: 16-bit records stay as they were
         out["model"].pop("weight_group_size", None)
     return out

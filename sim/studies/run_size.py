@@ -24,6 +24,7 @@ from sim.config.lengths import mean_of
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import parse_sweep
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
+from sim.cost.parallel import group_placement
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
@@ -90,7 +91,13 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
     cap = math.inf if h.max_requests is None else float(h.max_requests)
     trace = Workload(w, 0, base_dir).trace if arrival.kind == "trace" else None
     prompt, output = request_lengths(w, trace, base_dir)
-    cost, _, info = build_cost_and_memory(scenario, source)
+    group = scenario.cluster.groups[0] if scenario.cluster is not None else None
+    if group is not None:  # the group's own GPU, TP and placement: its [model] alone may not fit
+        placed = group_scenario(scenario, group.gpu, group.tp)
+        where = f"{source}: cluster.groups[0]"
+        cost, _, info = build_cost_and_memory(placed, where, group_placement(group, placed.model.tp), where)
+    else:
+        cost, _, info = build_cost_and_memory(scenario, source)
     if arrival.kind in ("poisson", "gamma", "deterministic"):
         requests = arrival.rate * duration  # type: ignore[union-attr]
     elif arrival.kind == "staged":
@@ -113,7 +120,9 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
     reached, largest = 0, 0
     for gi, group in enumerate(scenario.cluster.groups):
         where = f"{source}: cluster.groups[{gi}]"
-        _, _, group_info = build_cost_and_memory(group_scenario(scenario, group.gpu, group.tp), where)
+        placed = group_scenario(scenario, group.gpu, group.tp)
+        placement = group_placement(group, placed.model.tp)
+        _, _, group_info = build_cost_and_memory(placed, where, placement, where)
         blocks = int(group_info["kv_blocks"])
         largest = max(largest, blocks)
         reached += blocks * math.ceil(min(group.count, requests))

@@ -1,0 +1,265 @@
+"""Parallelism beyond TP: a replica placed over `tp x pp x dp` GPUs, with experts over `ep` ranks.
+
+Placement (vLLM's rules): a replica is `pp` pipeline stages of `tp x dp` GPUs. The model's layers split
+across stages as vLLM's `get_pp_indices` splits them (the remainder to the stages before the last). Dense
+weights shard over `tp`; the routed experts over all `tp x dp` GPUs of a stage, by tensor or, with `ep = tp x
+dp` (vLLM's `--enable-expert-parallel`), by expert: the bytes per GPU are the same either way. Each of the
+`dp` attention ranks holds the KV of its own requests for its stage's layers.
+
+Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per step:
+- PP: a stage costs `base` x its layers / all layers (the head and embedding are charged pro rata: an
+  assumption no source states); a batch's activations go point to point between stages, `latency + tokens x
+  hidden x 2 B / bandwidth` over the intra- or inter-node link. The engine runs one batch at a time, so a
+  step costs the sum of its stages and transfers; `pipeline_seconds` gives the schedule with more batches in
+  flight (vLLM keeps `pp`, one per virtual engine), which the engine does not yet model.
+- DP attention: the step's rows go round robin to the `dp` ranks; each rank's time is `base` over its rows;
+  the step waits for the slowest rank.
+- EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens (`tokens x top_k x
+  hidden x 2 B x (ep - 1) / ep`), and the expert GEMMs of the busiest rank over the tokens routed to it: under
+  a skewed gate (`expert_skew`, Zipf over experts laid out contiguously on ranks) the step rises by the
+  busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.catalog.dtypes import normalize_dtype
+from sim.catalog.gpus import Gpu
+from sim.catalog.links import Link, get_link
+from sim.catalog.model import ModelSpec
+from sim.cost.memory import GB, check_tp, reserve_bytes
+from sim.io.errors import SimError
+
+ACT_BYTES = 2  # activations sent between stages and through the all-to-all are 16-bit
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    nodes: int | None = None
+    gpus_per_node: int = 8
+    expert_skew: float = 0.0
+    intra_node_link: str = "nvlink-4"
+    inter_node_link: str = "infiniband-ndr"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes if self.nodes is not None else math.ceil(self.gpus / self.gpus_per_node)
+
+    @property
+    def beyond_tp(self) -> bool:
+        """True unless the placement is plain TP on one node (the single-replica cost as before)."""
+        return (self.pp, self.ep, self.dp) != (1, 1, 1)
+
+
+def group_placement(group: Any, tp: int) -> Placement:
+    """The placement of a `[[cluster.groups]]` table at TP degree `tp`."""
+    return Placement(tp, group.pp, group.ep, group.dp, group.nodes, group.gpus_per_node, group.expert_skew,
+                     group.intra_node_link, group.inter_node_link)  # fmt: skip
+
+
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage, as vLLM's `get_pp_indices`: even split, the remainder to the stages
+    before the last (the last also computes the head)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def check_placement(model: ModelSpec, p: Placement, where: str, sep: str = ".") -> None:
+    """SimError naming the key (`where` + `sep` + key) when vLLM would refuse the placement for this model."""
+    try:
+        check_tp(model, p.tp)
+    except SimError as err:
+        raise SimError(f"{where}{sep}tp: {err}") from None
+    if p.pp > model.num_layers:
+        raise SimError(f"{where}{sep}pp: {p.pp} stages exceed the {model.num_layers} layers of {model.name}")
+    if p.ep > 1:
+        if not model.num_experts:
+            raise SimError(f"{where}{sep}ep: {model.name} is dense (no experts to place); use ep = 1")
+        if p.ep != p.tp * p.dp:
+            raise SimError(
+                f"{where}{sep}ep: vLLM's expert-parallel size is tp x dp = {p.tp * p.dp}, got {p.ep}"
+            )
+        if model.num_experts % p.ep:
+            raise SimError(
+                f"{where}{sep}ep: {p.ep} must divide the {model.num_experts} experts of {model.name}"
+            )
+    if p.nodes is not None and p.gpus > p.nodes * p.gpus_per_node:
+        raise SimError(f"{where}{sep}nodes: {p.gpus} GPUs exceed {p.nodes} x {p.gpus_per_node}")
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """Memory of the busiest GPU of a placement (the first stage with the most layers)."""
+
+    layers: int
+    weight_bytes: int
+    reserve_bytes: int
+    budget_bytes: int
+    kv_bytes_per_token: int  # on this rank: its stage's layers, its KV-head shard
+    kv_tokens_per_rank: int  # tokens one attention rank holds
+    kv_tokens: int  # tokens the replica holds: dp ranks, each its own requests
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers_per_stage": self.layers, "weights_gb": round(self.weight_bytes / GB, 3),
+            "reserve_gb": round(self.reserve_bytes / GB, 3), "budget_gb": round(self.budget_bytes / GB, 3),
+            "kv_bytes_per_token_per_rank": self.kv_bytes_per_token,
+            "kv_tokens_per_rank": self.kv_tokens_per_rank, "kv_tokens": self.kv_tokens,
+        }  # fmt: skip
+
+
+def rank_memory(
+    model: ModelSpec, gpu: Gpu, p: Placement, util: float, weight_dtype: str | None, kv_dtype: str | None,
+    block_size: int, where: str, group_size: int | None = None, sep: str = ".",
+) -> RankMemory:  # fmt: skip
+    """Per-GPU weights, reserve and KV of the placement; SimError naming `where.pp` if they do not fit."""
+    wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
+    kvdt = normalize_dtype(kv_dtype or model.torch_dtype)
+    layers = max(stage_layers(model.num_layers, p.pp))
+    frac = layers / model.num_layers
+    total = model.weight_bytes(wdt, group_size)
+    experts = model.routed_expert_params * model.param_bytes("experts", wdt, group_size)
+    weights = int(((total - experts) / p.tp + experts / (p.tp * p.dp)) * frac)
+    reserve = reserve_bytes(model, p.tp)
+    budget = int(gpu.memory_bytes * util)
+    per_token = int(layers * model.kv_layer_bytes_per_gpu(p.tp, kvdt))
+    left = budget - weights - reserve
+    if left < per_token * block_size:
+        raise SimError(
+            f"{where}{sep}pp: {model.name} does not fit on {gpu.name} at tp {p.tp} x pp {p.pp} x dp {p.dp}: "
+            f"{weights / GB:.1f} GB of weights + {reserve / GB:.1f} GB reserve per GPU exceed the "
+            f"{budget / GB:.1f} GB usable"
+        )
+    per_rank = left // (per_token * block_size) * block_size
+    return RankMemory(layers, weights, reserve, budget, per_token, per_rank, per_rank * p.dp)
+
+
+def all_to_all_seconds(nbytes: float, link: Link) -> float:
+    """One all-to-all message of `nbytes` per GPU over `link`: latency + bytes / bandwidth."""
+    return link.latency_s + nbytes / link.bandwidth
+
+
+def pipeline_seconds(stage_s: list[float], batches: int, in_flight: int) -> float:
+    """Makespan of `batches` equal batches through the stages with at most `in_flight` in the pipeline.
+
+    Batch b starts stage s when stage s is free and b has left stage s-1; it enters stage 0 only when batch
+    b - in_flight has left the last stage. One in flight: batches x sum(stages). Enough in flight: the
+    slowest stage bounds the throughput; fewer runnable batches than stages leave bubbles."""
+    pp = len(stage_s)
+    free = [0.0] * pp
+    done: list[float] = []
+    for b in range(batches):
+        t = done[b - in_flight] if b >= in_flight else 0.0
+        for s in range(pp):
+            t = max(t, free[s]) + stage_s[s]
+            free[s] = t
+        done.append(t)
+    return done[-1] if done else 0.0
+
+
+def expert_loads(num_experts: int, ep: int, skew: float) -> np.ndarray:
+    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously."""
+    weights = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
+    weights /= weights.sum()
+    return weights.reshape(ep, num_experts // ep).sum(axis=1)
+
+
+@dataclass
+class StepBreakdown:
+    """One step under a placement, per rank: what `sim step` shows."""
+
+    seconds: float
+    stage_s: list[float]
+    rank_s: list[float]  # attention ranks' compute at the first stage
+    pp_send_s: float  # per stage boundary
+    dispatch_s: float  # all MoE layers of a stage, dispatch all-to-all
+    combine_s: float
+    expert_rank_s: list[float] = field(default_factory=list)  # expert GEMMs per EP rank, one stage
+    skew_s: float = 0.0
+
+
+class ParallelCost:
+    """The step cost of one replica under a placement, over a TP-degree cost model `base`."""
+
+    def __init__(self, base: Any, model: ModelSpec, gpu: Gpu, p: Placement) -> None:
+        self.base, self.model, self.gpu, self.p = base, model, gpu, p
+        # One attention rank's view: its routed experts are 1/dp of the stage's expert bytes per GPU.
+        self.rank_base = copy.copy(base)
+        if p.dp > 1 and hasattr(base, "expert_bytes_per_layer"):
+            self.rank_base.expert_bytes_per_layer = base.expert_bytes_per_layer / p.dp
+        self.layers = stage_layers(model.num_layers, p.pp)
+        self.intra, self.inter = get_link(p.intra_node_link), get_link(p.inter_node_link)
+        stage_gpus = p.tp * p.dp
+        # Stages on separate nodes once a stage fills a node; the EP group spans nodes when it exceeds one.
+        spans = p.gpus > p.gpus_per_node and stage_gpus >= p.gpus_per_node
+        self.pp_link = self.inter if spans else self.intra
+        self.ep_link = self.inter if p.ep > p.gpus_per_node else self.intra
+        self.loads = expert_loads(model.num_experts, p.ep, p.expert_skew) if p.ep > 1 else np.ones(1)
+
+    def _expert_seconds(self, routed_tokens: float) -> float:
+        """Expert GEMMs of one MoE layer over `routed_tokens` (token x expert pairs) on one rank:
+        max(compute, weight reads) at the base model's rates."""
+        m, b = self.model, self.base
+        flops = 2.0 * m.expert_params * routed_tokens / self.p.tp
+        experts_here = m.num_experts / self.p.ep
+        touched = min(experts_here, routed_tokens)
+        nbytes = touched * b.expert_bytes_per_layer * b.tp / self.p.tp
+        compute = flops / (b.peak_flops * b.cal.compute_eff_prefill)
+        memory = nbytes / (b.hbm * b.cal.bandwidth_eff)
+        return max(compute, memory)
+
+    def breakdown(self, new_tokens: np.ndarray, context: np.ndarray) -> StepBreakdown:
+        c, q = np.asarray(new_tokens), np.asarray(context)
+        p, m = self.p, self.model
+        rank_s = [float(self.rank_base.step_time(c[r :: p.dp], q[r :: p.dp])[0]) for r in range(p.dp)]
+        attn = max(rank_s)
+        tokens = float(c.sum())
+        moe_layers = [m.num_moe_layers * n / m.num_layers for n in self.layers]  # pro rata per stage
+        dispatch = combine = skew = 0.0
+        expert_rank: list[float] = []
+        if p.ep > 1 and tokens > 0:
+            routed = tokens * m.experts_per_token
+            per_rank = routed / p.dp  # each attention rank's routed tokens, spread over the EP group
+            nbytes = per_rank * m.hidden_size * ACT_BYTES * (p.ep - 1) / p.ep
+            dispatch = combine = all_to_all_seconds(nbytes, self.ep_link)
+            expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
+            skew = max(expert_rank) - float(np.mean(expert_rank))
+        per_moe = dispatch + combine + skew
+        layers = zip(self.layers, moe_layers, strict=True)
+        stage_s = [attn * n / m.num_layers + k * per_moe for n, k in layers]
+        send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
+        pp_send = send if p.pp > 1 and tokens > 0 else 0.0
+        seconds = sum(stage_s) + (p.pp - 1) * pp_send
+        return StepBreakdown(seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew)
+
+    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+        """(seconds, compute_bound): one batch in flight, the sum of its stages and transfers."""
+        c = np.asarray(new_tokens)
+        if c.size == 0:
+            return 0.0, False
+        bound = bool(self.base.step_time(new_tokens, context)[1])
+        return self.breakdown(c, np.asarray(context)).seconds, bound
+
+
+def wrap_step_time(
+    base: Any, model: ModelSpec, gpu: Gpu, p: Placement
+) -> Callable[[np.ndarray, np.ndarray], tuple[float, bool]]:
+    """`base.step_time` unchanged for plain TP, else the placement's."""
+    return base.step_time if not p.beyond_tp else ParallelCost(base, model, gpu, p).step_time
