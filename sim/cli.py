@@ -272,22 +272,30 @@ def plan(
         600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
+    force: bool = typer.Option(False, "--force", help="Run again the finished runs kept in <out>/runs."),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
-    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
+    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate.
+    Finished runs are kept in <out>/runs: a re-run of a killed plan reads them back."""
+    from rich.console import Console
+
     from sim.config.scenario import load_scenario
-    from sim.io.outputs import path_component
+    from sim.io.outputs import exit_on_terminate, path_component
     from sim.report.plan import print_plan, write_plan
     from sim.studies.plan import search
     from sim.studies.plan_space import grid_options
 
     gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
-    result = search(
-        scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule, replications, max_replications, tail_samples, max_horizon,
-    )  # fmt: skip
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
+    say = Console(stderr=True).print
+    with exit_on_terminate():
+        result = search(
+            scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
+            explore, rule, replications, max_replications, tail_samples, max_horizon, out_dir / "runs", force,
+            lambda text: say(text, markup=False),
+        )  # fmt: skip
+    say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)
     print_plan(result, out_dir)
 

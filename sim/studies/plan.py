@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import open_executor
+from sim.studies.plan_runs import RunStore
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
 from sim.studies.plan_verdict import (
     DEFAULT_MAX_HORIZON_S,
@@ -191,6 +192,8 @@ class PlanResult:
         )  # fmt: skip
 
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
+    ran: int = 0  # runs this invocation ran (not in plan.json: a resumed plan writes the same file)
+    resumed: int = 0  # finished runs read back from the runs folder
 
     @property
     def simulated(self) -> int:
@@ -215,11 +218,18 @@ def search(
     max_replications: int = DEFAULT_MAX_REPLICATIONS,
     tail_samples: int = TAIL_SAMPLES,
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S,
+    runs_dir: Path | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
     on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
-    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`."""
+    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`. Finished
+    runs are kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again);
+    `progress` is told of each stage and each configuration judged."""
+    say = progress or (lambda _text: None)
+    store = RunStore(runs_dir, force)
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -280,11 +290,8 @@ def search(
             )
             for f in families
         ]
-        sats = (
-            list(pool.map(single_capacity, sat_tasks))
-            if pool is not None
-            else [single_capacity(t) for t in sat_tasks]
-        )
+        say(f"{len(sat_tasks)} single-replica capacity runs")
+        sats = store.map("capacity", single_capacity, sat_tasks, pool)
         floor = {
             f: max(1, math.ceil(CAPACITY_SLACK * rate / mu)) if mu > 0 else 10**9
             for f, mu in zip(families, sats, strict=True)
@@ -297,7 +304,8 @@ def search(
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-        run = lambda ts: list(pool.map(evaluate, ts)) if pool is not None else [evaluate(t) for t in ts]  # noqa: E731
+        run = lambda ts: store.map("run", evaluate, ts, pool)  # noqa: E731
+        say(f"{len(cands)} configurations to judge, cheapest first")
 
         def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
             """A configuration's runs: `replications` seeds, more while too close to call."""
@@ -333,11 +341,14 @@ def search(
                 figures, judged, seeds = judge(overrides)
             ok = judged.verdict == MEETS
             result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
+            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds; runs so far: {store.ran} run, "
+                f"{store.resumed} read back)")  # fmt: skip
             if ok and (best is None or c < best):
                 best = c
                 result.best = result.rows[-1]
             elif judged.verdict == FAILS:
                 failed.setdefault(c.family, []).append(c.counts)
+    result.ran, result.resumed = store.ran, store.resumed
     return result
 
 
