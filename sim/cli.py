@@ -247,6 +247,13 @@ def plan(
         "", "--max-num-seqs", help="Values to try, e.g. 64,256 (default: the policy's)."
     ),
     max_num_batched_tokens: str = typer.Option("", "--max-num-batched-tokens", help="Values to try."),
+    weight_dtypes: str = typer.Option(
+        "", "--weight-dtypes", help="Weight formats to try, e.g. bf16,fp8,int4 (default: the scenario's)."
+    ),
+    kv_dtypes: str = typer.Option("", "--kv-dtypes", help="KV-cache formats to try, e.g. bf16,fp8."),
+    chunked_prefill: str = typer.Option(
+        "", "--chunked-prefill", help="on, off or on,off (default: the policy's)."
+    ),
     modes: str = typer.Option(
         "colocated,pd",
         "--modes",
@@ -285,7 +292,9 @@ def plan(
     from sim.studies.plan import search
     from sim.studies.plan_space import grid_options
 
-    gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
+    gpu_list, tps, knobs, mode_list = grid_options(
+        gpus, tp, max_num_seqs, max_num_batched_tokens, modes, weight_dtypes, kv_dtypes, chunked_prefill
+    )
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
     say = Console(stderr=True).print

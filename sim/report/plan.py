@@ -214,6 +214,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "capacity_pruned": result.capacity_pruned,
         "single_replica_capacity_req_per_s": result.capacity,
         "dominance_pruned": result.dominance_pruned,
+        "format_unsupported": result.removed.get("format_unsupported", {}).get("configurations", 0),
+        "pruned_by_rule": result.removed,
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
         "best": None if best is None else {**best, "set": result.reproduce(best)},
@@ -265,6 +267,12 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
         f"({result.grid_size - result.simulated} brute-force runs avoided)"
     )
+    unsupported = result.removed.get("format_unsupported", {}).get("configurations", 0)
+    if unsupported:
+        console.print(f"{unsupported} configurations hold a weight or KV format their GPU cannot run")
+    for rule, counts in sorted(result.removed.items()):
+        parts = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if k != "configurations")
+        console.print(f"removed by {rule}: {counts.get('configurations', 0)} ({parts})", markup=False)
     if result.best is None:
         console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
     else:

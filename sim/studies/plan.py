@@ -1,7 +1,8 @@
 """`sim plan`: the cheapest fleet that serves a rate within the scenario's SLO.
 
-The search space is GPU type x TP degree x policy knobs (`max_num_seqs`, `max_num_batched_tokens`) x
-colocated replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
+The search space is GPU type x TP degree x knobs (the policy's `max_num_seqs`, `max_num_batched_tokens`,
+`enable_chunked_prefill`; [model]'s `weight_dtype`, `kv_dtype`: each an axis only when given) x colocated
+replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
 A configuration meets the SLO when its runs at the rate are not overloaded and its goodput (the rate x the
 share of its judged requests meeting every [slo] bound) is at least `attainment` x the rate (DistServe's
 rule: 90% of requests meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound
@@ -42,7 +43,7 @@ from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import open_executor
 from sim.studies.plan_runs import RunStore
-from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
+from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
     DEFAULT_MAX_HORIZON_S,
     DEFAULT_MAX_REPLICATIONS,
@@ -192,6 +193,8 @@ class PlanResult:
         )  # fmt: skip
 
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
+    # what each pruning rule removed: in all ("configurations") and by each axis value (`plan_space.tally`)
+    removed: dict[str, dict[str, int]] = field(default_factory=dict)
     ran: int = 0  # runs this invocation ran (not in plan.json: a resumed plan writes the same file)
     resumed: int = 0  # finished runs read back from the runs folder
 
@@ -256,14 +259,16 @@ def search(
     needed = tail_horizon(rule, attainment, rate, tail_samples)
     if horizon is not None and horizon < needed:
         run_set["horizon.duration_s"] = float(needed)
+    removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = candidates(
-        scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
-    )
+        scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes,
+        removed=removed,
+    )  # fmt: skip
     result = PlanResult(
         rate,
         attainment,
         total,
-        total - unfit - len(cands),
+        removed.get("theory", {}).get("configurations", 0),
         0,
         unfit=unfit,
         rate_set=rate_set,
@@ -277,6 +282,7 @@ def search(
         raw=raw,
         source=source,
         policy=policy,
+        removed=removed,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
@@ -301,6 +307,9 @@ def search(
             for f, mu in zip(families, sats, strict=True)
         }
         kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        for c in cands:
+            if c.mode == "colocated" and c.counts[0] < floor[c.family]:
+                tally(removed, "capacity", c)
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
@@ -328,6 +337,7 @@ def search(
                 break
             if _dominated(c, failed):
                 result.dominance_pruned += 1
+                tally(removed, "dominance", c)
                 continue
             if best is not None and c.cost > best.cost:
                 extra -= 1
