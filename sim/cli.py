@@ -279,11 +279,14 @@ def plan(
         600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
-    force: bool = typer.Option(False, "--force", help="Run again the finished runs kept in <out>/runs."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Run again the finished runs kept in <out>/runs (a re-run of a killed plan reads them back).",
+    ),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
-    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate.
-    Finished runs are kept in <out>/runs: a re-run of a killed plan reads them back."""
+    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
     from rich.console import Console
 
     from sim.config.scenario import load_scenario
