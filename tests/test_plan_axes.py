@@ -103,7 +103,8 @@ def test_plan_searches_chunked_prefill_and_reports_what_each_rule_removed(
     # T4: bf16 weights, 3 shapes (1 or 2 colocated, 1P+1D) x chunked on and off
     assert info["format_unsupported"] == 6
     assert info["pruned_by_rule"]["format_unsupported"]["enable_chunked_prefill=False"] == 3
-    assert "removed by format_unsupported: 6" in res.output
+    assert "Removed by format_unsupported: 6" in res.output
+    assert "Removed by format_unsupported: 6 (" in (out / "index.html").read_text()
     labels = [c["config"] for c in info["candidates"]]
     for on in ("True", "False"):  # configurations of equal cost are all judged
         assert any(f"enable_chunked_prefill={on}" in label for label in labels), labels

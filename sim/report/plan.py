@@ -163,6 +163,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
+    meta = " ".join([meta, *removed_lines(result)])
     sections, specs = [], {}
     on_front = f"{front.height} configuration{'' if front.height == 1 else 's'}"
     note = (
@@ -184,6 +185,15 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def removed_lines(result: PlanResult) -> list[str]:
+    """What each pruning rule removed, by the axis values it removed (`plan_space.tally`)."""
+    lines = []
+    for rule, counts in sorted(result.removed.items()):
+        parts = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if k != "configurations")
+        lines.append(f"Removed by {rule}: {counts.get('configurations', 0)} ({parts}).")
+    return lines
 
 
 def deployment(result: PlanResult) -> dict[str, Any] | None:
@@ -270,9 +280,8 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     unsupported = result.removed.get("format_unsupported", {}).get("configurations", 0)
     if unsupported:
         console.print(f"{unsupported} configurations hold a weight or KV format their GPU cannot run")
-    for rule, counts in sorted(result.removed.items()):
-        parts = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if k != "configurations")
-        console.print(f"removed by {rule}: {counts.get('configurations', 0)} ({parts})", markup=False)
+    for line in removed_lines(result):
+        console.print(line, markup=False)
     if result.best is None:
         console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
     else:
