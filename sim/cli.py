@@ -273,6 +273,13 @@ def plan(
         "", "--max-num-seqs", help="Values to try, e.g. 64,256 (default: the policy's)."
     ),
     max_num_batched_tokens: str = typer.Option("", "--max-num-batched-tokens", help="Values to try."),
+    weight_dtypes: str = typer.Option(
+        "", "--weight-dtypes", help="Weight formats to try, e.g. bf16,fp8,int4 (default: the scenario's)."
+    ),
+    kv_dtypes: str = typer.Option("", "--kv-dtypes", help="KV-cache formats to try, e.g. bf16,fp8."),
+    chunked_prefill: str = typer.Option(
+        "", "--chunked-prefill", help="on, off or on,off (default: the policy's)."
+    ),
     modes: str = typer.Option(
         "colocated,pd",
         "--modes",
@@ -298,22 +305,35 @@ def plan(
         600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Run again the finished runs kept in <out>/runs (a re-run of a killed plan reads them back).",
+    ),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
     """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
+    from rich.console import Console
+
     from sim.config.scenario import load_scenario
-    from sim.io.outputs import path_component
+    from sim.io.outputs import exit_on_terminate, path_component
     from sim.report.plan import print_plan, write_plan
     from sim.studies.plan import search
     from sim.studies.plan_space import grid_options
 
-    gpu_list, tps, knobs, mode_list = grid_options(gpus, tp, max_num_seqs, max_num_batched_tokens, modes)
-    result = search(
-        scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment, explore,
-        rule, replications, max_replications, tail_samples, max_horizon, executor, address,
-    )  # fmt: skip
+    gpu_list, tps, knobs, mode_list = grid_options(
+        gpus, tp, max_num_seqs, max_num_batched_tokens, modes, weight_dtypes, kv_dtypes, chunked_prefill
+    )
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
+    say = Console(stderr=True).print
+    with exit_on_terminate():
+        result = search(
+            scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
+            explore, rule, replications, max_replications, tail_samples, max_horizon, executor, address,
+            out_dir / "runs", force, lambda text: say(text, markup=False),
+        )  # fmt: skip
+    say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)
     print_plan(result, out_dir)
 

@@ -163,6 +163,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
+    meta = " ".join([meta, *removed_lines(result)])
     sections, specs = [], {}
     on_front = f"{front.height} configuration{'' if front.height == 1 else 's'}"
     note = (
@@ -184,6 +185,15 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def removed_lines(result: PlanResult) -> list[str]:
+    """What each pruning rule removed, by the axis values it removed (`plan_space.tally`)."""
+    lines = []
+    for rule, counts in sorted(result.removed.items()):
+        parts = ", ".join(f"{k} {n}" for k, n in sorted(counts.items()) if k != "configurations")
+        lines.append(f"Removed by {rule}: {counts.get('configurations', 0)} ({parts}).")
+    return lines
 
 
 def deployment(result: PlanResult) -> dict[str, Any] | None:
@@ -214,6 +224,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "capacity_pruned": result.capacity_pruned,
         "single_replica_capacity_req_per_s": result.capacity,
         "dominance_pruned": result.dominance_pruned,
+        "format_unsupported": result.removed.get("format_unsupported", {}).get("configurations", 0),
+        "pruned_by_rule": result.removed,
         "simulated": result.simulated,
         "brute_force_runs_avoided": result.grid_size - result.simulated,
         "best": None if best is None else {**best, "set": result.reproduce(best)},
@@ -265,6 +277,11 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated "
         f"({result.grid_size - result.simulated} brute-force runs avoided)"
     )
+    unsupported = result.removed.get("format_unsupported", {}).get("configurations", 0)
+    if unsupported:
+        console.print(f"{unsupported} configurations hold a weight or KV format their GPU cannot run")
+    for line in removed_lines(result):
+        console.print(line, markup=False)
     if result.best is None:
         console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
     else:

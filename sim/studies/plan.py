@@ -1,7 +1,8 @@
 """`sim plan`: the cheapest fleet that serves a rate within the scenario's SLO.
 
-The search space is GPU type x TP degree x policy knobs (`max_num_seqs`, `max_num_batched_tokens`) x
-colocated replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
+The search space is GPU type x TP degree x knobs (the policy's `max_num_seqs`, `max_num_batched_tokens`,
+`enable_chunked_prefill`; [model]'s `weight_dtype`, `kv_dtype`: each an axis only when given) x colocated
+replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
 A configuration meets the SLO when its runs at the rate are not overloaded and its goodput (the rate x the
 share of its judged requests meeting every [slo] bound) is at least `attainment` x the rate (DistServe's
 rule: 90% of requests meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
-from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates
+from sim.studies.plan_runs import RunStore
+from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
     DEFAULT_MAX_HORIZON_S,
     DEFAULT_MAX_REPLICATIONS,
@@ -192,6 +194,10 @@ class PlanResult:
         )  # fmt: skip
 
     capacity: dict[str, float] = field(default_factory=dict)  # single-replica saturation, req/s, by family
+    # what each pruning rule removed: in all ("configurations") and by each axis value (`plan_space.tally`)
+    removed: dict[str, dict[str, int]] = field(default_factory=dict)
+    ran: int = 0  # runs this invocation ran (not in plan.json: a resumed plan writes the same file)
+    resumed: int = 0  # finished runs read back from the runs folder
 
     @property
     def simulated(self) -> int:
@@ -218,13 +224,20 @@ def search(
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S,
     executor: str = "process",
     address: str | None = None,
+    runs_dir: Path | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
     on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
     too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`. The runs
-    go to `executor` (`studies.executor`: process, or dask at the scheduler `address`)."""
+    go to `executor` (`studies.executor`: process, or dask at the scheduler `address`). Finished runs are
+    kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again); `progress` is
+    told of each stage and each configuration judged."""
     check_executor(executor, address)
+    say = progress or (lambda _text: None)
+    store = RunStore(runs_dir, force)
     source = str(scenario_path)
     base = load_scenario(scenario_path, list(set_))
     if base.workload.arrival.kind not in ("poisson", "gamma", "deterministic", "staged"):
@@ -251,14 +264,16 @@ def search(
     needed = tail_horizon(rule, attainment, rate, tail_samples)
     if horizon is not None and horizon < needed:
         run_set["horizon.duration_s"] = float(needed)
+    removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = candidates(
-        scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes
-    )
+        scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes,
+        removed=removed,
+    )  # fmt: skip
     result = PlanResult(
         rate,
         attainment,
         total,
-        total - unfit - len(cands),
+        removed.get("theory", {}).get("configurations", 0),
         0,
         unfit=unfit,
         rate_set=rate_set,
@@ -272,6 +287,7 @@ def search(
         raw=raw,
         source=source,
         policy=policy,
+        removed=removed,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     best: Candidate | None = None
@@ -285,11 +301,8 @@ def search(
             )
             for f in families
         ]
-        sats = (
-            list(pool.map(single_capacity, sat_tasks))
-            if pool is not None
-            else [single_capacity(t) for t in sat_tasks]
-        )
+        say(f"{len(sat_tasks)} single-replica capacity runs")
+        sats = store.map("capacity", single_capacity, sat_tasks, pool)
         floor = {
             f: max(1, math.ceil(CAPACITY_SLACK * rate / mu)) if mu > 0 else 10**9
             for f, mu in zip(families, sats, strict=True)
@@ -299,10 +312,14 @@ def search(
             for f, mu in zip(families, sats, strict=True)
         }
         kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        for c in cands:
+            if c.mode == "colocated" and c.counts[0] < floor[c.family]:
+                tally(removed, "capacity", c)
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-        run = lambda ts: list(pool.map(evaluate, ts)) if pool is not None else [evaluate(t) for t in ts]  # noqa: E731
+        run = lambda ts: store.map("run", evaluate, ts, pool)  # noqa: E731
+        say(f"{len(cands)} configurations to judge, cheapest first")
 
         def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
             """A configuration's runs: `replications` seeds, more while too close to call."""
@@ -325,6 +342,7 @@ def search(
                 break
             if _dominated(c, failed):
                 result.dominance_pruned += 1
+                tally(removed, "dominance", c)
                 continue
             if best is not None and c.cost > best.cost:
                 extra -= 1
@@ -338,11 +356,14 @@ def search(
                 figures, judged, seeds = judge(overrides)
             ok = judged.verdict == MEETS
             result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
+            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds; runs so far: {store.ran} run, "
+                f"{store.resumed} read back)")  # fmt: skip
             if ok and (best is None or c < best):
                 best = c
                 result.best = result.rows[-1]
             elif judged.verdict == FAILS:
                 failed.setdefault(c.family, []).append(c.counts)
+    result.ran, result.resumed = store.ran, store.resumed
     return result
 
 

@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from sim.catalog.gpu_formats import format_problem
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
+from sim.catalog.quantisation import check_dtype
 from sim.config.scenario import Scenario
 from sim.cost.memory import check_tp
 from sim.cost.replica import build_cost_and_memory
@@ -32,6 +34,22 @@ DEFAULT_ROUTER = "least_outstanding"
 
 
 DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
+
+
+MODEL_KNOBS = ("weight_dtype", "kv_dtype")  # knobs of [model] (the formats); the others are the policy's
+Knob = tuple[str, int | bool | str]
+
+
+def tally(removed: dict[str, dict[str, int]] | None, rule: str, c: Candidate, n: int = 1) -> None:
+    """Count `n` configurations like `c` as removed by `rule`: in all, and by each axis value they hold."""
+    if removed is None:
+        return
+    counts = removed.setdefault(rule, {})
+    values = [f"gpu={c.gpu}", f"tp={c.tp}", *(f"{k}={v}" for k, v in c.knobs)]
+    if c.heterogeneous:
+        values += [f"decode_gpu={c.decode_gpu}", f"decode_tp={c.decode_tp}"]
+    for key in ("configurations", *values):
+        counts[key] = counts.get(key, 0) + n
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +86,7 @@ class Candidate:
     mode: str  # colocated or pd
     gpu: str
     tp: int
-    knobs: tuple[tuple[str, int], ...]
+    knobs: tuple[Knob, ...]
     counts: tuple[int, ...]
     decode_gpu: str = ""
     decode_tp: int = 0
@@ -95,7 +113,7 @@ class Candidate:
         """The dotted `--set` overrides that turn the scenario into this configuration."""
         out: dict[str, Any] = {"model.gpu": self.gpu, "model.tp": self.tp}
         for key, value in self.knobs:
-            out[f"policies.{policy}.{key}"] = value
+            out[f"model.{key}" if key in MODEL_KNOBS else f"policies.{policy}.{key}"] = value
         if self.mode == "colocated":
             out["cluster.groups"] = [{"count": self.counts[0]}]
         else:
@@ -113,33 +131,54 @@ class Candidate:
         return out
 
 
-def knob_grid(
-    scenario: Scenario, policy: str, grid: dict[str, Sequence[int]]
-) -> list[tuple[tuple[str, int], ...]]:
-    """The knob combinations the policy's scheduler accepts (its own values when the grid gives none)."""
+def knob_grid(scenario: Scenario, policy: str, grid: dict[str, Sequence[Any]]) -> list[tuple[Knob, ...]]:
+    """The knob combinations the policy's scheduler (and [model], for the formats) accepts (the scenario's
+    own values when the grid gives none)."""
     _, config = scenario.policy(policy)
-    axes: list[list[tuple[str, int]]] = []
+    fields = set(type(config).model_fields) | set(MODEL_KNOBS)
+    axes: list[list[Knob]] = []
     for key, values in sorted(grid.items()):
-        if key in type(config).model_fields and values:
-            axes.append([(key, int(v)) for v in values])
-    combos: list[tuple[tuple[str, int], ...]] = [()]
+        if key in fields and values:
+            axes.append([(key, v) for v in values])
+    combos: list[tuple[Knob, ...]] = [()]
     for axis in axes:
         combos = [(*c, kv) for c in combos for kv in axis]
     return combos
 
 
+def unsupported_format(gpu: str, knobs: tuple[Knob, ...]) -> str | None:
+    """Why `gpu` cannot run the weight or KV format among `knobs` as vLLM serves it, or None."""
+    for key, value in knobs:
+        if key in MODEL_KNOBS:
+            why = format_problem(get_gpu(gpu), str(value))
+            if why is not None:
+                return why
+    return None
+
+
+def formatted(scenario: Scenario, gpu: str, tp: int, knobs: tuple[Knob, ...]) -> Scenario:
+    """The scenario with one group's GPU and TP, and the formats among `knobs`, in its [model] table."""
+    out = group_scenario(scenario, gpu, tp)
+    update = {k: v for k, v in knobs if k in MODEL_KNOBS}
+    if not update:
+        return out
+    copy = out.model_copy(update={"model": out.model.model_copy(update=update)})
+    copy._policy_configs = out._policy_configs
+    return copy
+
+
 def work_bounds(
     scenario: Scenario,
     policy: str,
-    family: tuple[str, str, int, tuple[tuple[str, int], ...]],
+    family: tuple[str, str, int, tuple[Knob, ...]],
     rate: float,
     base_dir: Path,
 ) -> tuple[int, int, int] | None:
     """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
-    not fit this GPU and TP."""
+    not fit this GPU and TP (in the formats among the knobs)."""
     _, gpu, tp, knobs = family
     try:
-        cost, budget, _ = build_cost_and_memory(group_scenario(scenario, gpu, tp))
+        cost, budget, _ = build_cost_and_memory(formatted(scenario, gpu, tp, knobs))
     except SimError:
         return None
     prompt, output = request_lengths(scenario.workload, None, base_dir)
@@ -160,17 +199,21 @@ def candidates(
     base_dir: Path,
     gpus: Sequence[str],
     tps: Sequence[int],
-    knobs: dict[str, Sequence[int]],
+    knobs: dict[str, Sequence[Any]],
     max_gpus: int,
     modes: Sequence[str],
     theory: bool = True,
+    removed: dict[str, dict[str, int]] | None = None,
 ) -> tuple[list[Candidate], int, int]:
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
     grid (what brute force would run); and how many of its configurations the model does not fit.
 
     Modes: `colocated` (c replicas), `pd` (p prefill + d decode replicas of one GPU and TP), `hetero`
     (p prefill replicas on one GPU and TP + d decode replicas on another GPU or TP, within `max_gpus`).
-    `theory=False` keeps every configuration that fits in memory (brute force's grid)."""
+    `theory=False` keeps every configuration that fits in memory (brute force's grid). `removed` is given
+    what each rule removed (`tally`): `format_unsupported` (a format the GPU cannot run), `does_not_fit`
+    (memory, counted in the third return value) and `theory`; a format the GPU cannot run is neither
+    simulated nor counted as not fitting."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
     out: list[Candidate] = []
@@ -185,7 +228,7 @@ def candidates(
         kinds += [(gpu, tp, prices[gpu].usd_per_gpu_hour) for tp in tps]
     bounds_of: dict[tuple[Any, ...], tuple[int, int, int] | None] = {}
 
-    def bounds(gpu: str, tp: int, combo: tuple[tuple[str, int], ...]) -> tuple[int, int, int] | None:
+    def bounds(gpu: str, tp: int, combo: tuple[Knob, ...]) -> tuple[int, int, int] | None:
         key = (gpu, tp, combo)
         if key not in bounds_of:
             found = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir)
@@ -201,15 +244,22 @@ def candidates(
             if "pd" in modes:
                 shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
             total += len(shapes)
+            like = Candidate(0.0, 0, "colocated", gpu, tp, combo, (1,))
+            if shapes and unsupported_format(gpu, combo):
+                tally(removed, "format_unsupported", like, len(shapes))
+                continue
             found = bounds(gpu, tp, combo) if shapes else None
             if found is None:
                 unfit += len(shapes)
+                tally(removed, "does_not_fit", like, len(shapes))
                 continue
             c_min, p_min, d_min = found
             for mode, counts in shapes:
                 if mode == "colocated" and counts[0] < c_min:
+                    tally(removed, "theory", like)
                     continue
                 if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
+                    tally(removed, "theory", like)
                     continue
                 n = sum(counts) * tp
                 out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
@@ -224,12 +274,18 @@ def candidates(
                     for d in range(1, (max_gpus - p * ptp) // dtp + 1)
                 ]
                 total += len(splits)
+                like = Candidate(0.0, 0, "pd", pg, ptp, combo, (1, 1), dg, dtp)
+                if splits and (unsupported_format(pg, combo) or unsupported_format(dg, combo)):
+                    tally(removed, "format_unsupported", like, len(splits))
+                    continue
                 pre, dec = bounds(pg, ptp, combo), bounds(dg, dtp, combo)
                 if pre is None or dec is None:
                     unfit += len(splits)
+                    tally(removed, "does_not_fit", like, len(splits))
                     continue
                 for p, d in splits:
                     if p < pre[1] or d < dec[2]:
+                        tally(removed, "theory", like)
                         continue
                     cost = round(p * ptp * pusd + d * dtp * dusd, 6)
                     out.append(Candidate(cost, p * ptp + d * dtp, "pd", pg, ptp, combo, (p, d), dg, dtp))
@@ -263,10 +319,38 @@ def _ints(text: str, option: str) -> list[int]:
     return values
 
 
+def _dtypes(text: str, key: str, option: str) -> list[str]:
+    """Formats, comma-separated, each one the [model] key accepts."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    for v in values:
+        try:
+            check_dtype(key, v)
+        except ValueError as err:
+            raise SimError(f"{option}: {v!r}: {err}") from None
+    return values
+
+
+def _switch(text: str, option: str) -> list[bool]:
+    """on/off values, comma-separated."""
+    words = {"on": True, "off": False, "true": True, "false": False}
+    values = [v.strip().lower() for v in text.split(",") if v.strip()]
+    if any(v not in words for v in values):
+        raise SimError(f"{option}: expected on, off or both, comma-separated (got {text!r})")
+    return [words[v] for v in values]
+
+
 def grid_options(
-    gpus: str | None, tp: str, max_num_seqs: str, max_num_batched_tokens: str, modes: str
-) -> tuple[list[str] | None, list[int], dict[str, list[int]], list[str]]:
-    """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes)."""
+    gpus: str | None,
+    tp: str,
+    max_num_seqs: str,
+    max_num_batched_tokens: str,
+    modes: str,
+    weight_dtypes: str = "",
+    kv_dtypes: str = "",
+    chunked_prefill: str = "",
+) -> tuple[list[str] | None, list[int], dict[str, list[Any]], list[str]]:
+    """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes).
+    The formats and chunked prefill are searched only when given (opt-in axes)."""
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     if not mode_list or set(mode_list) - {"colocated", "pd", "hetero"}:
         raise SimError(f"--modes: colocated, pd, hetero or several, comma-separated (got {modes!r})")
@@ -276,6 +360,9 @@ def grid_options(
     knobs = {
         "max_num_seqs": _ints(max_num_seqs, "--max-num-seqs"),
         "max_num_batched_tokens": _ints(max_num_batched_tokens, "--max-num-batched-tokens"),
+        "weight_dtype": _dtypes(weight_dtypes, "weight_dtype", "--weight-dtypes"),
+        "kv_dtype": _dtypes(kv_dtypes, "kv_dtype", "--kv-dtypes"),
+        "enable_chunked_prefill": _switch(chunked_prefill, "--chunked-prefill"),
     }
     gpu_list = None if gpus is None else [g.strip() for g in gpus.split(",") if g.strip()]
     if gpu_list == []:
