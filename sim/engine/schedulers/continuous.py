@@ -165,10 +165,8 @@ class ContinuousScheduler(ReservationQueue):
             room = self.cfg.max_num_seqs - self._seqs
             if head.n <= room and kv.reserved + kv.need(head) <= kv.capacity:
                 return None  # the next step admits it
-        rows = self._seqs
-        return QuietSteps(
-            steps, rows, self._seqs_ctx, self._end_bound + self.step, kv.used(), rows, kv.reserved, kv.capacity
-        )
+        rows, first_end = self._seqs, self._end_bound + self.step
+        return QuietSteps(steps, rows, self._seqs_ctx, first_end, kv.used(), rows, kv.reserved, kv.capacity)
 
     def advance_quiet(self, steps: int, now: float) -> None:
         """Apply the first `steps` of `quiet_steps`'s steps, as `update` of each would, the last ending
