@@ -188,7 +188,12 @@ class Recorder:
             self._flush_steps()
 
     def quiet_steps(
-        self, start: float, durations: list[float], ends: list[float], compute: list[bool], quiet: QuietSteps,
+        self,
+        start: float,
+        durations: list[float],
+        ends: list[float],
+        compute: list[bool],
+        quiet: QuietSteps,
         waiting: int,
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
