@@ -157,10 +157,20 @@ class Replica:
         quiet_steps = getattr(sched, "quiet_steps", None)
         if quiet_steps is None or getattr(self.step_time, "plan_time", None) is not None:
             return None
-        totals_time = getattr(getattr(self.step_time, "__self__", None), "step_time_totals", None)
+        cost = getattr(self.step_time, "__self__", None)
+        totals_time = getattr(cost, "step_time_totals", None)
         if totals_time is None or type(rec).step is not Recorder.step:
             return None
         advance, record = sched.advance_quiet, rec.quiet_steps  # type: ignore[attr-defined]
+        decode_timer = getattr(cost, "decode_timer", None)  # the same seconds, its constants computed once
+        timers: dict[int, tuple[Callable[[int], tuple[float, bool]], float]] = {}
+
+        def timer_of(rows: int) -> tuple[Callable[[int], tuple[float, bool]], float]:
+            """(seconds of a step of `rows` decode rows on Σq, the largest max_end it is valid for)."""
+            got = timers.get(rows)
+            if got is None:
+                got = timers[rows] = decode_timer(rows)  # type: ignore[misc]
+            return got
 
         def run(limit: float) -> None:
             """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event): each
@@ -169,15 +179,27 @@ class Replica:
             if quiet is None:
                 return
             rows, ctx, max_end = quiet.rows, quiet.ctx, quiet.max_end
+            lent, free, slots, held = quiet.lent, quiet.free, quiet.block_slots, quiet.allocated
+            period = len(lent)
             start = now = env._now
             durations: list[float] = []
             ends: list[float] = []
             compute: list[bool] = []
-            for _ in range(quiet.steps):
-                timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
-                if timed is None:  # a sliding window may be reached: the step's rows decide
-                    break
-                seconds, bound = timed
+            allocated: list[int] = []
+            take = 0
+            seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
+            for j in range(quiet.steps):
+                if period:
+                    take = lent[j % period]
+                    if take > free:  # this step's new blocks might not be there: its rows decide
+                        break
+                if max_end <= window:
+                    seconds, bound = seconds_of(ctx)  # type: ignore[misc]
+                else:
+                    timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
+                    if timed is None:  # a sliding window may be reached: the step's rows decide
+                        break
+                    seconds, bound = timed
                 end = now + seconds
                 if not end < limit:
                     break
@@ -187,10 +209,16 @@ class Replica:
                 now = end
                 ctx += rows
                 max_end += 1
+                if period:
+                    free -= take
+                    held += take * slots
+                    allocated.append(held)
             if durations:
                 env._now = now  # type: ignore[attr-defined]
-                advance(len(durations), now)
-                record(start, durations, ends, compute, quiet, sched.num_waiting)
+                advance(start, ends)
+                record(
+                    start, durations, ends, compute, quiet, sched.num_waiting, allocated if period else None
+                )
 
         return run
 

@@ -168,14 +168,15 @@ class ContinuousScheduler(ReservationQueue):
         rows, first_end = self._seqs, self._end_bound + self.step
         return QuietSteps(steps, rows, self._seqs_ctx, first_end, kv.used(), rows, kv.reserved, kv.capacity)
 
-    def advance_quiet(self, steps: int, now: float) -> None:
-        """Apply the first `steps` of `quiet_steps`'s steps, as `update` of each would, the last ending
-        at `now`."""
+    def advance_quiet(self, start: float, ends: list[float]) -> None:
+        """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
+        (the first starting at `start`, step j ending at `ends[j]`)."""
+        steps = len(ends)
         tokens = steps * self._seqs
         self._seqs_ctx += tokens
         self.kv.store(tokens)
         self.step += steps
-        self.last_end = now
+        self.last_end = ends[-1]
 
     def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """The step's row arrays: running sequences' decodes, then the admitted sequences' prompts."""
