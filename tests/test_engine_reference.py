@@ -23,6 +23,7 @@ from sim.catalog.models import load_model
 from sim.config.policies import ContinuousConfig, StaticConfig, VllmConfig
 from sim.core.request import Request
 from sim.core.step import StepPlan
+from sim.cost.kernel_model import KernelCostModel
 from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
@@ -301,14 +302,15 @@ class _CountingContinuous(ContinuousScheduler):
         return super().schedule(now)
 
 
-@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-2-9b"])
+@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-2-9b", "kernel"])
 @pytest.mark.parametrize("horizon", sorted(HORIZONS))
 def test_continuous_quiet_steps_match_the_reference(
     monkeypatch: pytest.MonkeyPatch, model: str, horizon: str
 ) -> None:
     """The continuous policy's decode-only steps, advanced at once between arrivals and finishes, give the
     records of the reference loop's one step at a time, across record chunks of a few rows, and with
-    sliding-window layers (gemma-2, prompts near its 4,096-token window: past it, the rows decide)."""
+    sliding-window layers (gemma-2, prompts near its 4,096-token window: past it, the rows decide), and
+    with the kernel cost model."""
     h = HORIZONS[horizon]
     reqs = _requests(150, 6.0, seed=11 + len(horizon))
     memory = MEMORY
@@ -318,7 +320,10 @@ def test_continuous_quiet_steps_match_the_reference(
             r.prompt_len += 3_200  # some batches cross the window as they decode
     stop = h.duration_s if h.duration_s is not None else math.inf
     arriving = [r for r in reqs if r.arrival < stop]
-    cost = CostModel(load_model(model), get_gpu("A100-80GB"))
+    if model == "kernel":  # a cost model without `decode_timer`: each step from its totals
+        cost: CostModel | KernelCostModel = KernelCostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))
+    else:
+        cost = CostModel(load_model(model), get_gpu("A100-80GB"))
     monkeypatch.setattr(__import__(__name__), "COST", cost)  # the reference loop's step time
     sched = _CountingContinuous(ContinuousConfig(max_num_seqs=16), memory)
     source = iter(_requests_copy(arriving))
