@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence, Sized
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -65,8 +66,9 @@ class QuietSteps(NamedTuple):
     token, `rows` decode tokens, and KV used `used + j·used_step`, of `capacity` slots.
 
     Without `lent`, `allocated` slots are held at every step. With it, step j first takes
-    `lent[j % len(lent)]` blocks of `block_slots` slots from the `free` ones (a step that finds fewer free
-    is not one of these), and holds `allocated` plus the slots of every block taken so far."""
+    `len(lent[(lent_from + j) % len(lent)])` blocks (one per member) of `block_slots` slots from the `free`
+    ones (a step that finds fewer free is not one of these), and holds `allocated` plus the slots of every
+    block taken so far."""
 
     steps: int  # how many (at least 1)
     rows: int
@@ -76,6 +78,7 @@ class QuietSteps(NamedTuple):
     used_step: int
     allocated: int
     capacity: int
-    lent: tuple[int, ...] = ()
+    lent: Sequence[Sized] = ()
+    lent_from: int = 0
     free: int = 0
     block_slots: int = 0

@@ -180,7 +180,7 @@ class Replica:
                 return
             rows, ctx, max_end = quiet.rows, quiet.ctx, quiet.max_end
             lent, free, slots, held = quiet.lent, quiet.free, quiet.block_slots, quiet.allocated
-            period = len(lent)
+            period, phase, taken = len(lent), quiet.lent_from, 0
             start = now = env._now
             durations: list[float] = []
             ends: list[float] = []
@@ -190,7 +190,7 @@ class Replica:
             seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
             for j in range(quiet.steps):
                 if period:
-                    take = lent[j % period]
+                    take = len(lent[(phase + j) % period])
                     if take > free:  # this step's new blocks might not be there: its rows decide
                         break
                 if max_end <= window:
@@ -211,11 +211,12 @@ class Replica:
                 max_end += 1
                 if period:
                     free -= take
+                    taken += take
                     held += take * slots
                     allocated.append(held)
             if durations:
                 env._now = now  # type: ignore[attr-defined]
-                advance(start, ends)
+                advance(start, ends, taken)
                 record(
                     start, durations, ends, compute, quiet, sched.num_waiting, allocated if period else None
                 )

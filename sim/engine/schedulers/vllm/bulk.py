@@ -145,7 +145,7 @@ class BulkDecoding:
         the engine may advance at once (`advance_quiet`). Without prefix caching, step j lends the blocks of
         its phase's sequences; one that finds too few free blocks is not among them. None when the next step
         is not such a step."""
-        if not self.fast or self._busy or self.waiting or self._held or not self._bulk_n:
+        if self._busy or self.waiting or self._held or not self._bulk_n or not self.fast:
             return None
         n = self._bulk_n
         if n >= self.token_budget:
@@ -165,30 +165,18 @@ class BulkDecoding:
         kv, bs = self.kv, self.block_size
         allocated = kv.allocated
         used = allocated - kv.waste + n  # after the first step's `filled`; its new blocks add as much waste
-        if self._lazy:
-            phases = self._phases
-            lent = tuple(len(phases[(step + j) % bs]) for j in range(bs))
-        else:
-            lent = ()
         return QuietSteps(
             end - step, n, self._bulk_ctx + n * step, step - top[0][0] + 1, used, n, allocated, self.capacity,
-            lent, kv.num_free, bs,
+            self._phases, step % bs, kv.num_free, bs,
         )  # fmt: skip
 
-    def advance_quiet(self, start: float, ends: list[float]) -> None:
+    def advance_quiet(self, start: float, ends: list[float], taken: int) -> None:
         """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
-        (the first starting at `start`, step j ending at `ends[j]`)."""
+        (the first starting at `start`, step j ending at `ends[j]`; `taken` blocks lent in all)."""
         steps, first, n = len(ends), self._step + 1, self._bulk_n
         last = first + steps - 1
-        if self._lazy:
-            phases, bs = self._phases, self.block_size
-            taken = sum(len(phases[step % bs]) for step in range(first, first + min(steps, bs)))
-            if steps > bs:
-                cycles, rest = divmod(steps, bs)
-                cycle = sum(len(p) for p in phases)
-                taken = cycles * cycle + sum(len(phases[step % bs]) for step in range(first, first + rest))
-            if taken:
-                self._lent += self.kv.lend(taken)  # the blocks of every step, in the order they are taken
+        if taken:
+            self._lent += self.kv.lend(taken)  # the blocks of every step, in the order they are taken
         self.kv.filled(n * steps)
         gaps, prev = self._gaps, self._last_end
         for step, end in enumerate(ends, first):
