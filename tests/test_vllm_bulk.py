@@ -17,7 +17,6 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.policies import VllmConfig
 from sim.core.request import Request
-from sim.core.step import StepPlan
 from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import Horizon, simulate
@@ -141,35 +140,3 @@ def test_suffix_max_answers_the_largest_gap_since_any_step(values: list[float], 
             stack.drop_before(kept_from)
         first = data.draw(st.integers(kept_from, step))
         assert stack.since(first) == max(values[first : step + 1])
-
-
-class _Counting(VllmScheduler):
-    """Counts `_schedule` calls: decode-only steps advanced at once (`quiet_steps`) are not scheduled."""
-
-    schedules = 0
-
-    def _schedule(self, now: float) -> StepPlan | None:
-        self.schedules += 1
-        return super()._schedule(now)
-
-
-@pytest.mark.parametrize("caching", [False, True])
-@pytest.mark.parametrize("blocks", [260, 2_000])  # 260: too few free blocks for some steps' lending
-def test_decode_only_steps_are_advanced_at_once(caching: bool, blocks: int) -> None:
-    """Between arrivals and finishes the steps of sequences all in bulk are advanced at once (lending their
-    new blocks), with the records of stepping every row, across record chunks of a few rows."""
-    config = VllmConfig(max_num_seqs=32, enable_prefix_caching=caching, async_scheduling=False)
-    budget = KvBudget(blocks, 16, 2048)
-    rng = np.random.default_rng(5)
-    times = np.cumsum(rng.exponential(0.4, 60))
-    reqs = [Request(i, float(t), int(rng.integers(1, 300)), 600, int(rng.integers(50, 600)))
-            for i, t in enumerate(times)]  # fmt: skip
-    horizon = Horizon(max_requests=len(reqs), drain=True)
-    slow = simulate(VllmScheduler(config, budget), COST.step_time, horizon, open_loop=iter(_copies(reqs)))
-    sched = _Counting(config, budget, fast=True)
-    fast = simulate(
-        sched, COST.step_time, horizon, open_loop=iter(_copies(reqs)), recorder=Recorder(chunk_rows=7)
-    )
-    steps = fast.recorder.steps_frame().height
-    assert sched.schedules < steps * (0.8 if caching else 0.5)  # with a prefix cache new blocks need rows
-    _assert_same(slow.recorder, fast.recorder)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Sequence, Sized
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,12 +62,7 @@ class QuietSteps(NamedTuple):
     """Decode-only steps a scheduler can vouch for, from its next step on: no row is admitted, resumed,
     preempted or finished, and every row decodes one token on a context one longer each step. Step j
     (from 0) has the totals (rows, rows, rows, ctx + j·rows, rows, ctx + j·rows, max_end + j), no prefill
-    token, `rows` decode tokens, and KV used `used + j·used_step`, of `capacity` slots.
-
-    Without `lent`, `allocated` slots are held at every step. With it, step j first takes
-    `len(lent[(lent_from + j) % len(lent)])` blocks (one per member) of `block_slots` slots from the `free`
-    ones (a step that finds fewer free is not one of these), and holds `allocated` plus the slots of every
-    block taken so far."""
+    token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`)."""
 
     steps: int  # how many (at least 1)
     rows: int
@@ -78,7 +72,3 @@ class QuietSteps(NamedTuple):
     used_step: int
     allocated: int
     capacity: int
-    lent: Sequence[Sized] = ()
-    lent_from: int = 0
-    free: int = 0
-    block_slots: int = 0

@@ -179,20 +179,12 @@ class Replica:
             if quiet is None:
                 return
             rows, ctx, max_end = quiet.rows, quiet.ctx, quiet.max_end
-            lent, free, slots, held = quiet.lent, quiet.free, quiet.block_slots, quiet.allocated
-            period, phase, taken = len(lent), quiet.lent_from, 0
             start = now = env._now
             durations: list[float] = []
             ends: list[float] = []
             compute: list[bool] = []
-            allocated: list[int] = []
-            take = 0
             seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
-            for j in range(quiet.steps):
-                if period:
-                    take = len(lent[(phase + j) % period])
-                    if take > free:  # this step's new blocks might not be there: its rows decide
-                        break
+            for _ in range(quiet.steps):
                 if max_end <= window:
                     seconds, bound = seconds_of(ctx)  # type: ignore[misc]
                 else:
@@ -209,17 +201,10 @@ class Replica:
                 now = end
                 ctx += rows
                 max_end += 1
-                if period:
-                    free -= take
-                    taken += take
-                    held += take * slots
-                    allocated.append(held)
             if durations:
                 env._now = now  # type: ignore[attr-defined]
-                advance(start, ends, taken)
-                record(
-                    start, durations, ends, compute, quiet, sched.num_waiting, allocated if period else None
-                )
+                advance(start, ends)
+                record(start, durations, ends, compute, quiet, sched.num_waiting)
 
         return run
 

@@ -195,10 +195,9 @@ class Recorder:
         compute: list[bool],
         quiet: QuietSteps,
         waiting: int,
-        allocated: list[int] | None = None,
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
-        its start plus its duration, and holds `allocated[j]` KV slots, by default `quiet.allocated`),
+        its start plus its duration),
         recorded as `step` records each of them."""
         done, total = 0, len(durations)
         rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
@@ -215,7 +214,7 @@ class Recorder:
             values = [0] * (take * 7)  # the columns of `step`'s rows: prefill tokens and preempted are 0
             values[0::7] = values[2::7] = [rows] * take
             values[3::7] = range(first, first + take * used_step, used_step) if used_step else [used] * take
-            values[4::7] = [quiet.allocated] * take if allocated is None else allocated[done : done + take]
+            values[4::7] = [quiet.allocated] * take
             values[6::7] = [waiting] * take
             self._step_ints.extend(values)  # type: ignore[arg-type]
             self._step_compute.extend(compute[done : done + take])

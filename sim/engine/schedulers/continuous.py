@@ -168,9 +168,9 @@ class ContinuousScheduler(ReservationQueue):
         rows, first_end = self._seqs, self._end_bound + self.step
         return QuietSteps(steps, rows, self._seqs_ctx, first_end, kv.used(), rows, kv.reserved, kv.capacity)
 
-    def advance_quiet(self, start: float, ends: list[float], taken: int = 0) -> None:
+    def advance_quiet(self, start: float, ends: list[float]) -> None:
         """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
-        (the first starting at `start`, step j ending at `ends[j]`; no blocks are `taken`)."""
+        (the first starting at `start`, step j ending at `ends[j]`)."""
         steps = len(ends)
         tokens = steps * self._seqs
         self._seqs_ctx += tokens

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections import deque
 
 from sim.core.request import Request
-from sim.core.step import QuietSteps
 from sim.engine.kv import Block, KvManager, cdiv
 from sim.engine.schedulers.vllm.plan import Seq, StepInfo
 
@@ -34,12 +32,8 @@ class BulkDecoding:
     block_size: int
     max_model_len: int
     token_budget: int
-    capacity: int
     fast: bool
-    waiting: deque[Seq]
-    _held: deque[tuple[float, list[Seq]]]
     _step: int  # steps scheduled
-    _step_start: float  # when the latest planned step started
     _last_end: float  # when the latest applied step ended
 
     def _init_bulk(self, caching: bool) -> None:
@@ -136,56 +130,6 @@ class BulkDecoding:
         else:
             heapq.heappush(self._events, (last + 1, seq.order, since, seq))
         return last
-
-    # ---- decode-only steps at once -------------------------------------------------------------------
-    def quiet_steps(self) -> QuietSteps | None:
-        """The steps from the next one on in which every running sequence is in bulk and stays there, nothing
-        waits, and no sequence in bulk needs a row of its own or finishes (until the first that does, and
-        short of the next drop of gaps): each is `schedule` and `update` of a step of bulk rows only, which
-        the engine may advance at once (`advance_quiet`). Without prefix caching, step j lends the blocks of
-        its phase's sequences; one that finds too few free blocks is not among them. None when the next step
-        is not such a step."""
-        if self._busy or self.waiting or self._held or not self._bulk_n or not self.fast:
-            return None
-        n = self._bulk_n
-        if n >= self.token_budget:
-            return None
-        step = self._step + 1
-        end = -(-step // GAPS_KEPT) * GAPS_KEPT  # its update drops the gaps no sequence needs
-        for heap in (self._events, self._finishes):  # (step, order, since, seq), stale ones dropped
-            while heap and heap[0][3].bulk_since != heap[0][2]:
-                heapq.heappop(heap)
-            if heap and heap[0][0] < end:
-                end = heap[0][0]
-        if end <= step:
-            return None
-        top = self._bulk_max
-        while top[0][3].bulk_since != top[0][1]:
-            heapq.heappop(top)
-        kv, bs = self.kv, self.block_size
-        allocated = kv.allocated
-        used = allocated - kv.waste + n  # after the first step's `filled`; its new blocks add as much waste
-        return QuietSteps(
-            end - step, n, self._bulk_ctx + n * step, step - top[0][0] + 1, used, n, allocated, self.capacity,
-            self._phases, step % bs, kv.num_free, bs,
-        )  # fmt: skip
-
-    def advance_quiet(self, start: float, ends: list[float], taken: int) -> None:
-        """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
-        (the first starting at `start`, step j ending at `ends[j]`; `taken` blocks lent in all)."""
-        steps, first, n = len(ends), self._step + 1, self._bulk_n
-        last = first + steps - 1
-        if taken:
-            self._lent += self.kv.lend(taken)  # the blocks of every step, in the order they are taken
-        self.kv.filled(n * steps)
-        gaps, prev = self._gaps, self._last_end
-        for step, end in enumerate(ends, first):
-            gaps.append(step, end - prev)
-            prev = end
-        self._last_end = prev
-        self._step = self._updated = last
-        self._crossed = last if self._lazy else last - 1
-        self._step_start = ends[-2] if steps > 1 else start
 
     # ---- into and out of bulk ------------------------------------------------------------------------
     def _wake(self, seq: Seq) -> None:
