@@ -22,6 +22,8 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.policies import ContinuousConfig, StaticConfig, VllmConfig
 from sim.core.request import Request
+from sim.core.step import StepPlan
+from sim.cost.kernel_model import KernelCostModel
 from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
@@ -288,3 +290,47 @@ def test_closed_loop_matches_the_reference(policy: str, horizon: Horizon, ramp_s
     if ramp_s == 0:  # every user sends at t = 0, in order: request u is user u's
         frame = out.recorder.requests_frame()
         assert frame.filter(pl.col("id") < 12)["prefix_group"].to_list() == list(range(12))
+
+
+class _CountingContinuous(ContinuousScheduler):
+    """Counts `schedule` calls: decode-only steps advanced at once (`quiet_steps`) are not scheduled."""
+
+    schedules = 0
+
+    def schedule(self, now: float) -> StepPlan | None:
+        self.schedules += 1
+        return super().schedule(now)
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "gemma-2-9b", "kernel"])
+@pytest.mark.parametrize("horizon", sorted(HORIZONS))
+def test_continuous_quiet_steps_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch, model: str, horizon: str
+) -> None:
+    """The continuous policy's decode-only steps, advanced at once between arrivals and finishes, give the
+    records of the reference loop's one step at a time, across record chunks of a few rows, and with
+    sliding-window layers (gemma-2, prompts near its 4,096-token window: past it, the rows decide), and
+    with the kernel cost model."""
+    h = HORIZONS[horizon]
+    reqs = _requests(150, 6.0, seed=11 + len(horizon))
+    memory = MEMORY
+    if model == "gemma-2-9b":
+        memory = KvBudget(num_blocks=8_000, block_size=16, max_model_len=8192)
+        for r in reqs:
+            r.prompt_len += 3_200  # some batches cross the window as they decode
+    stop = h.duration_s if h.duration_s is not None else math.inf
+    arriving = [r for r in reqs if r.arrival < stop]
+    if model == "kernel":  # a cost model without `decode_timer`: each step from its totals
+        cost: CostModel | KernelCostModel = KernelCostModel(load_model("llama-2-7b"), get_gpu("A100-80GB"))
+    else:
+        cost = CostModel(load_model(model), get_gpu("A100-80GB"))
+    monkeypatch.setattr(__import__(__name__), "COST", cost)  # the reference loop's step time
+    sched = _CountingContinuous(ContinuousConfig(max_num_seqs=16), memory)
+    source = iter(_requests_copy(arriving))
+    out = simulate(sched, cost.step_time, h, open_loop=source, recorder=Recorder(chunk_rows=5))
+    plain = ContinuousScheduler(ContinuousConfig(max_num_seqs=16), memory)
+    ref = reference(plain, h, _requests_copy(arriving))
+    steps = out.recorder.steps_frame().height
+    assert steps > 100
+    assert sched.schedules < (steps / 2 if memory is MEMORY else steps)  # steps advanced without a plan
+    _assert_same(out.recorder, ref)

@@ -56,3 +56,19 @@ class StepPlan:
     def __post_init__(self) -> None:
         if not self.batch_size:
             self.batch_size = len(self.new_tokens)
+
+
+class QuietSteps(NamedTuple):
+    """Decode-only steps a scheduler can vouch for, from its next step on: no row is admitted, resumed,
+    preempted or finished, and every row decodes one token on a context one longer each step. Step j
+    (from 0) has the totals (rows, rows, rows, ctx + j·rows, rows, ctx + j·rows, max_end + j), no prefill
+    token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`)."""
+
+    steps: int  # how many (at least 1)
+    rows: int
+    ctx: int  # Σq at the first
+    max_end: int  # ≥ max(q + c) at the first
+    used: int
+    used_step: int
+    allocated: int
+    capacity: int

@@ -11,6 +11,8 @@ attention sums, the ring bytes and the max of compute and memory are the kernel 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,3 +237,37 @@ class CostModel:
             return 0.0, False
         pairs, kv_tokens, prefill = self._over_layers(totals_layer_sums(tokens, ones, cq, cc, ctx))
         return self._seconds(float(tokens), pairs, kv_tokens, prefill, rows)
+
+    def decode_timer(self, rows: int) -> tuple[Callable[[int], tuple[float, bool]], float]:
+        """`step_time_totals(rows, rows, rows, ctx, rows, ctx, max_end)` (rows > 0 decode rows, one token
+        each on Σq = ctx) as a function of `ctx` alone, every term that does not depend on it computed once:
+        the same operations in the same order, so the same seconds. Valid while `max_end` is at most the
+        second value (the sliding window, or infinity). For the engine's runs of decode-only steps."""
+        m, cal = self.model, self.cal
+        t = float(rows)
+        half = 0.5 * (float(rows) + t)
+        full, ns = self.full_layers, self.sliding_layers
+        share = (t - float(rows)) / t
+        head = self.lin_cost_tok * t + self.head_cost_row * rows
+        attn = self.attn_cost_pair
+        weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
+        kv_layer, kv_new = self.kv_layer_bytes, self.kv_token_bytes * t
+        speed = self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
+        weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
+        kv_speed = self.hbm * cal.kv_bandwidth_eff
+        extra = self.allreduces * cal.allreduce_latency_s + t * self.ring_s_per_token / cal.allreduce_eff
+        extra = overhead_seconds(cal, m.num_layers, m.vocab_size, rows, extra)
+
+        def seconds(ctx: int) -> tuple[float, bool]:
+            q = float(ctx) + half
+            pairs = full * q
+            kv_tokens = full * float(ctx)
+            if ns:
+                pairs += ns * q
+                kv_tokens += ns * float(ctx)
+            compute = (head + attn * pairs) / speed
+            memory = weights_s + (kv_layer * kv_tokens + kv_new) / kv_speed
+            return 0.5 * (compute + memory + abs(compute - memory)) + extra, bool(compute > memory)
+
+        return seconds, self.window if ns else math.inf
+

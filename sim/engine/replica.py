@@ -149,6 +149,65 @@ class Replica:
 
         return timer
 
+    def _quiet_runner(self) -> Callable[[float], None] | None:
+        """What advances a scheduler's decode-only steps at once (`quiet_steps`) in `run_open`, or None where
+        the scheduler has none, the step time reads more than the plan's totals, or the recorder records a
+        step in its own way."""
+        sched, rec, env = self.scheduler, self.recorder, self.env
+        quiet_steps = getattr(sched, "quiet_steps", None)
+        if quiet_steps is None or getattr(self.step_time, "plan_time", None) is not None:
+            return None
+        cost = getattr(self.step_time, "__self__", None)
+        totals_time = getattr(cost, "step_time_totals", None)
+        if totals_time is None or type(rec).step is not Recorder.step:
+            return None
+        advance, record = sched.advance_quiet, rec.quiet_steps  # type: ignore[attr-defined]
+        decode_timer = getattr(cost, "decode_timer", None)  # the same seconds, its constants computed once
+        timers: dict[int, tuple[Callable[[int], tuple[float, bool]], float]] = {}
+
+        def timer_of(rows: int) -> tuple[Callable[[int], tuple[float, bool]], float]:
+            """(seconds of a step of `rows` decode rows on Σq, the largest max_end it is valid for)."""
+            got = timers.get(rows)
+            if got is None:
+                got = timers[rows] = decode_timer(rows)  # type: ignore[misc]
+            return got
+
+        def run(limit: float) -> None:
+            """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event): each
+            costed from its own totals, as `timer` costs its plan, and recorded as `step` records it."""
+            quiet = quiet_steps()
+            if quiet is None:
+                return
+            rows, ctx, max_end = quiet.rows, quiet.ctx, quiet.max_end
+            start = now = env._now
+            durations: list[float] = []
+            ends: list[float] = []
+            compute: list[bool] = []
+            seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
+            for _ in range(quiet.steps):
+                if max_end <= window:
+                    seconds, bound = seconds_of(ctx)  # type: ignore[misc]
+                else:
+                    timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
+                    if timed is None:  # a sliding window may be reached: the step's rows decide
+                        break
+                    seconds, bound = timed
+                end = now + seconds
+                if not end < limit:
+                    break
+                durations.append(seconds)
+                ends.append(end)
+                compute.append(bound)
+                now = end
+                ctx += rows
+                max_end += 1
+            if durations:
+                env._now = now  # type: ignore[attr-defined]
+                advance(start, ends)
+                record(start, durations, ends, compute, quiet, sched.num_waiting)
+
+        return run
+
     def _finished(self, finished: list[Request]) -> None:
         rec, on_finish = self.recorder, self.on_finish
         for req in finished:
@@ -201,7 +260,13 @@ class Replica:
         nxt_at = inf if nxt is None else max(clock, nxt.arrival)  # its delivery time; inf: none left
         timed = nxt is not None and nxt.arrival > clock  # delivered by a timer, not with the previous one
         fresh = False  # an arrival was queued since the latest `schedule`
+        quiet_run = self._quiet_runner()
         while True:
+            if quiet_run is not None:  # decode-only steps before the next arrival or event, at once
+                limit = nxt_at if nxt_at < stop else inf
+                if queue and queue[0][0] < limit:
+                    limit = queue[0][0]
+                quiet_run(limit)
             plan = schedule(env._now)
             fresh = False
             if plan is None:

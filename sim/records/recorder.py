@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from sim.core.request import Request
-from sim.core.step import StepPlan
+from sim.core.step import QuietSteps, StepPlan
 from sim.records.columns import (
     CHUNK_ROWS,
     FINISHED,
@@ -186,6 +186,42 @@ class Recorder:
         self._step_compute.append(compute_bound)
         if len(self._step_compute) >= self.chunk_rows:
             self._flush_steps()
+
+    def quiet_steps(
+        self,
+        start: float,
+        durations: list[float],
+        ends: list[float],
+        compute: list[bool],
+        quiet: QuietSteps,
+        waiting: int,
+    ) -> None:
+        """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
+        its start plus its duration),
+        recorded as `step` records each of them."""
+        done, total = 0, len(durations)
+        rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
+        while done < total:
+            index = self._flushed_steps + len(self._step_compute)
+            take = min(total - done, self.chunk_rows - len(self._step_compute))
+            if start != self._last_end:
+                self._step_starts[index] = start
+            self._ends.extend(ends[done : done + take])
+            self._durations.extend(durations[done : done + take])
+            if quiet.capacity != self._capacity:
+                self._capacity = self._step_capacity[index] = quiet.capacity
+            first = used + done * used_step
+            values = [0] * (take * 7)  # the columns of `step`'s rows: prefill tokens and preempted are 0
+            values[0::7] = values[2::7] = [rows] * take
+            values[3::7] = range(first, first + take * used_step, used_step) if used_step else [used] * take
+            values[4::7] = [quiet.allocated] * take
+            values[6::7] = [waiting] * take
+            self._step_ints.extend(values)  # type: ignore[arg-type]
+            self._step_compute.extend(compute[done : done + take])
+            done += take
+            start = self._last_end = ends[done - 1]
+            if len(self._step_compute) >= self.chunk_rows:
+                self._flush_steps()
 
     @property
     def num_steps(self) -> int:

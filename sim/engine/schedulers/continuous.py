@@ -24,7 +24,7 @@ import numpy as np
 
 from sim.config.policies import ContinuousConfig
 from sim.core.request import Request
-from sim.core.step import KvUsage, StepPlan, StepTotals
+from sim.core.step import KvUsage, QuietSteps, StepPlan, StepTotals
 from sim.cost.memory import KvBudget
 from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.reservation import ReservationQueue
@@ -147,6 +147,36 @@ class ContinuousScheduler(ReservationQueue):
         self.pending = admitted
         usage = KvUsage(kv.used() + prefill, kv.reserved, kv.capacity)
         return ContinuousPlan(totals, self._rows, admitted, prefill, seqs, usage)
+
+    def quiet_steps(self) -> QuietSteps | None:
+        """The decode-only steps from the next one on in which nobody is admitted or finishes (the head of
+        the queue cannot be admitted, and nothing that could change that happens before the first finish):
+        each is `schedule` and `update` of a step with no admission, and the engine may advance them at once
+        (`advance_quiet`). None when the next step admits or finishes someone."""
+        running = self.running
+        if not running:
+            return None
+        steps = self.finish_heap[0][0] - self.step  # steps before the first one where somebody finishes
+        if steps <= 0:
+            return None
+        kv = self.kv
+        if self.waiting:
+            head = self.waiting[0]
+            room = self.cfg.max_num_seqs - self._seqs
+            if head.n <= room and kv.reserved + kv.need(head) <= kv.capacity:
+                return None  # the next step admits it
+        rows, first_end = self._seqs, self._end_bound + self.step
+        return QuietSteps(steps, rows, self._seqs_ctx, first_end, kv.used(), rows, kv.reserved, kv.capacity)
+
+    def advance_quiet(self, start: float, ends: list[float]) -> None:
+        """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
+        (the first starting at `start`, step j ending at `ends[j]`)."""
+        steps = len(ends)
+        tokens = steps * self._seqs
+        self._seqs_ctx += tokens
+        self.kv.store(tokens)
+        self.step += steps
+        self.last_end = ends[-1]
 
     def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """The step's row arrays: running sequences' decodes, then the admitted sequences' prompts."""
