@@ -166,7 +166,7 @@ def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, 
 def test_itl_quantiles_of_many_windows_at_once_are_numpys_value_for_value(group: int) -> None:
     """`window_quantiles` (the recorder's ITL p50/p99/max for a batch of finished requests) gives, bit for
     bit, np.quantile's linear p50 and p99 and the max of each window, whatever the windows' lengths."""
-    from sim.records.recorder import window_quantiles
+    from sim.records.window_quantiles import window_quantiles
 
     rng = np.random.default_rng(7)
     durations = np.round(rng.lognormal(-3.0, 0.6, 3000), int(rng.integers(3, 12)))  # ties included

@@ -270,4 +270,3 @@ class CostModel:
             return 0.5 * (compute + memory + abs(compute - memory)) + extra, bool(compute > memory)
 
         return seconds, self.window if ns else math.inf
-

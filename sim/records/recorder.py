@@ -36,81 +36,15 @@ from sim.records.columns import (
     STEP_STORED_INTS,
     WAITING_INDEX,
 )
+from sim.records.int_rows import IntRows
 from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.sinks import MemorySink, RecordSink
+from sim.records.window_quantiles import window_quantiles
 
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
 
 # A recorded request row: stored floats, stored ints, state code, reject reason.
 _RequestRow = tuple[list[float], tuple[int, ...], int, "str | None", tuple[int, ...]]
-
-
-class _Rows:
-    """Fixed-width integer rows in one flat buffer: 32-bit until a value needs 64."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.data = array("i")
-
-    def extend(self, values: tuple[int, ...]) -> None:
-        size = len(self.data)
-        try:
-            self.data.extend(values)
-        except OverflowError:
-            del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
-            if self.data.typecode == "q":
-                raise
-            self.data = array("q", self.data)
-            self.data.extend(values)
-
-    def columns(self) -> np.ndarray:
-        """A (columns, rows) int64 array."""
-        flat = np.frombuffer(self.data, dtype=np.int32 if self.data.typecode == "i" else np.int64)
-        return flat.reshape(-1, self.width).T.astype(np.int64, order="C")
-
-
-def _quantile(s: np.ndarray, q: float) -> float:
-    """`np.quantile(s, q)` (linear method) of a sorted array, with numpy's exact arithmetic."""
-    v = (len(s) - 1) * q
-    if v >= len(s) - 1:
-        return float(s[-1])
-    i = int(v)
-    t = v - i
-    a, b = float(s[i]), float(s[i + 1])
-    d = b - a
-    return b - d * (1 - t) if t >= 0.5 else a + d * t
-
-
-def window_quantiles(
-    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 32
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """p50, p99 (as `_quantile`, value for value) and max of the windows `durations[lo[k] : lo[k] + n[k]]`
-    (each `n[k] >= 1`), for many windows at once: windows of similar length are sorted together as the rows
-    of one matrix, padded with +inf past their ends, and the order statistics are read by index."""
-    count = len(lo)
-    p50, p99, top = np.empty(count), np.empty(count), np.empty(count)
-    order = np.argsort(n, kind="stable")
-    last = len(durations) - 1
-    for start in range(0, count, group):
-        rows = order[start : start + group]
-        lens = n[rows]
-        width = int(lens[-1])
-        cols = np.arange(width)
-        vals = durations[np.minimum(lo[rows, None] + cols, last)]
-        vals[cols >= lens[:, None]] = np.inf
-        vals.sort(axis=1)
-        r = np.arange(len(rows))
-        end = lens - 1
-        top[rows] = vals[r, end]
-        for q, out in ((0.5, p50), (0.99, p99)):
-            v = end * q
-            i = v.astype(np.int64)
-            t = v - i
-            a, b = vals[r, i], vals[r, np.minimum(i + 1, end)]
-            d = b - a
-            got = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
-            out[rows] = np.where(v >= end, top[rows], got)
-    return p50, p99, top
 
 
 class Recorder:
@@ -156,7 +90,7 @@ class Recorder:
         self._step_starts: dict[int, float] = {}  # step -> start, for steps not starting at the previous end
         self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
         self._capacity: int | None = None
-        self._step_ints = _Rows(len(STEP_STORED_INTS))
+        self._step_ints = IntRows(len(STEP_STORED_INTS))
         self._step_compute = bytearray()
         self._trim = True  # whether step durations no request in flight needs may be dropped
         self._finished = False
@@ -275,7 +209,7 @@ class Recorder:
             self._prev_end = self._ends[self._flushed_steps - 1 - self._win_start]
         self._step_starts = {}
         self._step_capacity = {self._flushed_steps: self._capacity} if self._capacity is not None else {}
-        self._step_ints = _Rows(len(STEP_STORED_INTS))
+        self._step_ints = IntRows(len(STEP_STORED_INTS))
         self._step_compute = bytearray()
         self._trim_steps()
 
@@ -390,7 +324,7 @@ class Recorder:
 
     def _new_request_chunk(self) -> None:
         self._req_ids = array("q")
-        self._req_ints = _Rows(len(REQ_STORED_INTS))
+        self._req_ints = IntRows(len(REQ_STORED_INTS))
         self._req_floats = array("d")
         self._req_state = bytearray()
         self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
