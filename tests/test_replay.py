@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sim import cli
+from sim.cli import runs as cli_runs
 from sim.io.errors import SimError
 from sim.studies.replay import compare, config_from, load_trace, read_steps, replay, run
 
@@ -188,7 +188,7 @@ def test_case_depends_on_its_setting(case: str) -> None:
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.callback()(lambda: None)  # a group, whatever other commands exist
-    app.command("replay-steps")(cli.replay_steps)
+    app.command("replay-steps")(cli_runs.replay_steps)
     return app
 
 

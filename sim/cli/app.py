@@ -1,0 +1,68 @@
+"""The `sim` app: its options, `--version`, and `main`, which turns bad input into `error:` lines."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+import sim
+from sim.io.limits import RUN_MAX_REQUESTS, RUN_MAX_TOKENS
+from sim.report.options import GuardedTyper, print_error
+
+FORCE_HELP = (
+    f"Run even when the estimated size exceeds {RUN_MAX_REQUESTS:,} requests or {RUN_MAX_TOKENS:,} tokens."
+)
+
+
+app = GuardedTyper(
+    name="sim",
+    help="servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"servesim {sim.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+) -> None:
+    """servesim: simulate LLM inference serving (roofline cost model, batching policies, paged KV)."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the `sim` console command and `python -m sim`.
+
+    Bad input of any kind (a `SimError` from a command, an unknown option, a value out of range) prints
+    `error: ...` and exits with code 2, as does a full disk; Ctrl-C exits with 130.
+    """
+    try:
+        code = app(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except typer.TyperException as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+        else:
+            print_error(exc.format_message() if hasattr(exc, "format_message") else str(exc))
+        code = 2
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        code = 130
+    except Exception as exc:  # a full disk wherever a command writes is the user's to fix, not a traceback
+        from sim.io.outputs import disk_full_reason
+
+        if (reason := disk_full_reason(exc)) is None:
+            raise
+        print_error(f"cannot write: the disk is full ({reason}); free some space and run again")
+        code = 2
+    sys.exit(code if isinstance(code, int) else 0)
