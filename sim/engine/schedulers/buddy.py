@@ -131,13 +131,6 @@ class BuddyReservations(Reservations):
     def need(self, req: Request) -> int:  # type: ignore[override]
         return req.n * (self.block_size << self.order(req))
 
-    def admissible(self, req: Request) -> bool:
-        if req.prompt_len + req.max_tokens > self.max_model_len:
-            req.reject_reason = "prompt + max_tokens exceeds max_model_len"
-        elif self.need(req) > self.capacity:
-            req.reject_reason = "KV reservation exceeds the KV cache"
-        return req.reject_reason is None
-
     def reserve_for(self, req: Request) -> bool:
         order = self.order(req)
         starts: list[int] = []
