@@ -47,6 +47,7 @@ from rich.progress import (
 
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import SweepConfig, parse_sweep
+from sim.cost.parallel import group_placement
 from sim.io.errors import SimError
 from sim.io.outputs import atomic_write, path_component, remove_leftovers, writing
 from sim.records import stats
@@ -227,10 +228,11 @@ def run_sweep(
 
 
 def gpu_count(scenario: Scenario) -> int:
-    """GPUs one run uses: the model's tensor-parallel degree, or every `[cluster]` replica's."""
+    """GPUs one run uses: the model's tensor-parallel degree, or every `[cluster]` replica's placement
+    (tp x pp x dp GPUs each)."""
     if scenario.cluster is None:
         return scenario.model.tp
-    return sum(g.count * (g.tp or scenario.model.tp) for g in scenario.cluster.groups)
+    return sum(g.count * group_placement(g, g.tp or scenario.model.tp).gpus for g in scenario.cluster.groups)
 
 
 def _check_capacity_inputs(base: Scenario, cfg: SweepConfig, rates: list[float | None], source: str) -> None:
