@@ -9,11 +9,15 @@ import typer
 
 from sim.cli.app import app
 from sim.io.errors import SimError
-from sim.io.limits import (
-    MAX_TOKENS,
-)
+from sim.io.limits import MAX_TOKENS
 from sim.io.paths import out_file_problem
 from sim.report.options import out_option
+
+
+def refuse_with_placement(options: list[str]) -> None:
+    """Options given with --pp/--ep/--dp that the placement's costs leave out are refused, not ignored."""
+    if options:
+        raise SimError(f"{', '.join(options)}: costed with tensor parallelism only, not with --pp/--ep/--dp")
 
 
 @app.command("capacity")
@@ -64,6 +68,13 @@ def capacity(
 
         if len(models) > 1:
             raise SimError("--pp, --ep and --dp take one model")
+        unused = [name for name, given in (
+            ("--max-model-len", max_model_len is not None), ("--compare", compare),
+            ("--draft-model", draft_model is not None), ("--draft-tp", draft_tp is not None),
+            ("--max-loras", max_loras > 0), ("--weight-group-size", weight_group_size is not None),
+            ("--quantisation", quantisation),
+        ) if given]  # fmt: skip
+        refuse_with_placement(unused)
         parallel_capacity(models[0], gpu, placement, gpu_memory_utilization, weight_dtype, kv_dtype, as_json)
         return
 
@@ -107,6 +118,11 @@ def step(
         from sim.report.parallel import parallel_step
         from sim.report.step import step_rows
 
+        unused = [name for name, given in (
+            ("--calibration", calibration is not None),
+            ("--weight-group-size", weight_group_size is not None),
+        ) if given]  # fmt: skip
+        refuse_with_placement(unused)
         c, q = step_rows(batch, context, prefill)
         parallel_step(model, gpu, placement, weight_dtype, kv_dtype, c, q, as_json)
         return

@@ -8,12 +8,7 @@ import typer
 
 from sim.cli.app import FORCE_HELP, app
 from sim.io.errors import SimError
-from sim.io.limits import (
-    MAX_BLOCK_SIZE,
-    MAX_COUNT,
-    MAX_KV_BLOCKS,
-    MAX_TOKENS,
-)
+from sim.io.limits import MAX_BLOCK_SIZE, MAX_COUNT, MAX_KV_BLOCKS, MAX_TOKENS
 from sim.io.paths import out_file_problem, out_folder_problem, shown
 from sim.report.options import nonempty_path, out_folder, out_option
 
