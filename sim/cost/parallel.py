@@ -34,10 +34,9 @@ from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.links import Link, get_link
 from sim.catalog.model import ModelSpec
+from sim.cost.kernels import ACT_BYTES  # activations sent between stages and in the all-to-all: 16-bit
 from sim.cost.memory import GB, check_tp, reserve_bytes
 from sim.io.errors import SimError
-
-ACT_BYTES = 2  # activations sent between stages and through the all-to-all are 16-bit
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +192,7 @@ class StepBreakdown:
     combine_s: float
     expert_rank_s: list[float] = field(default_factory=list)  # expert GEMMs per EP rank, one stage
     skew_s: float = 0.0
+    compute_bound: bool = False  # the slowest attention rank's step
 
 
 class ParallelCost:
@@ -228,8 +228,10 @@ class ParallelCost:
     def breakdown(self, new_tokens: np.ndarray, context: np.ndarray) -> StepBreakdown:
         c, q = np.asarray(new_tokens), np.asarray(context)
         p, m = self.p, self.model
-        rank_s = [float(self.rank_base.step_time(c[r :: p.dp], q[r :: p.dp])[0]) for r in range(p.dp)]
+        runs = [self.rank_base.step_time(c[r :: p.dp], q[r :: p.dp]) for r in range(p.dp)]
+        rank_s = [float(seconds) for seconds, _ in runs]
         attn = max(rank_s)
+        compute_bound = bool(runs[rank_s.index(attn)][1])
         tokens = float(c.sum())
         moe_layers = [m.num_moe_layers * n / m.num_layers for n in self.layers]  # pro rata per stage
         dispatch = combine = skew = 0.0
@@ -247,15 +249,17 @@ class ParallelCost:
         send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
         pp_send = send if p.pp > 1 and tokens > 0 else 0.0
         seconds = sum(stage_s) + (p.pp - 1) * pp_send
-        return StepBreakdown(seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew)
+        return StepBreakdown(
+            seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound
+        )
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         """(seconds, compute_bound): one batch in flight, the sum of its stages and transfers."""
         c = np.asarray(new_tokens)
         if c.size == 0:
             return 0.0, False
-        bound = bool(self.base.step_time(new_tokens, context)[1])
-        return self.breakdown(c, np.asarray(context)).seconds, bound
+        b = self.breakdown(c, np.asarray(context))
+        return b.seconds, b.compute_bound
 
 
 def wrap_step_time(
