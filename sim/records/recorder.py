@@ -41,6 +41,9 @@ from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.sinks import MemorySink, RecordSink
 from sim.records.window_quantiles import window_quantiles
 
+BATCH, DECODE, KV_USED, KV_ALLOCATED = (
+    STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
+)
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
 
 # A recorded request row: stored floats, stored ints, state code, reject reason.
@@ -145,11 +148,13 @@ class Recorder:
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
             first = used + done * used_step
-            values = [0] * (take * 7)  # the columns of `step`'s rows: prefill tokens and preempted are 0
-            values[0::7] = values[2::7] = [rows] * take
-            values[3::7] = range(first, first + take * used_step, used_step) if used_step else [used] * take
-            values[4::7] = [quiet.allocated] * take
-            values[6::7] = [waiting] * take
+            w = len(STEP_STORED_INTS)  # the columns of `step`'s rows: prefill tokens and preempted are 0
+            values = [0] * (take * w)
+            values[BATCH::w] = values[DECODE::w] = [rows] * take
+            kv_used = range(first, first + take * used_step, used_step) if used_step else [used] * take
+            values[KV_USED::w] = kv_used
+            values[KV_ALLOCATED::w] = [quiet.allocated] * take
+            values[WAITING_INDEX::w] = [waiting] * take
             self._step_ints.extend(values)  # type: ignore[arg-type]
             self._step_compute.extend(compute[done : done + take])
             done += take

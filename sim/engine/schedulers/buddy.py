@@ -25,6 +25,7 @@ from typing import Literal
 
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
+from sim.engine.kv import cdiv
 from sim.engine.schedulers.reservation import Reservations
 from sim.io.errors import SimError
 
@@ -110,7 +111,7 @@ class BuddyReservations(Reservations):
                 f"buddy_tokens ({buddy}) must be at least max_model_len ({memory.max_model_len}): a buddy "
                 "holds one longest sequence"
             )
-        buddy_blocks = ceil_pow2(-(-buddy // memory.block_size))
+        buddy_blocks = ceil_pow2(cdiv(buddy, memory.block_size))
         self.allocator = BuddyAllocator(memory.num_blocks, buddy_blocks)
         self.capacity = self.allocator.capacity_blocks * memory.block_size
         self._held: dict[int, list[int]] = {}  # request id -> its sequences' piece starts
@@ -125,7 +126,7 @@ class BuddyReservations(Reservations):
         return self.max_model_len
 
     def order(self, req: Request) -> int:
-        blocks = -(-self.wanted(req) // self.block_size)
+        blocks = cdiv(self.wanted(req), self.block_size)
         return (blocks - 1).bit_length()
 
     def need(self, req: Request) -> int:  # type: ignore[override]

@@ -30,6 +30,7 @@ model, as every policy's are.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from sim.config.policies import VllmV0Config
 from sim.core.request import Request
 from sim.core.step import KvUsage, StepPlan
 from sim.cost.memory import KvBudget
+from sim.engine.kv import cdiv
 from sim.engine.schedulers.registry import register
 
 
@@ -86,7 +88,7 @@ class VllmV0Scheduler:
         return True
 
     def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
+        return cdiv(tokens, self.block_size)
 
     def wake_at(self, now: float) -> float | None:
         return None
@@ -109,7 +111,7 @@ class VllmV0Scheduler:
             seq.blocks = need
             self.free_blocks -= need
             batched += length
-            if seq.req.scheduled_at != seq.req.scheduled_at:  # NaN: first time scheduled
+            if math.isnan(seq.req.scheduled_at):  # first time scheduled
                 seq.req.scheduled_at = now
             admitted.append(seq)
             self.running.append(seq)
