@@ -4,8 +4,8 @@ adapter-affinity router against load-balancing routers."""
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from sim.config.scenario import validate_scenario
 from sim.core.request import Request
 from sim.engine.replica import Horizon
 from sim.fleet.engine import Fleet
-from sim.fleet.routers import load_all
+from sim.fleet.routers import load_all, load_bound
 from sim.fleet.routing import Snapshot
 from sim.fleet.run import build_specs
 from sim.io.errors import SimError
@@ -144,7 +144,9 @@ def test_a_routing_sequence_worked_by_hand() -> None:
     assert out.routed == [7, 4]
     assert [m.outstanding for m in out.members] == [0, 0]
     assert [len(m.adapters) for m in out.members] == [MAX_LORAS, MAX_LORAS]  # held none; slots full
-    assert math.ceil(1.25 * (10 + 1) / 2) == 7
+    # request 10's bound, from the router's own rule: 7 and 3 outstanding on the two replicas
+    held = [SimpleNamespace(outstanding=7), SimpleNamespace(outstanding=3)]
+    assert load_bound(held, 1.25) == 7  # replica 0 is at it, so request 10 goes by the fallback
 
 
 def test_delayed_reports_count_the_adapters_sent_since() -> None:
