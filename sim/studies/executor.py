@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
@@ -20,6 +21,11 @@ def check_executor(kind: str, address: str | None) -> None:
             f"--address {address} goes with --executor dask; the process executor runs the points on "
             "this machine (add --executor dask, or drop --address)"
         )
+
+
+# Loggers that print a traceback for each connection a stopped client drops (tornado's callback errors,
+# distributed's comm errors): after an interrupt the user asked for, those are not errors to show.
+DASK_TEARDOWN_LOGGERS = ("tornado.application", "distributed", "asyncio")
 
 
 @contextmanager
@@ -43,6 +49,10 @@ def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executo
             raise SimError(f"--address {address}: not a dask scheduler address ({err})") from None
         try:
             yield client.get_executor()
+        except BaseException:  # interrupted: the connections close mid-message, which is expected now
+            for name in DASK_TEARDOWN_LOGGERS:
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            raise
         finally:
             client.close()
     elif kind == "process":
