@@ -234,3 +234,26 @@ def test_a_groups_own_tp_is_what_the_run_size_check_places(tmp_path: Path) -> No
     args = ["run", str(RAG), "--policy", "vllm-prefix-cache", "--out", str(tmp_path)]
     res = runner.invoke(app, args + [a for s in sets for a in ("--set", s)])
     assert res.exit_code == 0, res.output
+
+
+def test_options_a_placement_does_not_cost_are_refused_not_ignored() -> None:
+    """`sim capacity` and `sim step` with --pp/--ep/--dp refuse the options the placement path does not cost,
+    naming them, instead of running without them."""
+    cap = runner.invoke(app, ["capacity", "deepseek-v3", "--gpu", "H100", "--dp", "16", "--ep", "16",
+                              "--max-model-len", "4096"])  # fmt: skip
+    assert cap.exit_code == 2 and "--max-model-len: costed with tensor parallelism only" in cap.output
+    calibration = "sim/catalog/calibration.toml"
+    step = runner.invoke(app, ["step", "deepseek-v3", "--gpu", "H100", "--dp", "16", "--ep", "16",
+                               "--prefill", "512", "--calibration", calibration])  # fmt: skip
+    assert step.exit_code == 2 and "--calibration: costed with tensor parallelism only" in step.output
+
+
+def test_a_placed_groups_gpus_count_every_rank_for_capacity_per_gpu() -> None:
+    """A group of 2 replicas at tp 1, pp 2, dp 2 uses 8 GPUs (tp x pp x dp each), as `capacity_per_gpu`
+    divides by."""
+    from sim.config.scenario import load_scenario
+    from sim.studies.sweep import gpu_count
+
+    sc = load_scenario(RAG, ["model.name='deepseek-v3'", "model.gpu='H100-SXM'",
+                             "cluster.groups=[{count=2, tp=1, pp=2, dp=2, ep=2}]"])  # fmt: skip
+    assert gpu_count(sc) == 8
