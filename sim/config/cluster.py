@@ -14,6 +14,7 @@
     policy = "vllm"           # a table of [policies] (default: the policy being run)
     pp = 1                    # pipeline stages, ep = expert-parallel ranks (1 or tp x dp), dp = data-parallel
     gpus_per_node = 8         #   attention ranks; nodes: default ceil(tp x pp x dp / gpus_per_node)
+    two_batch_overlap = false # ep > 1: two micro-batches, one's all-to-all behind the other's compute
 
 Without `[cluster]` a scenario is one replica, exactly as before.
 """
