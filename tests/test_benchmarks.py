@@ -161,3 +161,17 @@ def test_speculation_verdict_keeps_its_defaults_and_takes_an_eagle3_head() -> No
     tree_length = verdict(1, 500, greedy, "eagle", 0.922, 7, target, (1, 32000))
     assert 1.0 < full_head < eagle3 < (1 - 0.755**5) / (1 - 0.755)  # below its tokens per step
     assert tree_length > 1.5 * eagle3
+
+
+def test_deepseek_published_sets_each_figure_against_its_stated_setup() -> None:
+    """benchmarks/deepseek_published.py (docs/parallelism.md): DeepSeek's rows on the H800, SGLang's on the
+    H100, each placement one the checks accept, each ratio the simulator's figure over the source's."""
+    ds = _load("deepseek_published")
+    gpus = {s.name.split()[0]: s.gpu for s in ds.SETUPS}
+    assert gpus == {"SGLang": "H100-SXM", "DeepSeek": "H800-SXM"}
+    rows = ds.rows()
+    assert [r["source"] for r in rows[:4]] == [52_300, 22_300, 73_700, 14_800]
+    for r in rows[:4]:
+        assert r["ratio"] == pytest.approx(r["sim"] / r["source"], abs=1e-3)
+        assert r["ratio_tbo"] == pytest.approx(r["sim_tbo"] / r["source"], abs=1e-3)
+    assert round(ds.DS_PROMPT * ds.HIT) == ds.DS_PROMPT - ds.DS_NEW  # the cached share of each prompt

@@ -131,7 +131,7 @@ horizons = st.one_of(
 models = st.fixed_dictionaries(
     {
         "name": st.sampled_from(["llama-2-7b", "opt-13b", "mixtral-8x7b", "in/config.json"]),
-        "gpu": st.sampled_from(["A100-80GB", "H100", "H200", "L40S", "B200", "L4", "A100-80G"]),
+        "gpu": st.sampled_from(["A100-80GB", "H100", "H200", "H800", "L40S", "B200", "L4", "A100-80G"]),
         "num_kv_blocks": st.integers(8, 3000),
         "max_model_len": st.sampled_from([256, 2048, 4096]),
     }
@@ -164,19 +164,19 @@ sampling_tables = st.fixed_dictionaries(
     },
 )
 
-placement_groups = st.fixed_dictionaries(
-    {"tp": st.sampled_from([1, 2, 3, 8])},
-    optional={
-        "pp": st.one_of(st.integers(0, 4), st.just(100)),
-        "ep": st.sampled_from([1, 2, 3, 4, 8, 16]),
-        "dp": st.integers(0, 4),
-        "nodes": st.integers(0, 3),
-        "gpus_per_node": st.sampled_from([0, 1, 4, 8]),
-        "expert_skew": st.one_of(st.floats(0.0, 2.0), st.just(-1.0)),
-        "intra_node_link": st.sampled_from(["nvlink-4", "pigeon"]),
-        "inter_node_link": st.sampled_from(["infiniband-ndr", "ethernet-100g"]),
-    },
-)
+# Every placement key of [[cluster.groups]] (PLACEMENT_KEYS in sim/config/cluster.py), well- and ill-formed.
+PLACEMENT_DRAWS = {
+    "pp": st.one_of(st.integers(0, 4), st.just(100)),
+    "ep": st.sampled_from([1, 2, 3, 4, 8, 16]),
+    "dp": st.integers(0, 4),
+    "nodes": st.integers(0, 3),
+    "gpus_per_node": st.sampled_from([0, 1, 4, 8]),
+    "expert_skew": st.one_of(st.floats(0.0, 2.0), st.just(-1.0)),
+    "intra_node_link": st.sampled_from(["nvlink-4", "nvlink-4-h800", "pigeon"]),
+    "inter_node_link": st.sampled_from(["infiniband-ndr", "ethernet-100g"]),
+    "two_batch_overlap": st.one_of(st.booleans(), st.just("yes")),
+}
+placement_groups = st.fixed_dictionaries({"tp": st.sampled_from([1, 2, 3, 8])}, optional=PLACEMENT_DRAWS)
 
 
 @st.composite
@@ -458,6 +458,12 @@ def test_fuzz_run(
         assert {p for p in _files(root) - given_files if out_dir not in p.parents} == set()
         _check_latencies(out_dir)
         _check_counts(out_dir)
+
+
+def test_every_placement_key_is_fuzzed() -> None:
+    from sim.config.cluster import PLACEMENT_KEYS
+
+    assert set(PLACEMENT_KEYS) <= set(PLACEMENT_DRAWS)
 
 
 @settings(FUZZ, max_examples=40)

@@ -12,6 +12,7 @@ EXPECTED = [
     "A100-80GB",
     "H100-SXM",
     "H100-PCIe",
+    "H800-SXM",
     "H200",
     "B200",
     "L4",
@@ -71,3 +72,19 @@ def test_near_miss_is_refused_with_did_you_mean(typo: str, meant: str) -> None:
     """A near miss of a catalog name is an error naming the GPU meant, never silently that GPU."""
     with pytest.raises(SimError, match=f"unknown GPU '{typo}'; did you mean {meant}"):
         get_gpu(typo)
+
+
+def test_h800_is_an_h100_with_a_narrower_nvlink() -> None:
+    """Same die, compute, HBM and memory as the H100 SXM; NVLink 400 GB/s bidirectional (200 per direction),
+    under its own interconnect name, so the H100 board's NCCL all-reduce fit does not apply to it."""
+    from sim.catalog.kernel_gpus import nccl_fit
+    from sim.catalog.links import get_link
+
+    h800, h100 = get_gpu("H800"), get_gpu("H100")
+    same = ("flops_16bit", "flops_fp8", "flops_int8", "hbm_bandwidth", "memory_bytes", "compute_capability")
+    for key in same:
+        assert getattr(h800, key) == getattr(h100, key), key
+    assert h800.interconnect_bandwidth == 200e9 and h100.interconnect_bandwidth == 450e9
+    assert nccl_fit(h100, 8) is not None and nccl_fit(h800, 8) is None
+    assert get_link("nvlink-4-h800").bandwidth == h800.interconnect_bandwidth
+    assert "secondary" in h800.source

@@ -257,3 +257,44 @@ def test_a_placed_groups_gpus_count_every_rank_for_capacity_per_gpu() -> None:
     sc = load_scenario(RAG, ["model.name='deepseek-v3'", "model.gpu='H100-SXM'",
                              "cluster.groups=[{count=2, tp=1, pp=2, dp=2, ep=2}]"])  # fmt: skip
     assert gpu_count(sc) == 8
+
+
+def test_two_batch_overlap_hides_up_to_the_smaller_of_communication_and_compute() -> None:
+    """Two micro-batches: each pays its own compute (alternate rows) and its own all-to-all of half the bytes;
+    a stage saves min(communication, compute) and costs no less than the larger of the two."""
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    ib = get_link("infiniband-ndr")
+    for c, q in (_rows(4096, 2000), (np.full(64, 2000, dtype=np.int64), np.zeros(64, dtype=np.int64))):
+        plain = ParallelCost(base, ds, H100, Placement(dp=16, ep=16)).breakdown(c, q)
+        pc = ParallelCost(base, ds, H100, Placement(dp=16, ep=16, two_batch_overlap=True))
+        tbo = pc.breakdown(c, q)
+        rows = [(c[r::16], q[r::16]) for r in range(16)]
+        rank = pc.rank_base  # one attention rank: 1/dp of the routed-expert bytes (the DP rule)
+        halves = [sum(rank.step_time(rc[i::2], rq[i::2])[0] for i in (0, 1)) for rc, rq in rows]
+        compute = max(halves)
+        assert tbo.rank_s == pytest.approx(halves)
+        half = c.sum() * ds.experts_per_token / 16 * ds.hidden_size * 2 * 15 / 16 / 2
+        assert tbo.dispatch_s == pytest.approx(2 * (ib.latency_s + half / ib.bandwidth))
+        comm = ds.num_moe_layers * (tbo.dispatch_s + tbo.combine_s)
+        assert tbo.overlap_s == pytest.approx([min(comm, compute)])
+        assert tbo.seconds == pytest.approx(compute + comm - min(comm, compute))
+        assert tbo.seconds >= max(comm, compute) and plain.overlap_s == []
+    # decode at a small batch: the second micro-batch reads the weights again and the overlap does not pay
+    c, q = _rows(64, 2000)
+    small = [ParallelCost(base, ds, H100, Placement(dp=16, ep=16, two_batch_overlap=t)).breakdown(c, q)
+             for t in (False, True)]  # fmt: skip
+    assert small[1].seconds > small[0].seconds
+
+
+def test_two_batch_overlap_needs_ep_and_is_named() -> None:
+    with pytest.raises(SimError, match=r"rag-chatbot.toml: cluster.groups\[0\].two_batch_overlap: .*ep > 1"):
+        load_scenario(RAG, ["cluster.groups=[{two_batch_overlap=true}]"])
+    with pytest.raises(SimError, match=r"g.two_batch_overlap: .*ep > 1"):
+        check_placement(load_model("deepseek-v3"), Placement(dp=2, two_batch_overlap=True), "g")
+    res = runner.invoke(app, ["step", "deepseek-v3", "--gpu", "H100", "--dp", "16", "--ep", "16",
+                              "--prefill", "4096", "--two-batch-overlap"])  # fmt: skip
+    assert res.exit_code == 0 and "two-batch overlap: communication hidden" in res.output
+    off = runner.invoke(app, ["step", "deepseek-v3", "--gpu", "H100", "--tp", "16", "--batch", "8",
+                              "--context", "100", "--two-batch-overlap"])  # fmt: skip
+    assert off.exit_code == 2 and "--two-batch-overlap: overlaps the EP all-to-all" in off.output

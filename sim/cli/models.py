@@ -96,6 +96,9 @@ def step(
     expert_skew: float = typer.Option(
         0.0, "--expert-skew", min=0.0, max=4.0, help="Zipf exponent of the gate."
     ),
+    two_batch_overlap: bool = typer.Option(
+        False, "--two-batch-overlap", help="Two micro-batches, the all-to-all behind compute (EP)."
+    ),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
@@ -113,7 +116,8 @@ def step(
     from sim.report.step import print_step
 
     check_format_options(weight_dtype, kv_dtype, weight_group_size)
-    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew)
+    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew,
+                          two_batch_overlap=two_batch_overlap)  # fmt: skip
     if placement.beyond_tp:  # per stage and rank, with the communication kernels (sim/report/parallel.py)
         from sim.report.parallel import parallel_step
         from sim.report.step import step_rows

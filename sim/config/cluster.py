@@ -14,6 +14,7 @@
     policy = "vllm"           # a table of [policies] (default: the policy being run)
     pp = 1                    # pipeline stages, ep = expert-parallel ranks (1 or tp x dp), dp = data-parallel
     gpus_per_node = 8         #   attention ranks; nodes: default ceil(tp x pp x dp / gpus_per_node)
+    two_batch_overlap = false # ep > 1: two micro-batches, one's all-to-all behind the other's compute
 
 Without `[cluster]` a scenario is one replica, exactly as before.
 """
@@ -54,6 +55,9 @@ class GroupSection(_Table):
     )
     intra_node_link: str = Field("nvlink-4", description="Link within a node (sim/catalog/links.toml).")
     inter_node_link: str = Field("infiniband-ndr", description="Link between nodes (sim/catalog/links.toml).")
+    two_batch_overlap: bool = Field(
+        False, description="Two micro-batches a step, one's EP all-to-all behind the other's compute."
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> GroupSection:
@@ -62,6 +66,8 @@ class GroupSection(_Table):
             raise ValueError(
                 f"nodes: tp x pp x dp = {gpus} GPUs exceed {self.nodes} nodes x {self.gpus_per_node} GPUs"
             )
+        if self.two_batch_overlap and self.ep == 1:
+            raise ValueError("two_batch_overlap: overlaps the EP all-to-all; it needs ep > 1")
         return self
 
 
@@ -69,6 +75,7 @@ class GroupSection(_Table):
 # plain-TP groups stay as they were.
 PLACEMENT_KEYS = (
     "pp", "ep", "dp", "nodes", "gpus_per_node", "expert_skew", "intra_node_link", "inter_node_link",
+    "two_batch_overlap",
 )  # fmt: skip
 
 

@@ -18,6 +18,11 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
   hidden x 2 B x (ep - 1) / ep`), and the expert GEMMs of the busiest rank over the tokens routed to it: under
   a skewed gate (`expert_skew`, Zipf over experts laid out contiguously on ranks) the step rises by the
   busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`).
+- Two-batch overlap (`two_batch_overlap`, EP only; SGLang's TBO after DeepSeek's dual micro-batch design):
+  each rank's rows split into two micro-batches, alternately; each pays its own compute (the roofline over its
+  rows: the weights are read twice) and its own dispatch and combine (half the bytes, the latency twice). One
+  micro-batch's communication runs behind the other's compute, so a stage saves min(its communication, its
+  compute). The rule is an upper bound on what the overlap hides: no SM contention, no launch order.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Placement:
     expert_skew: float = 0.0
     intra_node_link: str = "nvlink-4"
     inter_node_link: str = "infiniband-ndr"
+    two_batch_overlap: bool = False
 
     @property
     def gpus(self) -> int:
@@ -62,13 +68,13 @@ class Placement:
     @property
     def beyond_tp(self) -> bool:
         """True unless the placement is plain TP on one node (the single-replica cost as before)."""
-        return (self.pp, self.ep, self.dp) != (1, 1, 1)
+        return (self.pp, self.ep, self.dp) != (1, 1, 1) or self.two_batch_overlap
 
 
 def group_placement(group: Any, tp: int) -> Placement:
     """The placement of a `[[cluster.groups]]` table at TP degree `tp`."""
     return Placement(tp, group.pp, group.ep, group.dp, group.nodes, group.gpus_per_node, group.expert_skew,
-                     group.intra_node_link, group.inter_node_link)  # fmt: skip
+                     group.intra_node_link, group.inter_node_link, group.two_batch_overlap)  # fmt: skip
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -99,6 +105,9 @@ def check_placement(model: ModelSpec, p: Placement, where: str, sep: str = ".") 
             raise SimError(
                 f"{where}{sep}ep: {p.ep} must divide the {model.num_experts} experts of {model.name}"
             )
+    if p.two_batch_overlap and p.ep == 1:
+        key = "two_batch_overlap" if sep else "two-batch-overlap"  # the scenario key, or the CLI option
+        raise SimError(f"{where}{sep}{key}: overlaps the EP all-to-all; it needs ep > 1")
     if p.nodes is not None and p.gpus > p.nodes * p.gpus_per_node:
         raise SimError(f"{where}{sep}nodes: {p.gpus} GPUs exceed {p.nodes} x {p.gpus_per_node}")
 
@@ -193,6 +202,7 @@ class StepBreakdown:
     expert_rank_s: list[float] = field(default_factory=list)  # expert GEMMs per EP rank, one stage
     skew_s: float = 0.0
     compute_bound: bool = False  # the slowest attention rank's step
+    overlap_s: list[float] = field(default_factory=list)  # per stage: communication two-batch overlap hides
 
 
 class ParallelCost:
@@ -228,7 +238,7 @@ class ParallelCost:
     def breakdown(self, new_tokens: np.ndarray, context: np.ndarray) -> StepBreakdown:
         c, q = np.asarray(new_tokens), np.asarray(context)
         p, m = self.p, self.model
-        runs = [self.rank_base.step_time(c[r :: p.dp], q[r :: p.dp]) for r in range(p.dp)]
+        runs = [self._rank_step(c[r :: p.dp], q[r :: p.dp]) for r in range(p.dp)]
         rank_s = [float(seconds) for seconds, _ in runs]
         attn = max(rank_s)
         compute_bound = bool(runs[rank_s.index(attn)][1])
@@ -241,17 +251,33 @@ class ParallelCost:
             per_rank = routed / p.dp  # each attention rank's routed tokens, spread over the EP group
             nbytes = per_rank * m.hidden_size * ACT_BYTES * (p.ep - 1) / p.ep
             dispatch = combine = all_to_all_seconds(nbytes, self.ep_link)
+            if p.two_batch_overlap:  # two micro-batches, each its own all-to-all of half the bytes
+                dispatch = combine = 2 * all_to_all_seconds(nbytes / 2, self.ep_link)
             expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
             skew = max(expert_rank) - float(np.mean(expert_rank))
         per_moe = dispatch + combine + skew
         layers = zip(self.layers, moe_layers, strict=True)
-        stage_s = [attn * n / m.num_layers + k * per_moe for n, k in layers]
+        stage_s, overlap = [], []
+        for n, k in layers:
+            compute, comm = attn * n / m.num_layers, k * (dispatch + combine)
+            hidden = min(comm, compute) if p.two_batch_overlap else 0.0
+            stage_s.append(compute + k * per_moe - hidden)
+            overlap.append(hidden)
         send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
         pp_send = send if p.pp > 1 and tokens > 0 else 0.0
         seconds = sum(stage_s) + (p.pp - 1) * pp_send
         return StepBreakdown(
-            seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound
+            seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound,
+            overlap if p.two_batch_overlap else [],
         )
+
+    def _rank_step(self, c: np.ndarray, q: np.ndarray) -> tuple[float, bool]:
+        """One attention rank's compute over its rows; under two-batch overlap the sum of its two
+        micro-batches' (alternate rows), each paying its own weight reads."""
+        if not self.p.two_batch_overlap or c.size < 2:
+            return self.rank_base.step_time(c, q)
+        (a, bound_a), (b, bound_b) = (self.rank_base.step_time(c[i::2], q[i::2]) for i in (0, 1))
+        return a + b, bool(bound_a or bound_b)
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         """(seconds, compute_bound): one batch in flight, the sum of its stages and transfers."""

@@ -83,7 +83,7 @@ def parallel_step(
         "rows": int(np.size(new_tokens)), "seconds": b.seconds, "stage_s": b.stage_s,
         "attention_rank_s": b.rank_s, "expert_rank_s_per_layer": b.expert_rank_s,
         "dispatch_s_per_layer": b.dispatch_s, "combine_s_per_layer": b.combine_s,
-        "skew_s_per_layer": b.skew_s, "pp_send_s": b.pp_send_s,
+        "skew_s_per_layer": b.skew_s, "pp_send_s": b.pp_send_s, "overlap_s": b.overlap_s,
         "ep_link": pc.ep_link.name if p.ep > 1 else None, "pp_link": pc.pp_link.name if p.pp > 1 else None,
     }  # fmt: skip
     if as_json:
@@ -112,6 +112,8 @@ def parallel_step(
             f"{b.skew_s * 1e3:.4f}",
             f"{moe * b.skew_s * 1e3:.3f}",
         )
+    if b.overlap_s:
+        t.add_row("  two-batch overlap: communication hidden", "", "", f"-{sum(b.overlap_s) * 1e3:.3f}")
     if p.pp > 1:
         t.add_row(f"PP send ({pc.pp_link.name})", str(p.pp - 1), f"{b.pp_send_s * 1e3:.4f}",
                   f"{(p.pp - 1) * b.pp_send_s * 1e3:.3f}")  # fmt: skip

@@ -1,0 +1,172 @@
+"""The published DeepSeek-V3 serving figures against the simulator's step model under the setup each source
+states (docs/parallelism.md, "Published figures and the DeepSeek-V3 question").
+
+Sources, read from their primary texts:
+- LMSYS, "Deploying DeepSeek with PD Disaggregation and Large-scale Expert Parallelism on 96 H100 GPUs"
+  (2025-05-05; lm-sys/lm-sys.github.io, blog/2025-05-05-large-scale-ep.md): prefill on 4 nodes (EP32),
+  16,384 tokens per device (the profile section's batch; TBO makes it fit); decode on 9 nodes (EP72), 256
+  sequences per device at a 2,000-token KV length; the baseline "TP16 x 6" (two nodes a group, TP 16 and DP
+  attention).
+- DeepSeek, "Day 6: One More Thing, DeepSeek-V3/R1 Inference System Overview" (deepseek-ai/open-infra-index,
+  202502OpenSourceWeek/day_6_one_more_thing_deepseekV3R1_inference_system_overview.md): H800; prefill EP32 /
+  DP32 on 4 nodes, decode EP144 / DP144 on 18 nodes; 56.3% of input tokens hit the KV cache; the mean KV
+  length per output token 4,989; matmuls and dispatch in FP8; dual micro-batch overlap.
+
+Each row is one step of the placement's cost model (sim/cost/parallel.py over the engine's roofline), per
+node: 8 GPUs x the tokens one attention rank takes in a step / the step's seconds, without and with two-batch
+overlap (`two_batch_overlap`). A placement the simulator cannot express is replaced by the nearest one it can
+(EP72 and EP144 need EPLB's redundant experts: 256 experts are divided over 64 and 128 ranks instead), and the
+row says so.
+
+    .venv/bin/python benchmarks/deepseek_published.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sim.catalog.gpu_formats import served_model
+from sim.catalog.gpus import get_gpu
+from sim.catalog.models import load_model
+from sim.config.calibration import Calibration
+from sim.cost.parallel import ParallelCost, Placement, check_placement, rank_memory
+from sim.cost.roofline import CostModel
+
+MODEL = "deepseek-v3"
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One published figure and the step that reproduces it."""
+
+    name: str
+    source: float  # tokens/s per node, as published
+    gpu: str
+    placement: Placement
+    new: int  # tokens per row in the step (a prompt's uncached tokens, or 1 for a decode)
+    context: int  # cached tokens per row
+    rows_per_rank: int
+    counted: int  # tokens per row the figure counts (a prompt's whole length with its cache hits, or 1)
+    note: str
+
+
+def step_seconds(s: Setup, skew: float | None = None) -> float:
+    """One step of `s` (optionally at another expert skew), the slowest rank's."""
+    spec = served_model(load_model(MODEL), get_gpu(s.gpu))
+    p = s.placement if skew is None else Placement(**{**_fields(s.placement), "expert_skew": skew})
+    check_placement(spec, p, s.name)
+    g = get_gpu(s.gpu)
+    rank_memory(spec, g, p, 0.9, None, None, 16, s.name)
+    base = CostModel(spec, g, p.tp, None, None, Calibration.load())
+    rows = s.rows_per_rank * p.dp
+    new = np.full(rows, s.new, dtype=np.int64)
+    ctx = np.full(rows, s.context, dtype=np.int64)
+    return ParallelCost(base, spec, g, p).step_time(new, ctx)[0]
+
+
+def _fields(p: Placement) -> dict[str, Any]:
+    return {k: getattr(p, k) for k in p.__dataclass_fields__}
+
+
+def per_node(s: Setup, skew: float | None = None) -> float:
+    """Tokens/s per node the figure counts: the GPUs of a node, each with one rank's rows (an attention rank
+    spans tp GPUs)."""
+    per_gpu = s.rows_per_rank * s.counted / s.placement.tp / step_seconds(s, skew)
+    return GPUS_PER_NODE * per_gpu
+
+
+def kv_rows(s: Setup) -> int:
+    """Sequences one attention rank's KV holds at the setup's length."""
+    spec = served_model(load_model(MODEL), get_gpu(s.gpu))
+    mem = rank_memory(spec, get_gpu(s.gpu), s.placement, 0.9, None, None, 16, s.name)
+    return mem.kv_tokens_per_rank // (s.context + s.new)
+
+
+HIT = 0.563  # DeepSeek: 342B of 608B input tokens hit the on-disk KV cache
+DS_PROMPT = 4096  # assumed: the input length of DeepSeek's profile data, which LMSYS quotes
+DS_NEW = round(DS_PROMPT * (1 - HIT))
+
+SETUPS = [
+    Setup("SGLang prefill, 2,000-token prompts", 52_300, "H100-SXM", Placement(1, 1, 32, 32), 2000, 0, 8,
+          2000, "EP32 DP32 on 4 nodes; 8 prompts of 2,000 = 16,000 tokens per rank"),
+    Setup("SGLang decode, KV 2,000", 22_300, "H100-SXM", Placement(1, 1, 64, 64), 1, 2000, 256, 1,
+          "EP72 not expressible (256 experts): EP64 DP64 on 8 nodes; 256 sequences per rank"),
+    Setup("DeepSeek prefill (cache hits counted)", 73_700, "H800-SXM", Placement(1, 1, 32, 32), DS_NEW,
+          DS_PROMPT - DS_NEW, 9, DS_PROMPT,
+          f"EP32 DP32; 9 prompts of {DS_PROMPT} per rank, {DS_PROMPT - DS_NEW} of each cached (56.3%)"),
+    Setup("DeepSeek decode, KV 4,989", 14_800, "H800-SXM", Placement(1, 1, 128, 128), 1, 4989, 128, 1,
+          "EP144 not expressible: EP128 DP128 on 16 nodes; 128 sequences per rank (LMSYS's reading)"),
+]
+# The baseline of SGLang's EP gain: TP 16 on two nodes with the experts TP-sharded, at the sequences its
+# KV holds (MLA's latent KV is one copy per TP group), against the EP decode row above.
+TP16 = Setup("SGLang TP16 baseline, decode", 0, "H100-SXM", Placement(16, 1, 1, 1, None, 16), 1, 2000, 0, 1,
+             "TP 16 without DP attention, costed as one 16-GPU NVLink domain (no TP over InfiniBand)")
+
+
+def _with(s: Setup, **change: Any) -> Setup:
+    return Setup(**{**s.__dict__, **change})
+
+
+def _tbo(s: Setup) -> Setup:
+    return _with(s, placement=Placement(**{**_fields(s.placement), "two_batch_overlap": True}))
+
+
+def rows() -> list[dict[str, Any]]:
+    """One row per figure: the source's number, the simulator's without and with two-batch overlap."""
+    out = []
+    for s in SETUPS:
+        plain, tbo = per_node(s), per_node(_tbo(s))
+        out.append({
+            "figure": s.name, "source": s.source, "sim": round(plain), "sim_tbo": round(tbo),
+            "ratio": round(plain / s.source, 3), "ratio_tbo": round(tbo / s.source, 3), "setup": s.note,
+        })  # fmt: skip
+    ep = SETUPS[1]
+    tp = _with(TP16, rows_per_rank=kv_rows(TP16))
+    gain, gain_tbo = per_node(ep) / per_node(tp), per_node(_tbo(ep)) / per_node(tp)
+    out.append({
+        "figure": "EP over TP16, decode output per node", "source": 5.2, "sim": round(gain, 2),
+        "sim_tbo": round(gain_tbo, 2), "ratio": round(gain / 5.2, 3), "ratio_tbo": round(gain_tbo / 5.2, 3),
+        "setup": f"TP16 at the {tp.rows_per_rank} sequences of KV 2,000 its KV holds; EP64 at 256 a rank",
+    })  # fmt: skip
+    for s, published in ((SETUPS[0], 1.49), (SETUPS[1], 2.54)):
+        gain, gain_tbo = (per_node(x) / per_node(x, skew=1.0) for x in (s, _tbo(s)))
+        out.append({
+            "figure": f"EPLB gain, {'prefill' if s.new > 1 else 'decode'}", "source": published,
+            "sim": round(gain, 3), "sim_tbo": round(gain_tbo, 3), "ratio": round(gain / published, 3),
+            "ratio_tbo": round(gain_tbo / published, 3),
+            "setup": "balanced gate over a Zipf(1.0) one (the exponent is not published)",
+        })  # fmt: skip
+    for s, low, high in ((SETUPS[0], 1.27, 1.35), (SETUPS[1], 1.255, 1.255)):
+        gain = per_node(_tbo(s)) / per_node(s)
+        out.append({
+            "figure": f"two-batch overlap gain, {'prefill' if s.new > 1 else 'decode'}",
+            "source": f"{low}-{high}" if low != high else high, "sim": round(gain, 3), "sim_tbo": "",
+            "ratio": round(gain / high, 3), "ratio_tbo": "", "setup": s.note,
+        })  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args()
+    table = rows()
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return
+    print("| figure | source | sim | sim / source | sim, TBO | sim, TBO / source | setup in the simulator |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in table:
+        src, sim, tbo = (f"{v:,}" if isinstance(v, (int, float)) else v
+                         for v in (r["source"], r["sim"], r["sim_tbo"]))  # fmt: skip
+        print(f"| {r['figure']} | {src} | {sim} | {r['ratio']} | {tbo} | {r['ratio_tbo']} | {r['setup']} |")
+
+
+if __name__ == "__main__":
+    main()
