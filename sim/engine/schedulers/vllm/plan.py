@@ -25,7 +25,6 @@ class Seq:
     num_computed: int = 0
     num_generated: int = 0
     preempted: bool = False  # waiting after a preemption (resumes rather than starts)
-    epoch: int = 0  # preemptions so far: a batch in flight from before the latest one emits nothing for it
     external: int = 0  # tokens whose KV another replica computed, loaded at admission (`add_transferred`)
     block_size: int = 16
     kv_blocks: list[Block] | None = None
@@ -56,7 +55,7 @@ class StepInfo:
     """What one `schedule` call decided (the plan's payload): rows as parallel lists, in scheduling order."""
 
     __slots__ = ("seqs", "counts", "contexts", "emit", "new", "resumed", "preempted", "decode", "bulk",
-                 "bulk_ctx", "bulk_max", "step", "sched", "epochs")  # fmt: skip
+                 "bulk_ctx", "bulk_max", "step", "sched")  # fmt: skip
 
     def __init__(self) -> None:
         self.seqs: list[Seq] = []
@@ -71,7 +70,6 @@ class StepInfo:
         self.bulk = self.bulk_ctx = self.bulk_max = 0
         self.step = 0
         self.sched: _Scheduler | None = None  # set when rows advance in bulk
-        self.epochs: list[int] = []  # with batches in flight: each `emit` row's `Seq.epoch` when scheduled
 
     @property
     def rows(self) -> list[tuple[Seq, int]]:

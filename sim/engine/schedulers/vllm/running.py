@@ -108,7 +108,6 @@ class RunningPass:
         self._busy.pop(seq, None)
         self.kv.free(seq)
         seq.num_computed = 0
-        seq.epoch += 1
         self._sync(seq)
         seq.preempted = True
         seq.req.preemptions += 1

@@ -24,7 +24,8 @@ records (bulk.py, and docs/performance.md).
 Pipeline parallelism (`pipeline`, sim/engine/pipeline.py): up to `pp` batches in flight. Scheduling a row
 advances its computed tokens at once, so a sequence whose scheduled tokens are all in flight has none left
 to schedule and is passed over, as in vLLM; a prompt's next chunk may follow its previous one. A sequence
-preempted while a batch holding it is in flight emits nothing from that batch. No bulk decoding then.
+preempted while a batch holding it is in flight still gets that batch's token (vLLM's `update_from_output`
+appends it), and one that ends so leaves the waiting queue. No bulk decoding then.
 
 Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
 k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
@@ -135,9 +136,6 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
                 plan = self._schedule(now)
         if plan is not None:
             self._step_start = now
-            if self.pipelined:
-                info: StepInfo = plan.payload
-                info.epochs = [seq.epoch for seq in info.emit]
         return plan
 
     def _schedule(self, now: float) -> StepPlan | None:
@@ -183,13 +181,12 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
             return self._update_fast(info, now)
         self._last_end = now
         finished: list[Request] = []
-        rows = info.emit
-        if self.pipelined:  # rows preempted while their batch was in flight emit nothing
-            rows = [seq for seq, epoch in zip(rows, info.epochs, strict=True) if seq.epoch == epoch]
-        done_seqs = self._emit_rows(rows, now)
+        done_seqs = self._emit_rows(info.emit, now)
         if done_seqs:
             gone = set(done_seqs)
             self.running = [s for s in self.running if s not in gone]
+            if self.pipelined and any(s.preempted for s in done_seqs):  # finished while queued (vLLM)
+                self.waiting = deque(s for s in self.waiting if s not in gone)
             for seq in done_seqs:
                 self.kv.free(seq)
                 if self._close(seq):
