@@ -44,12 +44,12 @@ class LoggedCost(ParallelCost):
         return got
 
 
-def run(pp: int, requests: int, budget: int, num_blocks: int = 20_000, out: int = 200) -> tuple[LoggedCost, Any]:
-    """`requests` requests of 16 prompt and `out` output tokens, all at t = 0, on one replica at tp 4 x pp."""
+def run(pp: int, requests: int, budget: int) -> tuple[LoggedCost, Any]:
+    """`requests` requests of 16 prompt and 200 output tokens, all at t = 0, on one replica at tp 4 x pp."""
     cost = LoggedCost(pp)
     sched = VllmScheduler(VllmConfig(max_num_batched_tokens=budget, max_num_seqs=1024),
-                          KvBudget(num_blocks, 16, 4096), fast=True)  # fmt: skip
-    reqs = [Request(i, 0.0, 16, out, out) for i in range(requests)]
+                          KvBudget(20_000, 16, 4096), fast=True)  # fmt: skip
+    reqs = [Request(i, 0.0, 16, 200, 200) for i in range(requests)]
     res = simulate(sched, cost.step_time, Horizon(drain=True), open_loop=iter(reqs))
     return cost, res
 
@@ -123,8 +123,8 @@ def test_a_row_in_flight_is_not_scheduled_again() -> None:
 
 
 def test_a_sequence_preempted_in_flight_keeps_its_token_and_may_end_in_the_queue() -> None:
-    """As vLLM's `update_from_output`: a batch's token is appended to a request preempted while the batch was in
-    flight, and a request that so ends leaves the waiting queue (two usable KV blocks of 16 slots)."""
+    """As vLLM's `update_from_output`: a batch's token is appended to a request preempted while the batch
+    was in flight, and a request that so ends leaves the waiting queue (two usable KV blocks of 16 slots)."""
     config = VllmConfig(max_num_batched_tokens=64, async_scheduling=False)
     sched = VllmScheduler(config, KvBudget(3, 16, 64), fast=True)
     assert sched.pipeline(2)
