@@ -9,9 +9,9 @@ dp` (vLLM's `--enable-expert-parallel`), by expert: the bytes per GPU are the sa
 Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per step:
 - PP: a stage costs `base` x its layers / all layers (the head and embedding are charged pro rata: an
   assumption no source states); a batch's activations go point to point between stages, `latency + tokens x
-  hidden x 2 B / bandwidth` over the intra- or inter-node link. The engine runs one batch at a time, so a
-  step costs the sum of its stages and transfers; `pipeline_seconds` gives the schedule with more batches in
-  flight (vLLM keeps `pp`, one per virtual engine), which the engine does not yet model.
+  hidden x 2 B / bandwidth` over the intra- or inter-node link. A step's latency is the sum of its stages
+  and transfers (`step_time`); the engine keeps up to `pp` batches in flight over `stage_seconds`
+  (sim/engine/pipeline.py), as `pipeline_seconds` schedules equal batches.
 - DP attention: the step's rows go round robin to the `dp` ranks; each rank's time is `base` over its rows;
   the step waits for the slowest rank.
 - EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens (`tokens x top_k x
@@ -278,6 +278,19 @@ class ParallelCost:
             return self.rank_base.step_time(c, q)
         (a, bound_a), (b, bound_b) = (self.rank_base.step_time(c[i::2], q[i::2]) for i in (0, 1))
         return a + b, bool(bound_a or bound_b)
+
+    @property
+    def pp(self) -> int:
+        """Pipeline stages: the batches the engine may keep in flight."""
+        return self.p.pp
+
+    def stage_seconds(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[list[float], float, bool]:
+        """(each stage's seconds, one send between stages, compute_bound) of a step."""
+        c = np.asarray(new_tokens)
+        if c.size == 0:
+            return [0.0] * self.p.pp, 0.0, False
+        b = self.breakdown(c, np.asarray(context))
+        return b.stage_s, b.pp_send_s, b.compute_bound
 
     def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         """(seconds, compute_bound): one batch in flight, the sum of its stages and transfers."""

@@ -26,6 +26,7 @@ from simpy.core import NORMAL
 
 from sim.core.request import Request
 from sim.core.step import StepPlan
+from sim.engine.pipeline import attach, deliver
 from sim.engine.schedulers.base import Scheduler
 from sim.records.columns import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED
 from sim.records.recorder import Recorder
@@ -102,6 +103,7 @@ class Replica:
         self.in_system = 0  # admitted and not finished
         self.arrivals_open = True
         self.max_waiting: int | None = None  # admission control: reject arrivals when this many wait
+        self.pipeline = attach(scheduler, step_time)  # pp > 1: batches in flight (engine/pipeline.py)
 
     def close_arrivals(self) -> None:
         """No more requests will arrive: the loop ends once the replica is empty."""
@@ -217,6 +219,9 @@ class Replica:
                 on_finish(req)
 
     def run(self) -> Iterator[simpy.Event]:
+        if self.pipeline is not None:
+            yield from self.pipeline.run(self)
+            return
         env, sched, rec = self.env, self.scheduler, self.recorder
         timer = self._timer()
         while True:
@@ -333,7 +338,11 @@ def simulate(
     replica.max_waiting = horizon.max_waiting
     if open_loop is not None:
         stop = horizon.duration_s if horizon.duration_s is not None and not horizon.drain else math.inf
-        engine = env.process(replica.run_open(open_loop, stop))
+        if replica.pipeline is None:
+            engine = env.process(replica.run_open(open_loop, stop))
+        else:  # arrivals as a process: the pipeline's loop does not read them inline
+            env.process(deliver(env, replica.submit, replica.close_arrivals, open_loop, stop))
+            engine = env.process(replica.run())
     else:
         assert closed_loop is not None
         users = ClosedLoopUsers(env, closed_loop, horizon, replica.submit, replica.close_arrivals)

@@ -120,8 +120,8 @@ def parallel_step(
     console = Console()
     console.print(t)
     console.print(
-        f"step: {b.seconds * 1e3:.3f} ms with one batch in flight (the stages and sends: the engine's"
-        f" model); with {p.pp} in flight a stage bounds throughput at {1 / max(b.stage_s):.1f} steps/s"
+        f"step: {b.seconds * 1e3:.3f} ms, one batch's latency (its stages and sends); the engine keeps"
+        f" {p.pp} in flight, so the slowest stage bounds throughput at {1 / max(b.stage_s):.1f} steps/s"
         if p.pp > 1 else f"step: {b.seconds * 1e3:.3f} ms (the slowest attention rank, then the MoE layers)"
     )  # fmt: skip
     return out

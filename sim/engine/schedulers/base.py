@@ -8,6 +8,11 @@ The engine loop is::
     finished = scheduler.update(plan, now)    # tokens emitted at `now`, requests finished
 
 A request arrives through `add`, which may reject it (the reason is stored on the request).
+
+Under pipeline parallelism (sim/engine/pipeline.py) the engine may `schedule` again before the earlier plans
+are `update`d, up to `pp` plans in flight, if the policy says it can: `pipeline(in_flight) -> bool`, called
+before any request, True when its `schedule` passes over rows in flight (the vllm policy's). A policy without
+it runs one plan at a time.
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ its own copy of the partial last prompt block. The request emits a token when it
 With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
 records (bulk.py, and docs/performance.md).
 
+Pipeline parallelism (`pipeline`, sim/engine/pipeline.py): up to `pp` batches in flight. Scheduling a row
+advances its computed tokens at once, so a sequence whose scheduled tokens are all in flight has none left
+to schedule and is passed over, as in vLLM; a prompt's next chunk may follow its previous one. A sequence
+preempted while a batch holding it is in flight still gets that batch's token (vLLM's `update_from_output`
+appends it), and one that ends so leaves the waiting queue. No bulk decoding then.
+
 Asynchronous scheduling (`async_scheduling`, vLLM's default since 0.14): the engine forms step k + 1 when step
 k starts, so an arrival during step k is first seen by step k + 2 (`schedule`; docs/vllm-conformance.md).
 
@@ -105,6 +111,16 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
         self._step = 0  # steps scheduled
         self._last_end = 0.0  # when the latest applied step ended (0 before any)
         self._init_bulk(caching)
+        self.pipelined = False  # batches in flight (`pipeline`)
+
+    def pipeline(self, in_flight: int) -> bool:
+        """Keep up to `in_flight` batches in flight (before any request): rows handled one by one."""
+        if in_flight <= 1:
+            return False
+        self.fast = False
+        self._init_bulk(self.kv.caching)
+        self.pipelined = True
+        return True
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan | None:
@@ -169,6 +185,8 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
         if done_seqs:
             gone = set(done_seqs)
             self.running = [s for s in self.running if s not in gone]
+            if self.pipelined and any(s.preempted for s in done_seqs):  # finished while queued (vLLM)
+                self.waiting = deque(s for s in self.waiting if s not in gone)
             for seq in done_seqs:
                 self.kv.free(seq)
                 if self._close(seq):

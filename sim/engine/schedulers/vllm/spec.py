@@ -43,6 +43,10 @@ class SpeculativeScheduler(VllmScheduler):
         self._emitted_by_decodes = 0
         self.falls = spec.acceptance_half_life is not None  # acceptance falls along a response
 
+    def pipeline(self, in_flight: int) -> bool:
+        """Speculative rows are not kept in flight: one batch at a time."""
+        return False
+
     def drafts_scheduled(self) -> int:
         """Draft tokens the latest scheduled step verifies."""
         return sum(self._drafts.values())
