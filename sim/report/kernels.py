@@ -68,6 +68,17 @@ def print_kernels(
         cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
         table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
     console.print(table)
+    table = Table(title="Attention: the kernel model (the H200 profile's attention parameters, in-step "
+                  "fixed cost) against aiconfigurator's vLLM kernels: median error %, all and >= 100 µs")
+    for col in ("GPU", "phase", "kernels", "median", "median |err|", ">= 100 µs", "median", "median |err|"):
+        table.add_column(col, justify="left" if col in ("GPU", "phase") else "right")
+    attention = result["attention"]
+    assert isinstance(attention, list)
+    for r in attention:
+        table.add_row(r["gpu"], r["phase"], str(r["kernels"]), f"{r['median_pct']:+.1f}",
+                      f"{r['median_abs_pct']:.1f}", str(r["long_kernels"]), f"{r['long_median_pct']:+.1f}",
+                      f"{r['long_median_abs_pct']:.1f}")  # fmt: skip
+    console.print(table)
     table = Table(
         title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"
     )

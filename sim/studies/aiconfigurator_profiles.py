@@ -12,6 +12,10 @@ Per GPU (`SYSTEMS`), from the newest vLLM version the package has for that syste
   graph (`graph`) and eager (`eager`), bf16 (`comm/vllm/<v>/custom_allreduce_perf.parquet`).
 - `nccl_allreduce.csv` (degree, elements, seconds): NCCL all-reduce of fp16, at the NCCL version the
   package's system file names (`misc.nccl_version`), else the newest (`comm/nccl/<v>/nccl_perf.parquet`).
+- `attention.csv` (phase, batch, q_len, kv_len, heads, kv_heads, head_dim, kernel, seconds): vLLM's attention
+  kernel (`attention/vllm/<v>/{context,generation}_attention_perf.parquet`, the table's most used kernel, the
+  system's default backend), bf16 KV, no sliding window, at the catalog models' head counts per GPU at TP
+  1/2/4/8 with 128-wide heads, `ATTN_BATCHES` and `ATTN_LENGTHS`; decode attends over `step + 1` tokens.
 - `SOURCES.md`: package, version, each file read, system, runtime version and device name.
 Message sizes are elements (the package's convention: an all-reduce of T tokens of width H is T·H).
 """
@@ -34,6 +38,8 @@ TPS = (1, 2, 4, 8)
 # token counts every system's table has (the A100's stops at 8,192)
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 512, 768, 1024, 2048, 4096, 8192)
 SUBDIR = "aiconfigurator"
+ATTN_BATCHES = (1, 8, 32, 128)
+ATTN_LENGTHS = (128, 512, 1024, 2048, 4096, 8192, 16384)  # prompt tokens, or decode's cached tokens + 1
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,43 @@ def allreduce_rows(path: Path, root: Path, kernel_col: str | None) -> tuple[list
     return rows, _source(df, path, root)
 
 
+def head_shapes() -> set[tuple[int, int, int]]:
+    """(query heads, KV heads, head dim) per GPU of the dense catalog models at TP 1/2/4/8."""
+    out = set()
+    for name in MODELS:
+        m = load_model(name)
+        for tp in TPS:
+            if m.num_heads % tp == 0:
+                out.add((m.num_heads // tp, max(m.num_kv_heads // tp, 1), m.head_dim))
+    return out
+
+
+def attention_rows(path: Path, root: Path, phase: str) -> tuple[list[list[object]], Source]:
+    """Rows of one context_ or generation_attention_perf.parquet (see the module's docstring)."""
+    import polars as pl
+
+    df = _read(path, root)
+    need = {"batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype"}
+    if not need <= set(df.columns):
+        raise SimError(f"{path}: expected columns {sorted(need)}, found {df.columns}")
+    df = df.filter(pl.col("kv_cache_dtype").is_in(["bfloat16", "float16"]) & (pl.col("head_dim") == 128))
+    if "window_size" in df.columns:
+        df = df.filter(pl.col("window_size") == 0)
+    kernel = str(df["kernel_source"].mode().sort()[0]) if df.height else ""
+    df = df.filter(pl.col("kernel_source") == kernel)
+    shapes = head_shapes()
+    rows: list[list[object]] = []
+    for r in df.iter_rows(named=True):
+        q, kv = (int(r["isl"]), int(r["isl"])) if phase == "prefill" else (1, int(r["step"]) + 1)
+        shape = (int(r["num_heads"]), int(r["num_key_value_heads"]), int(r["head_dim"]))
+        if shape in shapes and int(r["batch_size"]) in ATTN_BATCHES and kv in ATTN_LENGTHS:
+            rows.append([phase, int(r["batch_size"]), q, kv, *shape, kernel, r["latency"] * 1e-3])
+    if not rows:
+        raise SimError(f"{path}: no bf16 attention at a catalog model's head counts")
+    rows.sort(key=lambda c: tuple(c[:-1]))  # type: ignore[arg-type]
+    return rows, _source(df, path, root)
+
+
 def _sources_md(gpu: str, system: str, version: str, files: dict[str, Source]) -> str:
     lines = [
         f"# {gpu}: kernel tables from NVIDIA aiconfigurator",
@@ -199,10 +242,17 @@ def import_aiconfigurator(source: Path, dest: Path) -> list[Path]:
         car, cs = allreduce_rows(_newest(base / "comm" / "vllm", "custom_allreduce_perf.parquet"), root,
                                  "kernel_source")  # fmt: skip
         nccl, ns = allreduce_rows(_nccl_file(root, system), root, None)
+        attn_dir = _newest(base / "attention" / "vllm", "context_attention_perf.parquet").parent
+        pre, ps = attention_rows(attn_dir / "context_attention_perf.parquet", root, "prefill")
+        dec, ds = attention_rows(attn_dir / "generation_attention_perf.parquet", root, "decode")
+        header = ["phase", "batch", "q_len", "kv_len", "heads", "kv_heads", "head_dim", "kernel", "seconds"]
+        _write(out / "attention.csv", header, pre + dec)
         _write(out / "gemm.csv", ["model", "tp", "op", "m", "k", "n", "seconds"], gemm)
         _write(out / "custom_allreduce.csv", ["kernel", "degree", "elements", "seconds"], car)
         _write(out / "nccl_allreduce.csv", ["degree", "elements", "seconds"], nccl)
-        sources = {"gemm.csv": gs, "custom_allreduce.csv": cs, "nccl_allreduce.csv": ns}
+        sources = {"gemm.csv": gs, "custom_allreduce.csv": cs, "nccl_allreduce.csv": ns,
+                   "attention.csv (prefill)": ps, "attention.csv (decode)": ds}  # fmt: skip
         (out / "SOURCES.md").write_text(_sources_md(gpu, system, version, sources))
-        written += [out / name for name in (*sources, "SOURCES.md")]
+        names = ("gemm.csv", "custom_allreduce.csv", "nccl_allreduce.csv", "attention.csv", "SOURCES.md")
+        written += [out / n for n in names]
     return written

@@ -15,6 +15,7 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
 from sim.cost.allreduce import aic_allreduce_table, allreduce_table
+from sim.cost.attention_check import attention_table
 from sim.cost.gemm_fit import (
     DATASETS,
     PROFILED,
@@ -142,8 +143,8 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     steps_cal = KernelCalibration.load(gpu=get_gpu(STEPS_GPU))
     held = {ds: leave_one_gpu_out(dataset=ds) for ds in DATASETS}
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
-            "allreduce_vidur": allreduce_table(), "chunking": chunking_table(),
-            "steps": steps_table(steps_cal)}  # fmt: skip
+            "allreduce_vidur": allreduce_table(), "attention": attention_table(),
+            "chunking": chunking_table(), "steps": steps_table(steps_cal)}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
