@@ -15,7 +15,8 @@ Per GPU (`SYSTEMS`), from the newest vLLM version the package has for that syste
 - `attention.csv` (phase, batch, q_len, kv_len, heads, kv_heads, head_dim, kernel, seconds): vLLM's attention
   kernel (`attention/vllm/<v>/{context,generation}_attention_perf.parquet`, the table's most used kernel, the
   system's default backend), bf16 KV, no sliding window, at the catalog models' head counts per GPU at TP
-  1/2/4/8 with 128-wide heads, `ATTN_BATCHES` and `ATTN_LENGTHS`; decode attends over `step + 1` tokens.
+  1/2/4/8 with 128-wide heads, `ATTN_BATCHES` and `ATTN_LENGTHS`; decode attends over `step + 1` tokens
+  (the tables step by 2^k - 1: the tokens cached before the new one).
 - `SOURCES.md`: package, version, each file read, system, runtime version and device name.
 Message sizes are elements (the package's convention: an all-reduce of T tokens of width H is T·H).
 """
