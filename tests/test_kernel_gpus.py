@@ -1,5 +1,6 @@
 """Per-GPU kernel parameters (sim/catalog/kernel_gpus.toml): fitted to each GPU's kernel table, pooled for
-GPUs without one (the transfer rule, tested by leaving a GPU out), and NCCL all-reduce by degree and node."""
+GPUs without one (the transfer rule, tested by leaving a GPU out), all-reduce (NCCL and vLLM's custom kernel)
+by degree and node, and the importers of Vidur's and aiconfigurator's tables."""
 
 from __future__ import annotations
 
@@ -14,19 +15,35 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.kernel_gpus import kernel_gpu_params, nccl_fit
+from sim.catalog.kernel_gpus import custom_allreduce_fit, kernel_gpu_params, nccl_fit
 from sim.catalog.models import load_model
 from sim.cli import app
 from sim.config.calibration import KernelCalibration
-from sim.cost.allreduce import CUSTOM_ALLREDUCE_MAX_BYTES, allreduce_table
-from sim.cost.gemm_fit import gemm_data, leave_one_gpu_out, predict_gemm
+from sim.cost.allreduce import (
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    aic_allreduce_table,
+    allreduce_table,
+    custom_seconds,
+)
+from sim.cost.attention_check import attention_table
+from sim.cost.gemm_fit import PROFILED, fit_gemm, gemm_data, leave_one_gpu_out, predict_gemm
 from sim.cost.graph_fit import steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.studies import kernels as studies_kernels
+from sim.studies.aiconfigurator_profiles import import_aiconfigurator
 from sim.studies.kernel_profiles import import_vidur
-from sim.studies.kernels import chunked_prefill_seconds, chunking_table, fit_kernel_gpus, kernel_gpus_toml
+from sim.studies.kernels import (
+    chunked_prefill_seconds,
+    chunking_table,
+    fit_kernel_gpus,
+    kernel_gpus_toml,
+    nvlinked,
+)
 
-leave_one_gpu_out_stub = {"h200": {"gemm_held_out": {"all": 11.0}, "gemm_own": {"all": 4.0}}}
+leave_one_gpu_out_stub = {
+    "h200": {"rule": ["h100"], "gemm_held_out": {"all": 11.0}, "gemm_pooled": {"all": 12.0},
+             "gemm_own": {"all": 4.0}}
+}  # fmt: skip
 SHIPPED = Path(__file__).resolve().parents[1] / "sim" / "catalog" / "kernel_gpus.toml"
 
 
@@ -34,43 +51,102 @@ def test_shipped_parameters_are_the_fit_and_each_gpu_fits_its_own_gemms() -> Non
     fits = fit_kernel_gpus()
     fresh = tomllib.loads(kernel_gpus_toml(fits, "sim kernels"))
     shipped = tomllib.loads(SHIPPED.read_text())
-    assert fresh.keys() == shipped.keys() and fresh["allreduce"].keys() == shipped["allreduce"].keys()
-    for name, params in [*fresh["gpus"].items(), ("pooled", fresh["pooled"])]:
-        ships = shipped["pooled"] if name == "pooled" else shipped["gpus"][name]
+    assert fresh.keys() == shipped.keys() == {"gpus", "generation", "pooled", "nccl", "custom_allreduce"}
+    assert set(fresh["gpus"]) == {"H200", "H100-SXM", "A100-80GB", "L40S", "B200"}
+    assert set(fresh["generation"]) == {"8", "9", "10"}
+    tables = [*fresh["gpus"].items(), ("pooled", fresh["pooled"])]
+    tables += [(f"generation {g}", p) for g, p in fresh["generation"].items()]
+    for name, params in tables:
+        if name == "pooled":
+            ships = shipped["pooled"]
+        elif name.startswith("generation"):
+            ships = shipped["generation"][name.split()[1]]
+        else:
+            ships = shipped["gpus"][name]
         assert params.keys() == ships.keys(), name
         for key, value in params.items():
             assert value == pytest.approx(ships[key], rel=2e-3), (name, key)
-    for node, f in fresh["allreduce"].items():
-        assert f["degrees"] == shipped["allreduce"][node]["degrees"]
-        assert f["bus_bandwidth"] == pytest.approx(shipped["allreduce"][node]["bus_bandwidth"], rel=2e-3)
-    for folder, name in (("h200", "H200"), ("h100", "H100-SXM"), ("a100", "A100-80GB")):
+    # aiconfigurator's GEMMs are timed in a CUDA graph: no isolated fixed cost shipped from them
+    assert "kernel_fixed_s" in shipped["gpus"]["H200"] and "kernel_fixed_s" not in shipped["gpus"]["H100-SXM"]
+    for kind in ("nccl", "custom_allreduce"):
+        assert fresh[kind].keys() == shipped[kind].keys() == {"h200", "h100", "a100", "l40s", "b200"}
+        for node, f in fresh[kind].items():
+            assert f["degrees"] == shipped[kind][node]["degrees"] == [2, 4, 8]
+            assert f["bandwidth"] == pytest.approx(shipped[kind][node]["bandwidth"], rel=2e-3)
+            assert f["latency_s"] == pytest.approx(shipped[kind][node]["latency_s"], rel=2e-3)
+    for folder, name in PROFILED.items():  # own fits: 4.5-6.2%, the L40S 9.2%
         d = gemm_data(folder)
-        err = np.abs(predict_gemm(fresh["gpus"][name], d, folder) / d["seconds"] - 1)
-        assert np.median(err) < 0.08, name
+        own = np.median(np.abs(predict_gemm(fit_gemm([folder]), d, folder) / d["seconds"] - 1))
+        assert own < (0.10 if folder == "l40s" else 0.07), name
+    d = gemm_data("h200")  # the H200 ships its own profile's fit, fixed cost included
+    assert np.median(np.abs(predict_gemm(shipped["gpus"]["H200"], d, "h200") / d["seconds"] - 1)) < 0.06
 
 
 def test_leaving_a_gpu_out_predicts_its_gemms() -> None:
-    """The transfer rule (pooled fit of the other GPUs at this GPU's peaks): the measured medians are
-    4.6-19.3% per GEMM kind (docs/fidelity.md); the bound here is tolerant, the own fit does better."""
+    """The transfer rule (the other GPUs of the same generation, else all of them, at this GPU's peaks) on
+    aiconfigurator's tables: the Hoppers predict each other within 10% per GEMM kind (7.2 and 8.6% over all);
+    the A100, with no Ampere left in the pool, misses (15.3%); the B200 and L40S, outside the pool, 8.0 and
+    15.2%. On the previous tables (H200 profile, Vidur's H100/A100) pooled fits gave 11.6 / 12.8 / 5.4%."""
     report = leave_one_gpu_out()
-    assert set(report) == {"h200", "h100", "a100"}
-    for gpu, rep in report.items():
-        assert rep["gemm_held_out"]["all"] < 15, gpu
-        assert max(v for k, v in rep["gemm_held_out"].items() if k != "all") < 25, gpu
-        assert rep["gemm_own"]["all"] < rep["gemm_held_out"]["all"] + 0.5, gpu
+    assert set(report) == {"h200", "h100", "a100", "l40s", "b200"}
+    assert report["h200"]["rule"] == ["h100"] and report["h100"]["rule"] == ["h200"]
+    assert report["a100"]["rule"] == ["h200", "h100"] and report["l40s"]["rule"] == ["a100"]
+    for gpu in ("h200", "h100"):
+        held = report[gpu]["gemm_held_out"]
+        assert set(held) == {"qkv", "o", "gate_up", "down", "all"}
+        assert max(held.values()) <= 10.0, (gpu, held)
+        assert report[gpu]["gemm_own"]["all"] < held["all"]
+    assert 12 < report["a100"]["gemm_held_out"]["all"] < 18  # across generations: a stated miss
+    assert report["b200"]["gemm_held_out"]["all"] < 9 and report["l40s"]["gemm_held_out"]["all"] < 17
     assert "elementwise_held_out" in report["h100"] and "elementwise_held_out" not in report["h200"]
     assert report["a100"]["elementwise_held_out"]["all"] < 30
+    old = leave_one_gpu_out(dataset="profiles")
+    assert set(old) == {"h200", "h100", "a100"}
+    assert old["h200"]["gemm_pooled"]["all"] == pytest.approx(11.6, abs=0.1)
+    assert old["h100"]["gemm_pooled"]["all"] == pytest.approx(12.8, abs=0.1)
 
 
-def test_transfer_rule_profiled_gpus_own_fit_others_the_pool() -> None:
+def test_transfer_rule_profiled_gpus_own_fit_others_their_generation_or_the_pool() -> None:
     table = tomllib.loads(SHIPPED.read_text())
     params, source = kernel_gpu_params(get_gpu("A100-80GB"))
     assert params == table["gpus"]["A100-80GB"] and "A100-80GB" in source
     params, source = kernel_gpu_params(get_gpu("L40S"))
-    assert params == table["pooled"] and "transfer rule" in source
+    assert params == table["gpus"]["L40S"] and "L40S" in source
+    for gpu, gen in (("H100-PCIe", "9"), ("A10G", "8"), ("L4", "8"), ("A100-40GB", "8")):
+        params, source = kernel_gpu_params(get_gpu(gpu))
+        assert params == table["generation"][gen] and "transfer rule" in source, gpu
+    for gpu in ("T4", "MI300X"):  # no profiled GPU of their generation (MI300X: no CUDA generation at all)
+        params, source = kernel_gpu_params(get_gpu(gpu))
+        assert params == table["pooled"] and "transfer rule" in source, gpu
     cal = KernelCalibration.load(gpu=get_gpu("H100"))
-    assert cal.gemm_m_half_tokens == pytest.approx(table["gpus"]["H100-SXM"]["gemm_m_half_tokens"])
+    assert cal.gemm_n_half_mem_cols == pytest.approx(table["gpus"]["H100-SXM"]["gemm_n_half_mem_cols"])
+    assert cal.kernel_fixed_s == KernelCalibration().kernel_fixed_s  # the isolated H200 kernel's
     assert KernelCalibration.load() == KernelCalibration()  # no GPU: the shipped defaults alone
+
+
+def test_custom_allreduce_and_nccl_within_ten_percent_at_every_degree_and_node() -> None:
+    """aiconfigurator's tables: vLLM's custom all-reduce in a CUDA graph up to 8 MiB (latency + one-shot or
+    two-shot bytes / bandwidth) and NCCL above it, median |error| <= 10% for every GPU and degree."""
+    rows = aic_allreduce_table(nvlinked())
+    assert {(r["gpu"], r["kind"], r["degree"]) for r in rows} == {
+        (g, k, d) for g in PROFILED for k in ("custom", "nccl") for d in (2, 4, 8)
+    }
+    for r in rows:
+        assert r["median_pct"] <= 10, r
+    small = {(r["gpu"], r["degree"]): r["latency_s"] for r in rows if r["kind"] == "custom"}
+    assert 4e-6 < small[("h100", 8)] < 6e-6  # not the 2 µs assumed before, not NCCL's 15-60 µs
+
+
+def test_attention_checked_against_aiconfigurators_kernels() -> None:
+    """The H200 profile's attention parameters at each GPU's peaks against vLLM's own kernels: decode
+    kernels of 100 µs or more within 8% (median) but on the A100 (22.8% fast); prefill 16-32% fast on every
+    GPU (docs/fidelity.md). A check of the shipped model, not a fit."""
+    rows = {(r["gpu"], r["phase"]): r for r in attention_table()}
+    assert set(rows) == {(g, p) for g in PROFILED for p in ("prefill", "decode")}
+    for gpu in ("h200", "h100", "l40s", "b200"):
+        assert rows[(gpu, "decode")]["long_median_abs_pct"] < 8, gpu
+    assert -30 < rows[("a100", "decode")]["long_median_pct"] < -15
+    assert all(-35 < rows[(g, "prefill")]["long_median_pct"] < -10 for g in PROFILED)
 
 
 def test_nccl_fit_within_ten_percent_of_large_messages_at_every_degree_and_node() -> None:
@@ -95,13 +171,18 @@ def test_prefill_all_reduce_is_nccl_and_decode_is_vllms_custom_kernel() -> None:
     big = 4096 * spec.hidden_size * 2
     assert big > CUSTOM_ALLREDUCE_MAX_BYTES
     assert cost.allreduce_seconds(big) == pytest.approx(lat + 2 * 7 / 8 * big / bw)
-    small = 64 * spec.hidden_size * 2
-    cal = cost.cal
-    expect = cal.allreduce_latency_s + 2 * 7 / 8 * small / (
-        g.interconnect_bandwidth * cal.allreduce_bandwidth_eff
+    small = 64 * spec.hidden_size * 2  # 1 MiB: two-shot on 8 GPUs
+    clat, cbw = custom_allreduce_fit(g, 8)  # type: ignore[misc]
+    assert cost.allreduce_seconds(small) == pytest.approx(clat + 2 * 7 / 8 * small / cbw)
+    tiny = 8 * spec.hidden_size * 2  # 128 KiB: one-shot, every peer's buffer read
+    assert cost.allreduce_seconds(tiny) == pytest.approx(clat + 7 * tiny / cbw)
+    assert cost.allreduce_seconds(tiny) == pytest.approx(float(custom_seconds(tiny, 8, clat, cbw)))
+    assert nccl_fit(get_gpu("L4"), 2) is None  # PCIe without a profile: the prior formula
+    l4 = KernelCostModel(spec, get_gpu("L4"), 2, calibration=KernelCalibration.load(gpu=get_gpu("L4")))
+    assert l4.allreduce_seconds(small) == pytest.approx(
+        l4.cal.allreduce_latency_pcie_s + small / (get_gpu("L4").interconnect_bandwidth * 0.7)
     )
-    assert cost.allreduce_seconds(small) == pytest.approx(expect)
-    assert nccl_fit(get_gpu("L40S"), 2) is None  # PCIe: no NCCL profile, the prior formula
+    assert custom_allreduce_fit(get_gpu("H200"), 8) != custom_allreduce_fit(g, 8)  # its own node's table
     ar = {k.name: k for k in cost.step(np.array([4096]), np.array([0])).kernels}["allreduce"]
     assert ar.seconds == pytest.approx(2 * spec.num_layers * cost.allreduce_seconds(big))
 
@@ -139,30 +220,121 @@ def test_import_vidur_converts_gemms_elementwise_and_single_node_allreduce(tmp_p
     assert len(ar) == 1 and float(ar[0]["seconds"]) == pytest.approx(3e-5)  # one bin, the 2-node row left out
 
 
+def _fake_aiconfigurator(root: Path) -> Path:
+    """A package folder shaped as aiconfigurator_core's, with a few rows per table for every system."""
+    import polars as pl
+
+    pkg = root / "aiconfigurator_core"
+    meta = root / "aiconfigurator_core-9.9.9.dist-info" / "METADATA"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("Metadata-Version: 2.4\nName: aiconfigurator-core\nVersion: 9.9.9\n")
+    for system in ("h200_sxm", "h100_sxm", "a100_sxm", "l40s", "b200_sxm"):
+        (pkg / "systems").mkdir(parents=True, exist_ok=True)
+        (pkg / "systems" / f"{system}.yaml").write_text("misc:\n  nccl_version: '2.27.3'\n")
+        data = pkg / "systems" / "data" / system
+        common = {"framework": "VLLM", "device": f"GPU {system}"}
+        # llama-3.1-8b's TP 1 qkv (K 4096, N 6144) at M 1 and 17 (not kept), fp8, a grid shape
+        gemm = pl.DataFrame([
+            common | {"version": "0.24.0", "op_name": "gemm", "gemm_dtype": "bfloat16", "m": 1, "n": 6144,
+                      "k": 4096, "latency": 0.02},
+            common | {"version": "0.24.0", "op_name": "gemm", "gemm_dtype": "bfloat16", "m": 17, "n": 6144,
+                      "k": 4096, "latency": 0.02},
+            common | {"version": "0.24.0", "op_name": "gemm", "gemm_dtype": "fp8", "m": 1, "n": 6144,
+                      "k": 4096, "latency": 0.01},
+            common | {"version": "0.24.0", "op_name": "gemm", "gemm_dtype": "bfloat16", "m": 1, "n": 32,
+                      "k": 32, "latency": 0.003},
+        ])  # fmt: skip
+        for version in ("0.14.0", "0.24.0"):  # the newest is read
+            (data / "gemm" / "vllm" / version).mkdir(parents=True)
+            gemm.with_columns(latency=pl.col("latency") * (2 if version == "0.14.0" else 1)).write_parquet(
+                data / "gemm" / "vllm" / version / "gemm_perf.parquet"
+            )
+        (data / "attention" / "vllm" / "0.24.0").mkdir(parents=True)
+        attn = {"framework": "VLLM", "version": "0.24.0", "device": "x", "kernel_source": "fa", "isl": 1,
+                "step": 0, "num_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "kv_cache_dtype": "bfloat16", "window_size": 0, "batch_size": 8}  # fmt: skip
+        adir = data / "attention" / "vllm" / "0.24.0"
+        ctx = {"op_name": "context_attention", "latency": 0.1}
+        pl.DataFrame([attn | ctx | {"isl": 1024}, attn | ctx | {"isl": 1000},  # 1,000: not a kept length
+                      attn | ctx | {"isl": 1024, "window_size": 128}]).write_parquet(
+            adir / "context_attention_perf.parquet"
+        )  # fmt: skip
+        gen = {"op_name": "generation_attention", "step": 4095}
+        pl.DataFrame([attn | gen | {"latency": 0.05}, attn | gen | {"kv_cache_dtype": "fp8", "latency": 0.03}
+                      ]).write_parquet(adir / "generation_attention_perf.parquet")  # fmt: skip
+        (data / "comm" / "vllm" / "0.24.0").mkdir(parents=True)
+        pl.DataFrame([
+            common | {"version": "0.24.0", "op_name": "all_reduce", "kernel_source": f"vLLM_custom_{k}",
+                      "allreduce_dtype": "bfloat16", "num_gpus": 8, "message_size": 1024, "latency": lat}
+            for k, lat in (("graph", 0.005), ("eager", 0.02))
+        ]).write_parquet(data / "comm" / "vllm" / "0.24.0" / "custom_allreduce_perf.parquet")  # fmt: skip
+        for version in ("2.27.3", "2.29.2"):  # the system file's version is read, not the newest
+            (data / "comm" / "nccl" / version).mkdir(parents=True)
+            pl.DataFrame([
+                common | {"version": "x", "op_name": op, "kernel_source": "NCCL", "nccl_dtype": dt,
+                          "num_gpus": 4, "message_size": 2048,
+                          "latency": 0.01 if version == "2.27.3" else 9.0}
+                for op, dt in (("all_reduce", "half"), ("all_reduce", "int8"), ("all_gather", "half"))
+            ]).write_parquet(data / "comm" / "nccl" / version / "nccl_perf.parquet")  # fmt: skip
+    return pkg
+
+
+def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allreduce(tmp_path: Path) -> None:
+    pkg = _fake_aiconfigurator(tmp_path / "site")
+    written = import_aiconfigurator(pkg, tmp_path / "out")
+    assert len(written) == 5 * 5
+    base = tmp_path / "out" / "h100" / "aiconfigurator"
+    gemm = list(csv.DictReader((base / "gemm.csv").open()))
+    assert gemm == [{"model": "llama-3.1-8b", "tp": "1", "op": "qkv", "m": "1", "k": "4096", "n": "6144",
+                     "seconds": "2e-05"}]  # fmt: skip
+    custom = list(csv.DictReader((base / "custom_allreduce.csv").open()))
+    assert [(r["kernel"], r["degree"], r["elements"], float(r["seconds"])) for r in custom] == [
+        ("eager", "8", "1024", 2e-5), ("graph", "8", "1024", 5e-6)
+    ]
+    attn = list(csv.DictReader((base / "attention.csv").open()))  # llama-3.1-8b's heads at TP 1; bf16 KV
+    assert [(r["phase"], r["q_len"], r["kv_len"], float(r["seconds"])) for r in attn] == [
+        ("prefill", "1024", "1024", 1e-4), ("decode", "1", "4096", 5e-5)
+    ]
+    nccl = list(csv.DictReader((base / "nccl_allreduce.csv").open()))
+    assert [(r["degree"], r["elements"], float(r["seconds"])) for r in nccl] == [("4", "2048", 1e-5)]
+    sources = (base / "SOURCES.md").read_text()
+    assert "aiconfigurator-core` 9.9.9" in sources
+    assert "h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet" in sources
+    assert "h100_sxm/comm/nccl/2.27.3/nccl_perf.parquet" in sources and "GPU h100_sxm" in sources
+    # the package's own folder, its systems/ or its data folder alike
+    assert import_aiconfigurator(pkg / "systems" / "data", tmp_path / "again") and (
+        tmp_path / "again" / "b200" / "aiconfigurator" / "gemm.csv"
+    ).read_text() == (tmp_path / "out" / "b200" / "aiconfigurator" / "gemm.csv").read_text()
+
+
 def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The command's plumbing (the fits themselves are tested above): JSON, the tables, --write."""
-    fits = {"gpus": {"H200": {"kernel_fixed_s": 1e-5}}, "pooled": {"kernel_fixed_s": 1e-5}, "allreduce": {}}
+    fits = {"gpus": {"H200": {"kernel_fixed_s": 1e-5}}, "pooled": {"kernel_fixed_s": 1e-5}}
     monkeypatch.setattr(studies_kernels, "fit_kernel_gpus", lambda: fits)
-    monkeypatch.setattr(studies_kernels, "leave_one_gpu_out", lambda: leave_one_gpu_out_stub)
+    monkeypatch.setattr(studies_kernels, "leave_one_gpu_out", lambda dataset: leave_one_gpu_out_stub)
     res = CliRunner().invoke(app, ["kernels", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert set(out) == {"fits", "held_out", "allreduce", "chunking", "steps"}
+    assert set(out) == {"fits", "held_out", "allreduce", "allreduce_vidur", "attention", "chunking", "steps"}
+    assert set(out["held_out"]) == {"aiconfigurator", "profiles"}
     res = CliRunner().invoke(app, ["kernels", "--write", str(tmp_path / "k.toml")])
-    assert res.exit_code == 0 and "held out" in res.output and "Sarathi" in res.output, res.output
+    assert res.exit_code == 0 and "left out" in res.output and "Sarathi" in res.output, res.output
     assert tomllib.loads((tmp_path / "k.toml").read_text())["pooled"] == {"kernel_fixed_s": 1e-5}
     res = CliRunner().invoke(app, ["kernels", "--import-vidur", "/nonexistent"])
     assert res.exit_code == 2 and "error:" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["kernels", "--import-aiconfigurator", str(tmp_path)])
+    assert res.exit_code == 2 and "aiconfigurator_core" in res.output and "Traceback" not in res.output
 
 
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:
     """Yi-34B TP 2, 512-token chunks (Sarathi-Serve artifact, figure 9): +15.2 / +18.9 / +11.7% at 2K / 4K
     / 8K. The kernel model, each chunk re-reading the KV before it and paying the step's weights and fixed
-    costs: +10.6 / +13.1 / +13.8% (mean 3.0 points below); the engine's roofline charges 1-2%."""
+    costs, with the A100's aiconfigurator fit: +15.3 / +18.9 / +19.9% (8.3 points over at 8K; with Vidur's
+    A100 fit +10.6 / +13.1 / +13.8%); the engine's roofline charges 1-2%."""
     rows = chunking_table()
     assert [int(r["prompt"]) for r in rows] == [2047, 4095, 8191]
     gaps = [r["kernel_pct"] - r["measured_pct"] for r in rows]
-    assert all(abs(g) < 6.5 for g in gaps) and abs(sum(gaps) / len(gaps)) < 4
+    assert abs(gaps[0]) < 1 and abs(gaps[1]) < 1 and 0 < gaps[2] < 9 and abs(sum(gaps) / len(gaps)) < 4
     assert all(r["roofline_pct"] < 3 for r in rows)
     spec, g = load_model("yi-34b"), get_gpu("A100-80GB")
     cost = KernelCostModel(spec, g, 2, calibration=KernelCalibration.load(gpu=g))

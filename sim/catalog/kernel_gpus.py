@@ -1,11 +1,15 @@
 """Per-GPU kernel parameters (sim/catalog/kernel_gpus.toml, written by `sim kernels --write`) and the
 transfer rule for a GPU without a kernel profile.
 
-A profiled GPU (H200, H100-SXM, A100-80GB) gets the parameters fitted to its own kernels. Any other GPU gets
-the pooled fit over every profiled GPU (`[pooled]`): its efficiencies are fractions of that GPU's own
-catalog peaks (16-bit FLOP/s, HBM bandwidth) and its fixed costs are seconds, carried as they are. The rule
-is tested by leaving each profiled GPU out of the pool and predicting its kernels (`sim kernels`,
-docs/fidelity.md)."""
+A profiled GPU (H200, H100-SXM, A100-80GB, L40S, B200) gets the parameters fitted to its own kernels. Any
+other GPU gets the pooled fit over the profiled GPUs of its generation (`[generation."<major>"]`, by CUDA
+compute capability: 8 Ampere and Ada, 9 Hopper, 10 Blackwell), else over every profiled GPU (`[pooled]`): its
+efficiencies are fractions of that GPU's own catalog peaks (16-bit FLOP/s, HBM bandwidth) and its fixed costs
+are seconds, carried as they are. The rule is tested by leaving each profiled GPU out and predicting its
+kernels (`sim kernels`, docs/fidelity.md).
+
+All-reduce fits per profiled GPU's node (`[nccl.<folder>]`, `[custom_allreduce.<folder>]`); a GPU without one
+takes the node of its NVLink generation (an 8-GPU NVSwitch board, as SXM parts are sold)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,9 @@ from importlib import resources
 from sim.catalog.gpus import Gpu
 
 FILE = "kernel_gpus.toml"
-# NCCL all-reduce fits by interconnect: the profiled node of the same NVLink generation, GPUs on an NVSwitch
-# (an 8-GPU HGX/DGX board, as SXM parts are sold); other links have no NCCL profile.
-ALLREDUCE_NODE = {"NVLink 4": "h100_dgx", "NVLink 3": "a100_dgx"}
+# catalog GPU -> its aiconfigurator node (the profile folder); others by their link's generation
+NODE = {"H200": "h200", "H100-SXM": "h100", "A100-80GB": "a100", "L40S": "l40s", "B200": "b200"}
+LINK_NODE = {"NVLink 5": "b200", "NVLink 4": "h100", "NVLink 3": "a100"}
 
 
 @cache
@@ -31,23 +35,45 @@ def reload() -> None:
     _table.cache_clear()
 
 
+def generation(gpu: Gpu) -> str | None:
+    """The CUDA compute capability's major version of an NVIDIA GPU (8, 9, 10); None for others (AMD's
+    Instinct parts, whose ROCm compute capability is no CUDA generation)."""
+    return None if gpu.name.startswith("MI") else str(int(gpu.compute_capability))
+
+
 def kernel_gpu_params(gpu: Gpu) -> tuple[dict[str, float], str]:
-    """(parameters, where they come from) for `gpu`: its own fit, else the pooled one."""
+    """(parameters, where they come from) for `gpu`: its own fit, else its generation's pool, else the
+    pool of every profiled GPU."""
     table = _table()
     own = table.get("gpus", {}).get(gpu.name)  # type: ignore[union-attr]
     if own is not None:
         return {k: float(v) for k, v in own.items()}, f"fitted to the {gpu.name} kernel profile"
+    gen = table.get("generation", {}).get(generation(gpu) or "")  # type: ignore[union-attr]
+    if gen is not None:
+        return {k: float(v) for k, v in gen.items()}, (
+            f"pooled fit over the profiled GPUs of compute capability {generation(gpu)}.x (transfer rule)"
+        )
     pooled = table["pooled"]
     assert isinstance(pooled, dict)
     return {k: float(v) for k, v in pooled.items()}, "pooled fit over the profiled GPUs (transfer rule)"
 
 
-def nccl_fit(gpu: Gpu, degree: int) -> tuple[float, float] | None:
-    """(latency_s, bus_bandwidth) of NCCL all-reduce over `degree` of `gpu`, or None without a profile
-    of its interconnect at that degree."""
-    node = ALLREDUCE_NODE.get(gpu.interconnect)
-    fits = _table().get("allreduce", {}).get(node or "", {})  # type: ignore[union-attr]
+def _node_fit(kind: str, gpu: Gpu, degree: int) -> tuple[float, float] | None:
+    node = NODE.get(gpu.name) or LINK_NODE.get(gpu.interconnect, "")
+    fits = _table().get(kind, {}).get(node, {})  # type: ignore[union-attr]
     if degree not in fits.get("degrees", []):
         return None
     i = fits["degrees"].index(degree)
-    return float(fits["latency_s"][i]), float(fits["bus_bandwidth"][i])
+    return float(fits["latency_s"][i]), float(fits["bandwidth"][i])
+
+
+def nccl_fit(gpu: Gpu, degree: int) -> tuple[float, float] | None:
+    """(latency_s, bus_bandwidth) of NCCL all-reduce over `degree` of `gpu`, or None without a profile
+    of its node at that degree."""
+    return _node_fit("nccl", gpu, degree)
+
+
+def custom_allreduce_fit(gpu: Gpu, degree: int) -> tuple[float, float] | None:
+    """(latency_s, bandwidth) of vLLM's custom all-reduce (in a CUDA graph) over `degree` of `gpu`
+    (sim.cost.allreduce.custom_seconds), or None without a profile of its node at that degree."""
+    return _node_fit("custom_allreduce", gpu, degree)

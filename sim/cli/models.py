@@ -144,13 +144,19 @@ def kernels(
     import_vidur: Path | None = typer.Option(
         None, "--import-vidur", help="First convert Vidur's data/profiling folder into the catalog's tables."
     ),
+    import_aiconfigurator: Path | None = typer.Option(
+        None,
+        "--import-aiconfigurator",
+        help="First convert the aiconfigurator_core package folder's tables into the catalog's tables.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Fit per-GPU kernel parameters to the kernel profiles; test the transfer rule by leaving a GPU out."""
 
     from sim.report.kernels import print_kernels
 
-    print_kernels(write, import_vidur, as_json, "sim kernels " + " ".join(sys.argv[2:]))
+    command = "sim kernels " + " ".join(sys.argv[2:])
+    print_kernels(write, import_vidur, as_json, command, import_aiconfigurator)
 
 
 @app.command("schema")

@@ -109,6 +109,7 @@ class KernelCalibration:
     gemm_overlap_loss: float = 0.0  # share of the shorter of compute and memory time not hidden
     gemm_m_half_tokens: float = 0.0  # tile fill: compute × (1 + this / M)
     gemm_n_half_cols: float = 0.0  # narrow shards: compute × (1 + this / N)
+    gemm_n_half_mem_cols: float = 0.0  # narrow shards: weight streaming × (1 + this / N)
     elementwise_norm_bandwidth_eff: float = 0.8688
     elementwise_norm_fixed_s: float = 3e-06
     elementwise_add_bandwidth_eff: float = 0.8688

@@ -1,5 +1,11 @@
-"""GEMM and element-wise kernel parameters fitted per GPU to the catalog's kernel tables
-(sim/catalog/profiles/<gpu>/gemm.csv, elementwise.csv), pooled over GPUs, and tested by leaving a GPU out.
+"""GEMM and element-wise kernel parameters fitted per GPU to the catalog's kernel tables, pooled over GPUs,
+and tested by leaving a GPU out.
+
+Two GEMM data sets (`DATASETS`): `aiconfigurator` (sim/catalog/profiles/<gpu>/aiconfigurator/gemm.csv:
+NVIDIA aiconfigurator's vLLM GEMMs, one method on every GPU, in a CUDA graph) and `profiles`
+(profiles/<gpu>/gemm.csv: the H200 profile, L2 flushed, and Vidur's H100/A100, CUDA events). `SHIPPED`
+names the one each GPU's shipped parameters are fitted to. Element-wise kernels only in Vidur's
+(profiles/<gpu>/elementwise.csv).
 
 The fit predicts with the cost model's own formulas (`gemm_seconds`, `elementwise_seconds`,
 `elementwise_bytes` of sim/cost/kernels.py) at the profiled GPU's catalog peaks, so every efficiency is a
@@ -21,9 +27,20 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from sim.catalog.gpus import get_gpu
+from sim.catalog.kernel_gpus import generation as gpu_generation
 from sim.cost.kernels import elementwise_bytes, elementwise_seconds, gemm_seconds
+from sim.io.errors import SimError
 
-PROFILED = {"h200": "H200", "h100": "H100-SXM", "a100": "A100-80GB"}  # profile folder -> catalog GPU
+PROFILED = {"h200": "H200", "h100": "H100-SXM", "a100": "A100-80GB", "l40s": "L40S", "b200": "B200"}  # folder
+# GEMM data sets: the sub-folder of profiles/<gpu>/ holding gemm.csv, the GPUs left out one at a time (POOL)
+# and the GPUs with a table but no part in that test, predicted from the whole pool (TRANSFER)
+DATASETS = {"aiconfigurator": "aiconfigurator", "profiles": ""}
+POOL = ("h200", "h100", "a100")
+TRANSFER = {"aiconfigurator": ("l40s", "b200"), "profiles": ()}
+# the data set each GPU's shipped GEMM parameters (sim/catalog/kernel_gpus.toml) are fitted to: the H200's own
+# profile, which its whole served steps (steps.csv) confirm and aiconfigurator's H200 table does not
+SHIPPED = {"h200": "profiles", "h100": "aiconfigurator", "a100": "aiconfigurator", "l40s": "aiconfigurator",
+           "b200": "aiconfigurator"}  # fmt: skip
 GEMM_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_compute_eff": (0.3, 1.0),
     "gemm_bandwidth_eff": (0.3, 1.0),
@@ -31,9 +48,11 @@ GEMM_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_overlap_loss": (1e-4, 1.0),
     "gemm_m_half_tokens": (1e-2, 1e3),
     "gemm_n_half_cols": (1e-2, 1e4),
+    "gemm_n_half_mem_cols": (1e-2, 1e4),
 }
 GEMM_START = {"gemm_compute_eff": 0.7, "gemm_bandwidth_eff": 0.85, "kernel_fixed_s": 5e-6,
-              "gemm_overlap_loss": 0.3, "gemm_m_half_tokens": 16.0, "gemm_n_half_cols": 64.0}  # fmt: skip
+              "gemm_overlap_loss": 0.3, "gemm_m_half_tokens": 16.0, "gemm_n_half_cols": 64.0,
+              "gemm_n_half_mem_cols": 64.0}  # fmt: skip
 ELEMENTWISE_OPS = ("norm", "add", "rope", "act")
 ELEMENTWISE_BOUNDS: dict[str, tuple[float, float]] = {}
 ELEMENTWISE_START: dict[str, float] = {}
@@ -56,9 +75,18 @@ def _read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def gemm_data(gpu: str, root: Path | None = None) -> Data:
-    """A profiled GPU's 16-bit GEMMs as arrays: m, k, n, seconds, op."""
-    rows = _read((root or profiles_root()) / gpu / "gemm.csv")
+def generation(gpu: str) -> str | None:
+    """A profiled GPU's generation (sim.catalog.kernel_gpus.generation: 8 Ampere and Ada, 9 Hopper, ...)."""
+    return gpu_generation(get_gpu(PROFILED[gpu]))
+
+
+def gemm_data(gpu: str, root: Path | None = None, dataset: str | None = None) -> Data:
+    """A profiled GPU's 16-bit GEMMs of data set `dataset` (default: its `SHIPPED` one) as arrays: m, k, n,
+    seconds, op."""
+    path = (root or profiles_root()) / gpu / DATASETS[dataset or SHIPPED[gpu]] / "gemm.csv"
+    if not path.is_file():
+        raise SimError(f"{path}: no GEMM table (run `sim kernels --import-aiconfigurator DIR`)")
+    rows = _read(path)
     out = {c: np.array([float(r[c]) for r in rows]) for c in ("m", "k", "n", "seconds")}
     out["op"] = np.array([r["op"] for r in rows])
     return out
@@ -113,9 +141,20 @@ def _solve(bounds: dict[str, tuple[float, float]], start: Params, predict: Predi
     return {n: float(math.exp(v)) for n, v in zip(names, res.x, strict=True)}
 
 
-def fit_gemm(gpus: Sequence[str], root: Path | None = None) -> Params:
-    """GEMM parameters fitted to the 16-bit GEMMs of `gpus` (one GPU: its own; several: pooled)."""
-    return _solve(GEMM_BOUNDS, GEMM_START, predict_gemm, [(g, gemm_data(g, root)) for g in gpus])
+def fit_gemm(gpus: Sequence[str], root: Path | None = None, dataset: str | None = None) -> Params:
+    """GEMM parameters fitted to the 16-bit GEMMs of `gpus` (one GPU: its own; several: pooled), of data set
+    `dataset` (default: each GPU's `SHIPPED` one). `gemm_n_half_mem_cols` is fitted where aiconfigurator's
+    GEMMs are in the fit (timed in a graph, they show it) and held at 0 on the isolated profiles alone."""
+    names = [dataset or SHIPPED[g] for g in gpus]
+    bounds, start = dict(GEMM_BOUNDS), dict(GEMM_START)
+    if "aiconfigurator" not in names:
+        del bounds["gemm_n_half_mem_cols"], start["gemm_n_half_mem_cols"]
+
+    def predict(p: Params, d: Data, gpu: str) -> np.ndarray:
+        return predict_gemm({"gemm_n_half_mem_cols": 0.0} | p, d, gpu)
+
+    p = _solve(bounds, start, predict, [(g, gemm_data(g, root, n)) for g, n in zip(gpus, names, strict=True)])
+    return p | {"gemm_n_half_mem_cols": p.get("gemm_n_half_mem_cols", 0.0)}
 
 
 def fit_elementwise(gpus: Sequence[str], root: Path | None = None) -> Params | None:
@@ -132,17 +171,30 @@ def errors_by_op(predicted: np.ndarray, d: Data) -> dict[str, float]:
     return out
 
 
-def leave_one_gpu_out(root: Path | None = None) -> dict[str, dict[str, dict[str, float]]]:
-    """For each profiled GPU: its kernels predicted from a pooled fit of the other GPUs (the transfer rule)
-    and from its own fit, as median |error| % per op kind: {gpu: {"gemm_held_out": ..., "gemm_own": ...,
-    "elementwise_held_out": ..., "elementwise_own": ...}} (element-wise only where profiled)."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for gpu in PROFILED:
-        others = [g for g in PROFILED if g != gpu]
-        d = gemm_data(gpu, root)
-        report = {
-            "gemm_held_out": errors_by_op(predict_gemm(fit_gemm(others, root), d, gpu), d),
-            "gemm_own": errors_by_op(predict_gemm(fit_gemm([gpu], root), d, gpu), d),
+def rule_pool(gpu: str, pool: Sequence[str]) -> list[str]:
+    """The transfer rule's GPUs for `gpu`: those of `pool` of its generation, else all of `pool`."""
+    same = [g for g in pool if g != gpu and generation(g) == generation(gpu)]
+    return same or [g for g in pool if g != gpu]
+
+
+def leave_one_gpu_out(
+    root: Path | None = None, dataset: str = "aiconfigurator"
+) -> dict[str, dict[str, object]]:
+    """For each GPU of `POOL`: its GEMMs predicted by the transfer rule from the other two (`rule_pool`:
+    the same generation's, else both), from a pooled fit of both, and from its own fit; each GPU of
+    `TRANSFER[dataset]` predicted by the rule from the whole pool. Median |error| % per op kind:
+    {gpu: {"rule": [GPUs], "gemm_held_out": ..., "gemm_pooled": ..., "gemm_own": ..., and where profiled
+    "elementwise_held_out", "elementwise_own"}}."""
+    out: dict[str, dict[str, object]] = {}
+    for gpu in (*POOL, *TRANSFER[dataset]):
+        others = [g for g in POOL if g != gpu]
+        rule = rule_pool(gpu, others)
+        d = gemm_data(gpu, root, dataset)
+        report: dict[str, object] = {
+            "rule": rule,
+            "gemm_held_out": errors_by_op(predict_gemm(fit_gemm(rule, root, dataset), d, gpu), d),
+            "gemm_pooled": errors_by_op(predict_gemm(fit_gemm(others, root, dataset), d, gpu), d),
+            "gemm_own": errors_by_op(predict_gemm(fit_gemm([gpu], root, dataset), d, gpu), d),
         }
         e = elementwise_data(gpu, root)
         held = fit_elementwise(others, root)

@@ -11,15 +11,16 @@ Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gem
     time = max(compute, memory) + gemm_overlap_loss · min(compute, memory) + fixed cost
     compute = 2 (M + gemm_m_half_tokens) K N / (peak · gemm_compute_eff) · (1 + gemm_n_half_cols / N)
 
-with memory = bytes / (HBM · gemm_bandwidth_eff), bytes = weights (in their stored dtype, group scales
-included) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak, weight-only INT4/INT8 at a share
-of the 16-bit rate (dequantisation), as sim/catalog/quantisation.py defines for both cost models. Attention
-per layer is one kernel over every row: max(FLOPs / (16-bit peak · attn_compute_eff) + attn_query_head_s per
-(prefill query x head), KV bytes read and written / (HBM · kv_bandwidth_eff) + attn_row_head_s per (sequence
-x KV head)) + fixed cost. MoE layers run a fused expert GEMM pair over the experts the step touches. Norms,
-rotary embedding and activations are memory-bound element-wise kernels, each kind at its own bandwidth and
-fixed cost. Under TP, two all-reduces per layer: NCCL as measured above vLLM's custom all-reduce size, the
-in-step latency plus ring bytes over the link below it (`allreduce_seconds`, sim/cost/allreduce.py).
+with memory = bytes / (HBM · gemm_bandwidth_eff) · (1 + gemm_n_half_mem_cols / N), bytes = weights (in their
+stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8 runs at the FP8 peak,
+weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as sim/catalog/quantisation.py defines
+for both cost models. Attention per layer is one kernel over every row: max(FLOPs / (16-bit peak ·
+attn_compute_eff) + attn_query_head_s per (prefill query x head), KV bytes read and written / (HBM ·
+kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost. MoE layers run a fused expert GEMM
+pair over the experts the step touches. Norms, rotary embedding and activations are memory-bound element-wise
+kernels, each kind at its own bandwidth and fixed cost. Under TP, two all-reduces per layer: NCCL as measured
+above vLLM's custom all-reduce size, the custom all-reduce as measured below it (`allreduce_seconds`,
+sim/cost/allreduce.py).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
@@ -42,11 +43,17 @@ import numpy as np
 
 from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
-from sim.catalog.kernel_gpus import nccl_fit
+from sim.catalog.kernel_gpus import custom_allreduce_fit, nccl_fit
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import matmul_rate
 from sim.config.calibration import KernelCalibration
-from sim.cost.allreduce import CUSTOM_ALLREDUCE_DEGREES, CUSTOM_ALLREDUCE_MAX_BYTES, nccl_seconds, ring_bytes
+from sim.cost.allreduce import (
+    CUSTOM_ALLREDUCE_DEGREES,
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    custom_seconds,
+    nccl_seconds,
+    ring_bytes,
+)
 from sim.cost.kernels import (
     ACT_BYTES,
     ELEMENTWISE_KERNELS,
@@ -130,7 +137,8 @@ class KernelCostModel:
         self.allreduces = 2 * L if tp > 1 else 0
         self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
         self.nccl = nccl_fit(gpu, tp) if tp > 1 else None
-        self.custom_ar = not self.pcie and tp in CUSTOM_ALLREDUCE_DEGREES
+        self.custom = custom_allreduce_fit(gpu, tp) if tp > 1 else None
+        self.custom_ar = tp in CUSTOM_ALLREDUCE_DEGREES and (not self.pcie or tp == 2)  # as vLLM enables it
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 
@@ -220,11 +228,14 @@ class KernelCostModel:
 
     def allreduce_seconds(self, nbytes: float) -> float:
         """One all-reduce of `nbytes` over the `tp` GPUs (sim.cost.allreduce): vLLM's custom all-reduce up to
-        its 8 MiB on NVLink (the end-to-end fitted latency plus the link at allreduce_bandwidth_eff), NCCL
-        as measured above it; without a profile of the link, latency plus the link at that efficiency."""
+        its 8 MiB (NVLink, or 2 GPUs on PCIe) as measured in a CUDA graph, NCCL as measured above it; without
+        a profile of the node at that degree, the in-step latency plus the link at allreduce_bandwidth_eff."""
         cal, tp = self.cal, self.tp
         link = self.gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
-        if self.nccl is not None and not (self.custom_ar and nbytes <= CUSTOM_ALLREDUCE_MAX_BYTES):
+        small = self.custom_ar and nbytes <= CUSTOM_ALLREDUCE_MAX_BYTES
+        if small and self.custom is not None:
+            return float(custom_seconds(nbytes, tp, *self.custom, not self.pcie))
+        if self.nccl is not None and not small:
             return float(nccl_seconds(nbytes, tp, *self.nccl))
         latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
         return latency + float(ring_bytes(nbytes, tp)) / link

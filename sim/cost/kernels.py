@@ -68,10 +68,13 @@ def gemm_seconds(m, k, n, weight_bytes, flops_per_s, bytes_per_s, fixed_s, shape
 
     Compute runs at `flops_per_s` (large-M rate) slowed by partly filled tiles at small m and narrow n:
     × (1 + gemm_m_half_tokens / m)(1 + gemm_n_half_cols / n). Memory is the weights plus 16-bit activations
-    in and out at `bytes_per_s`. Floats or numpy arrays alike: the fit (`sim.cost.gemm_fit`) uses it too."""
+    in and out at `bytes_per_s`, slowed on narrow shards (few output tiles stream the weights) by
+    × (1 + gemm_n_half_mem_cols / n). Floats or numpy arrays alike: the fit (`sim.cost.gemm_fit`) uses it
+    too."""
     filled = m + shape.gemm_m_half_tokens * (m > 0)  # m (1 + m_half / m), and nothing at m = 0
     comp = 2.0 * filled * k * n / flops_per_s * (1.0 + shape.gemm_n_half_cols / n)
-    mem = (k * n * weight_bytes + ACT_BYTES * m * (k + n)) / bytes_per_s
+    narrow = 1.0 + shape.gemm_n_half_mem_cols / n
+    mem = (k * n * weight_bytes + ACT_BYTES * m * (k + n)) / bytes_per_s * narrow
     longer = 0.5 * (comp + mem + abs(comp - mem))
     return longer + shape.gemm_overlap_loss * (comp + mem - longer) + fixed_s
 

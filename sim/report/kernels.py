@@ -1,5 +1,4 @@
-"""`sim kernels`: tables of the per-GPU kernel fits, the leave-one-GPU-out test and the NCCL all-reduce
-fits."""
+"""`sim kernels`: tables of the per-GPU kernel fits, the leave-one-GPU-out test and the all-reduce fits."""
 
 from __future__ import annotations
 
@@ -8,7 +7,8 @@ from pathlib import Path
 
 
 def print_kernels(
-    write: Path | None, import_vidur: Path | None, as_json: bool, command: str
+    write: Path | None, import_vidur: Path | None, as_json: bool, command: str,
+    import_aiconfigurator: Path | None = None,
 ) -> dict[str, object]:
     from rich.console import Console
     from rich.table import Table
@@ -20,6 +20,11 @@ def print_kernels(
         from sim.studies.kernel_profiles import import_vidur as convert
 
         convert(import_vidur, profiles_root())
+    if import_aiconfigurator is not None:
+        from sim.cost.gemm_fit import profiles_root
+        from sim.studies.aiconfigurator_profiles import import_aiconfigurator as convert_aic
+
+        convert_aic(import_aiconfigurator, profiles_root())
     result = run_kernels(write, command)
     if as_json:
         print(json.dumps(result, indent=2))
@@ -27,27 +32,52 @@ def print_kernels(
     console = Console()
     held = result["held_out"]
     assert isinstance(held, dict)
-    table = Table(
-        title="Kernels predicted with the GPU left out of the pooled fit (own fit): median |error| %"
-    )
-    for col in ("GPU", "kind", "op", "held out", "own fit"):
-        table.add_column(col, justify="left" if col in ("GPU", "kind", "op") else "right")
-    for gpu, rep in held.items():
-        for kind in ("gemm", "elementwise"):
-            if f"{kind}_held_out" not in rep:
-                continue
-            for op, err in rep[f"{kind}_held_out"].items():
-                table.add_row(gpu, kind, op, f"{err:.1f}", f"{rep[f'{kind}_own'][op]:.1f}")
+    table = Table(title="GEMMs and element-wise kernels of a GPU left out, predicted by the transfer rule "
+                  "(from: its GPUs) / pooled over the other two / own fit: median |error| %")  # fmt: skip
+    for col in ("data", "GPU", "from", "kind", "op", "rule", "pooled", "own fit"):
+        table.add_column(col, justify="left" if col in ("data", "GPU", "from", "kind", "op") else "right")
+    for dataset, report in held.items():
+        for gpu, rep in report.items():
+            rule = "+".join(rep.get("rule", []))
+            for op, err in rep["gemm_held_out"].items():
+                pooled = rep.get("gemm_pooled", {}).get(op, float("nan"))
+                table.add_row(dataset, gpu, rule, "gemm", op, f"{err:.1f}", f"{pooled:.1f}",
+                              f"{rep['gemm_own'][op]:.1f}")  # fmt: skip
+            for op, err in rep.get("elementwise_held_out", {}).items():
+                table.add_row(dataset, gpu, "others", "elementwise", op, "", f"{err:.1f}",
+                              f"{rep['elementwise_own'][op]:.1f}")  # fmt: skip
     console.print(table)
-    table = Table(title="NCCL all-reduce: latency + ring bytes / bus bandwidth, per node and degree")
+    table = Table(title="All-reduce (aiconfigurator): latency + bytes moved / bandwidth per GPU, algorithm, "
+                  "degree; custom: vLLM's kernel in a CUDA graph, <= 8 MiB; nccl: > 8 MiB")  # fmt: skip
+    for col in ("GPU", "kind", "degree", "points", "latency µs", "GB/s", "median |err| %", "p90 %", "max %"):
+        table.add_column(col, justify="left" if col in ("GPU", "kind") else "right")
+    rows = result["allreduce"]
+    assert isinstance(rows, list)
+    for r in rows:
+        table.add_row(r["gpu"], r["kind"], str(r["degree"]), str(r["points"]), f"{r['latency_s'] * 1e6:.1f}",
+                      f"{r['bandwidth'] / 1e9:.0f}", f"{r['median_pct']:.1f}", f"{r['p90_pct']:.1f}",
+                      f"{r['max_pct']:.1f}")  # fmt: skip
+    console.print(table)
+    table = Table(title="NCCL all-reduce (Vidur): latency + ring bytes / bus bandwidth, per node and degree")
     for col in ("node", "degree", "latency µs", "bus GB/s", "median |err| %", "p90 %", "> 8 MiB median %"):
         table.add_column(col, justify="left" if col == "node" else "right")
-    rows = result["allreduce"]
+    rows = result["allreduce_vidur"]
     assert isinstance(rows, list)
     for r in rows:
         figures = (r["latency_s"] * 1e6, r["bus_bandwidth"] / 1e9, r["median_pct"], r["p90_pct"])
         cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
         table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
+    console.print(table)
+    table = Table(title="Attention: the kernel model (the H200 profile's attention parameters, in-step "
+                  "fixed cost) against aiconfigurator's vLLM kernels: median error %, all and >= 100 µs")
+    for col in ("GPU", "phase", "kernels", "median", "median |err|", ">= 100 µs", "median", "median |err|"):
+        table.add_column(col, justify="left" if col in ("GPU", "phase") else "right")
+    attention = result["attention"]
+    assert isinstance(attention, list)
+    for r in attention:
+        table.add_row(r["gpu"], r["phase"], str(r["kernels"]), f"{r['median_pct']:+.1f}",
+                      f"{r['median_abs_pct']:.1f}", str(r["long_kernels"]), f"{r['long_median_pct']:+.1f}",
+                      f"{r['long_median_abs_pct']:.1f}")  # fmt: skip
     console.print(table)
     table = Table(
         title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"

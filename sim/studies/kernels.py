@@ -1,6 +1,6 @@
 """`sim kernels`: the per-GPU kernel parameters fitted to the catalog's kernel tables, the transfer rule's
-test (each profiled GPU left out of the pool), the NCCL all-reduce fits, sim/catalog/kernel_gpus.toml, and the
-chunked-prefill overhead against Sarathi-Serve's measurement."""
+test (each profiled GPU left out of the pool), the all-reduce fits (NCCL and vLLM's custom all-reduce),
+sim/catalog/kernel_gpus.toml, and the chunked-prefill overhead against Sarathi-Serve's measurement."""
 
 from __future__ import annotations
 
@@ -14,8 +14,17 @@ from sim.catalog import kernel_gpus
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
-from sim.cost.allreduce import allreduce_table
-from sim.cost.gemm_fit import PROFILED, fit_elementwise, fit_gemm, leave_one_gpu_out
+from sim.cost.allreduce import aic_allreduce_table, allreduce_table
+from sim.cost.attention_check import attention_table
+from sim.cost.gemm_fit import (
+    DATASETS,
+    PROFILED,
+    SHIPPED,
+    fit_elementwise,
+    fit_gemm,
+    generation,
+    leave_one_gpu_out,
+)
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.roofline import CostModel
@@ -23,22 +32,48 @@ from sim.io.outputs import write_text
 from sim.io.tomltext import toml_value
 
 
+def _fits_by_degree(rows: list[dict[str, object]], kind: str) -> dict[str, dict[str, list[float]]]:
+    nodes: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        if row["kind"] == kind:
+            n = nodes.setdefault(str(row["gpu"]), {"degrees": [], "latency_s": [], "bandwidth": []})
+            for key, col in (("degrees", "degree"), ("latency_s", "latency_s"), ("bandwidth", "bandwidth")):
+                n[key].append(row[col])  # type: ignore[arg-type]
+    return nodes
+
+
+def nvlinked() -> dict[str, bool]:
+    """{profile folder: fully NVLinked} of the profiled GPUs (the custom all-reduce's algorithm switch)."""
+    return {f: "pcie" not in get_gpu(name).interconnect.lower() for f, name in PROFILED.items()}
+
+
 def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
-    """{"gpus": {catalog name: params}, "pooled": params, "allreduce": {node: fits}}."""
+    """{"gpus": {catalog name: params}, "generation": {major: params}, "pooled": params, "gemm_fixed_s":
+    {catalog name: the fixed cost of a GEMM fit to aiconfigurator's (in a CUDA graph), not shipped}, "nccl",
+    "custom_allreduce": {profile folder: fits per degree}}. GEMM parameters from each GPU's `SHIPPED` data
+    set, element-wise from Vidur's profiles (own fit, else pooled)."""
     pooled_elem = fit_elementwise(list(PROFILED), root)
     assert pooled_elem is not None
-    gpus = {}
+    gpus, fixed = {}, {}
     for folder, name in PROFILED.items():
-        gpus[name] = fit_gemm([folder], root) | (fit_elementwise([folder], root) or pooled_elem)
+        gemm = fit_gemm([folder], root)
+        if SHIPPED[folder] == "aiconfigurator":  # timed in a CUDA graph: not the isolated kernel's fixed cost
+            fixed[name] = gemm.pop("kernel_fixed_s")
+        gpus[name] = gemm | (fit_elementwise([folder], root) or pooled_elem)
     base = KernelCalibration.load()
     gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
-    nodes: dict[str, dict[str, list[float]]] = {}
-    for row in allreduce_table():
-        n = nodes.setdefault(str(row["node"]), {"degrees": [], "latency_s": [], "bus_bandwidth": []})
-        n["degrees"].append(row["degree"])  # type: ignore[arg-type]
-        n["latency_s"].append(row["latency_s"])  # type: ignore[arg-type]
-        n["bus_bandwidth"].append(row["bus_bandwidth"])  # type: ignore[arg-type]
-    return {"gpus": gpus, "pooled": fit_gemm(list(PROFILED), root) | pooled_elem, "allreduce": nodes}
+
+    def pool(folders: list[str]) -> dict[str, float]:
+        gemm = fit_gemm(folders, root)
+        del gemm["kernel_fixed_s"]
+        return gemm | pooled_elem
+
+    gens = sorted({g for f in PROFILED if (g := generation(f)) is not None}, key=int)
+    by_gen = {g: pool([f for f in PROFILED if generation(f) == g]) for g in gens}
+    ar = aic_allreduce_table(nvlinked(), root)
+    return {"gpus": gpus, "generation": by_gen, "pooled": pool(list(PROFILED)), "gemm_fixed_s": fixed,
+            "nccl": _fits_by_degree(ar, "nccl"),
+            "custom_allreduce": _fits_by_degree(ar, "custom")}  # fmt: skip
 
 
 def _params(p: dict[str, float]) -> str:
@@ -47,49 +82,68 @@ def _params(p: dict[str, float]) -> str:
 
 def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
     """The text of sim/catalog/kernel_gpus.toml, provenance first."""
+    fixed = fits.get("gemm_fixed_s", {})
+    assert isinstance(fixed, dict)
+    fixed_text = ", ".join(f"{k} {v * 1e6:.2f}" for k, v in fixed.items())
     head = f"""# Per-GPU kernel parameters of the kernel-level cost model (sim/cost/kernel_model.py), read by
 # sim.catalog.kernel_gpus. Written by `{command}` on {date.today().isoformat()}.
 #
-# [gpus.<name>]: GEMM and element-wise parameters fitted to that GPU's kernel table (sim.cost.gemm_fit):
-#   H200: sim/catalog/profiles/h200/gemm.csv (measured 2026-11-30, PyTorch 2.11); it has no element-wise
-#     profile, so its element-wise parameters are the pooled H100 + A100 fit.
+# [gpus.<name>]: GEMM parameters fitted (sim.cost.gemm_fit, the model's formula) to that GPU's bf16 GEMMs:
+#   H100-SXM, A100-80GB, L40S, B200: NVIDIA aiconfigurator's tables
+#     (sim/catalog/profiles/<gpu>/aiconfigurator/gemm.csv, converted by `sim kernels
+#     --import-aiconfigurator` from the PyPI package aiconfigurator-core 0.12.0, Apache-2.0; vLLM 0.24.0,
+#     A100 vLLM 0.14.0; each folder's SOURCES.md names the files). Those
+#     GEMMs were timed in a CUDA graph: their fitted fixed cost (µs: {fixed_text})
+#     is an in-graph one, not shipped as kernel_fixed_s (a served GEMM pays graph_kernel_fixed_s;
+#     kernel_fixed_s stays the H200 profile's isolated kernel, kernel_calibration.toml).
+#   H200: its own profile (sim/catalog/profiles/h200/gemm.csv, measured 2026-11-30, PyTorch 2.11, L2 flushed),
+#     which its whole served steps confirm (steps.csv; aiconfigurator's H200 table predicts prefill 16% fast).
+#   Element-wise parameters: fitted to Vidur's profiles (sim/catalog/profiles/{{h100,a100}}/elementwise.csv,
+#   microsoft/vidur, MIT, commit 7d47513; `sim kernels --import-vidur`), the pooled H100 + A100 fit for the
+#   other GPUs (aiconfigurator has no element-wise tables).
 #   H200 graph_kernel_fixed_s: fitted to the graphed decode steps of sim/catalog/profiles/h200/steps.csv
 #     (batch <= 128) with its other parameters (sim.cost.graph_fit); other GPUs keep
 #     kernel_calibration.toml's (fitted end to end on H100 vLLM runs).
-#   H100-SXM, A100-80GB: sim/catalog/profiles/{{h100,a100}}/, converted from Vidur's published profiles
-#     (microsoft/vidur, MIT, commit 7d47513, data/profiling/compute; sarathi-serve kernels, 2024) by
-#     `sim kernels --import-vidur`.
-# [pooled]: one fit over all three (each GPU weighing the same): the transfer rule for any GPU without a
-#   profile. Efficiencies are fractions of that GPU's catalog peaks, fixed costs seconds.
-# [allreduce.<node>]: NCCL all-reduce latency and bus bandwidth per degree (sim.cost.allreduce), single-node
-#   groups of sim/catalog/profiles/allreduce.csv (Vidur, data/profiling/network).
+# [generation."<major>"]: pooled over the profiled GPUs of that CUDA compute capability, [pooled]: over all
+#   (each GPU weighing the same, each on its data set above): the transfer rule for a GPU without a profile.
+#   Efficiencies are fractions of that GPU's catalog peaks, fixed costs seconds.
+# [nccl.<node>], [custom_allreduce.<node>]: all-reduce latency and bandwidth per degree (sim.cost.allreduce)
+#   fitted to aiconfigurator's NCCL tables above 8 MiB and vLLM's custom all-reduce in a CUDA graph up to
+#   8 MiB (profiles/<gpu>/aiconfigurator/{{nccl,custom}}_allreduce.csv).
 """
     out = [head]
     gpus = fits["gpus"]
     assert isinstance(gpus, dict)
     for name, p in gpus.items():
         out.append(f'\n[gpus."{name}"]\n{_params(p)}')
+    gens = fits.get("generation", {})
+    assert isinstance(gens, dict)
+    for gen, p in gens.items():
+        out.append(f'\n[generation."{gen}"]\n{_params(p)}')
     pooled = fits["pooled"]
     assert isinstance(pooled, dict)
     out.append(f"\n[pooled]\n{_params(pooled)}")
-    nodes = fits["allreduce"]
-    assert isinstance(nodes, dict)
-    for node, f in nodes.items():
-        out.append(f"\n[allreduce.{node}]\n")
-        out.append(f"degrees = {toml_value(f['degrees'])}\n")
-        out.append(f"latency_s = {toml_value([float(f'{v:.4g}') for v in f['latency_s']])}\n")
-        out.append(f"bus_bandwidth = {toml_value([float(f'{v:.4g}') for v in f['bus_bandwidth']])}\n")
+    for kind in ("nccl", "custom_allreduce"):
+        nodes = fits.get(kind, {})
+        assert isinstance(nodes, dict)
+        for node, f in nodes.items():
+            out.append(f"\n[{kind}.{node}]\n")
+            out.append(f"degrees = {toml_value(f['degrees'])}\n")
+            out.append(f"latency_s = {toml_value([float(f'{v:.4g}') for v in f['latency_s']])}\n")
+            out.append(f"bandwidth = {toml_value([float(f'{v:.4g}') for v in f['bandwidth']])}\n")
     return "".join(out)
 
 
 def run_kernels(write: Path | None, command: str) -> dict[str, object]:
-    """Fit, test by leaving each GPU out, and optionally write the parameter file."""
+    """Fit, test by leaving each GPU out (both GEMM data sets), and optionally write the parameter file."""
     fits = fit_kernel_gpus()
     if write is not None:
         write_text(write, kernel_gpus_toml(fits, command))
         kernel_gpus.reload()
     steps_cal = KernelCalibration.load(gpu=get_gpu(STEPS_GPU))
-    return {"fits": fits, "held_out": leave_one_gpu_out(), "allreduce": allreduce_table(),
+    held = {ds: leave_one_gpu_out(dataset=ds) for ds in DATASETS}
+    return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
+            "allreduce_vidur": allreduce_table(), "attention": attention_table(),
             "chunking": chunking_table(), "steps": steps_table(steps_cal)}  # fmt: skip
 
 
