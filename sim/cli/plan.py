@@ -56,7 +56,10 @@ def plan(
         10, "--tail-samples", min=1, max=10000, help="Judged requests past the judged quantile per run."
     ),
     max_horizon: float = typer.Option(
-        600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
+        600.0, "--max-horizon", min=1.0, max=1e6, help="Horizon (s) a boundary configuration is settled on."
+    ),
+    settle_seeds: int = typer.Option(
+        5, "--settle-seeds", min=0, max=100, help="Seeds at --max-horizon, each to pass (0: none)."
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     force: bool = typer.Option(
@@ -85,7 +88,7 @@ def plan(
         result = search(
             scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
             explore, rule, replications, max_replications, tail_samples, max_horizon, executor, address,
-            out_dir / "runs", force, lambda text: say(text, markup=False),
+            out_dir / "runs", force, lambda text: say(text, markup=False), settle_seeds,
         )  # fmt: skip
     say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)

@@ -43,6 +43,7 @@ from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
+from sim.studies.plan_judge import Judge, PlanTask
 from sim.studies.plan_runs import RunStore
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
@@ -52,12 +53,9 @@ from sim.studies.plan_verdict import (
     FAILS,
     JUDGED_FIGURES,
     MEETS,
-    REPLICATION_STEP,
+    SETTLE_SEEDS,
     TAIL_SAMPLES,
-    TOO_CLOSE,
-    Verdict,
     judged_figures,
-    replication_seed,
     tail_horizon,
     verdict,
 )
@@ -78,17 +76,6 @@ FIGURES = (
 
 
 # --- runs ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PlanTask:
-    """One configuration's run (picklable: the sweep pool's workers run it)."""
-
-    raw: dict[str, Any]
-    source: str
-    base_dir: str
-    policy: str
-    overrides: dict[str, Any]
 
 
 def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
@@ -173,6 +160,7 @@ class PlanResult:
     max_replications: int = DEFAULT_MAX_REPLICATIONS
     tail_samples: int = TAIL_SAMPLES
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S
+    settle_seeds: int = SETTLE_SEEDS
     raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
     source: str = ""
     policy: str = ""
@@ -227,11 +215,13 @@ def search(
     runs_dir: Path | None = None,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    settle_seeds: int = SETTLE_SEEDS,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
-    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
-    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`. The runs
+    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one at the
+    boundary (seeds split on overload, or still too close) is settled on `settle_seeds` seeds at
+    `max_horizon_s`, every one to pass (0: not settled). The runs
     go to `executor` (`studies.executor`: process, or dask at the scheduler `address`). Finished runs are
     kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again); `progress` is
     told of each stage and each configuration judged."""
@@ -284,6 +274,7 @@ def search(
         max_replications=max_replications,
         tail_samples=tail_samples,
         max_horizon_s=max_horizon_s,
+        settle_seeds=settle_seeds,
         raw=raw,
         source=source,
         policy=policy,
@@ -318,23 +309,11 @@ def search(
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-        run = lambda ts: store.map("run", evaluate, ts, pool)  # noqa: E731
+        judge = Judge(
+            lambda ts: store.map("run", evaluate, ts, pool), source, str(base_dir), policy, scenario.seed,
+            rule, slo, attainment, replications, max_replications, settle_seeds, max_horizon_s,
+        )  # fmt: skip
         say(f"{len(cands)} configurations to judge, cheapest first")
-
-        def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
-            """A configuration's runs: `replications` seeds, more while too close to call."""
-            seeds = [replication_seed(scenario.seed, k) for k in range(replications)]
-            figures = run([_task(raw, source, base_dir, policy, overrides, seed) for seed in seeds])
-            judged = verdict(figures, rule, slo, attainment)
-            while judged.verdict == TOO_CLOSE and len(seeds) < max_replications:
-                more = [
-                    replication_seed(scenario.seed, k)
-                    for k in range(len(seeds), min(max_replications, len(seeds) + REPLICATION_STEP))
-                ]
-                figures += run([_task(raw, source, base_dir, policy, overrides, seed) for seed in more])
-                seeds += more
-                judged = verdict(figures, rule, slo, attainment)
-            return figures, judged, seeds
 
         # One configuration at a time (its replications in parallel): the search is the same at any --jobs.
         for c in cands:
@@ -347,16 +326,11 @@ def search(
             if best is not None and c.cost > best.cost:
                 extra -= 1
             overrides = {**c.overrides(scenario, policy), **run_set}
-            figures, judged, seeds = judge(overrides)
-            # Seeds that disagree on overload: the overload test needs a longer run to tell.
-            span = overrides.get("horizon.duration_s", horizon)
-            while judged.verdict == TOO_CLOSE and judged.overloaded and span and span * 2 <= max_horizon_s:
-                span *= 2
-                overrides = {**overrides, "horizon.duration_s": float(span)}
-                figures, judged, seeds = judge(overrides)
+            figures, judged, seeds, overrides = judge(raw, overrides, horizon)
             ok = judged.verdict == MEETS
             result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
-            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds; runs so far: {store.ran} run, "
+            at = f" settled at {overrides['horizon.duration_s']:g} s" if judged.settled else ""
+            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds{at}; runs so far: {store.ran} run, "
                 f"{store.resumed} read back)")  # fmt: skip
             if ok and (best is None or c < best):
                 best = c
@@ -365,14 +339,6 @@ def search(
                 failed.setdefault(c.family, []).append(c.counts)
     result.ran, result.resumed = store.ran, store.resumed
     return result
-
-
-def _task(
-    raw: dict[str, Any], source: str, base_dir: Path, policy: str, overrides: dict[str, Any], seed: int
-) -> PlanTask:
-    """The run of one replication (the scenario's own seed is not overridden: `sim run` reproduces it)."""
-    seed_set = {} if seed == raw.get("seed", 0) else {"seed": seed}
-    return PlanTask(raw, source, str(base_dir), policy, {**overrides, **seed_set})
 
 
 def _row(
