@@ -38,12 +38,13 @@ from typing import Any
 
 import polars as pl
 
-from sim.config.scenario import Scenario, load_scenario, validate_scenario
+from sim.config.scenario import Scenario, load_scenario
 from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
 from sim.studies.plan_judge import Judge, PlanTask
+from sim.studies.plan_rates import DEFAULT_RATE_STEPS, at_rate, sustained_rate
 from sim.studies.plan_runs import RunStore
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
@@ -56,10 +57,9 @@ from sim.studies.plan_verdict import (
     SETTLE_SEEDS,
     TAIL_SAMPLES,
     judged_figures,
-    tail_horizon,
     verdict,
 )
-from sim.studies.points import apply_rate, flatten_summary, point_scenario, rate_key
+from sim.studies.points import flatten_summary, point_scenario, rate_key
 from sim.studies.run import run_policy
 
 FIGURES = (
@@ -161,6 +161,8 @@ class PlanResult:
     tail_samples: int = TAIL_SAMPLES
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S
     settle_seeds: int = SETTLE_SEEDS
+    rate_steps: int = DEFAULT_RATE_STEPS  # verdicts of each sustained-rate bisection (0: none)
+    sustained: list[dict[str, Any]] = field(default_factory=list)  # `plan_rates.sustained_rate`, each
     raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
     source: str = ""
     policy: str = ""
@@ -216,12 +218,14 @@ def search(
     force: bool = False,
     progress: Callable[[str], None] | None = None,
     settle_seeds: int = SETTLE_SEEDS,
+    rate_steps: int = DEFAULT_RATE_STEPS,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
     on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one at the
     boundary (seeds split on overload, or still too close) is settled on `settle_seeds` seeds at
-    `max_horizon_s`, every one to pass (0: not settled). The runs
+    `max_horizon_s`, every one to pass (0: not settled). With `rate_steps`, each configuration meeting the
+    SLO gets that many verdicts of a bisection for the highest rate it sustains (`plan_rates`). The runs
     go to `executor` (`studies.executor`: process, or dask at the scheduler `address`). Finished runs are
     kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again); `progress` is
     told of each stage and each configuration judged."""
@@ -239,21 +243,17 @@ def search(
     policy = policy or next(iter(base.policies))
     if policy not in base.policies:
         raise SimError(f"{source}: no policy {policy!r} (have: {', '.join(base.policies)})")
-    raw = apply_rate(base.raw, base, rate, source)
+    setup = lambda r: at_rate(base, r, source, rule, attainment, tail_samples)  # noqa: E731
+    raw, scenario, run_set = setup(rate)
     key = rate_key(base)
     node: Any = raw
     for part in key.split("."):
         node = node[part]
     rate_set = {key: node}
-    scenario = validate_scenario(raw, source)
+    horizon = scenario.horizon.duration_s
     base_dir = scenario_path.resolve().parent  # absolute: a dask worker may start in another folder
     if not 1 <= replications <= max_replications:
         raise SimError(f"--replications: 1 to --max-replications ({max_replications}) (got {replications})")
-    run_set: dict[str, Any] = {}
-    horizon = scenario.horizon.duration_s
-    needed = tail_horizon(rule, attainment, rate, tail_samples)
-    if horizon is not None and horizon < needed:
-        run_set["horizon.duration_s"] = float(needed)
     removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes,
@@ -275,12 +275,14 @@ def search(
         tail_samples=tail_samples,
         max_horizon_s=max_horizon_s,
         settle_seeds=settle_seeds,
+        rate_steps=rate_steps,
         raw=raw,
         source=source,
         policy=policy,
         removed=removed,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
+    met: list[tuple[Candidate, dict[str, Any]]] = []
     best: Candidate | None = None
     extra = explore
     with open_executor(executor, jobs, address) as pool:
@@ -332,11 +334,19 @@ def search(
             at = f" settled at {overrides['horizon.duration_s']:g} s" if judged.settled else ""
             say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds{at}; runs so far: {store.ran} run, "
                 f"{store.resumed} read back)")  # fmt: skip
+            if ok:
+                met.append((c, figures[0]))
             if ok and (best is None or c < best):
                 best = c
                 result.best = result.rows[-1]
             elif judged.verdict == FAILS:
                 failed.setdefault(c.family, []).append(c.counts)
+        mus = dict(zip(families, sats, strict=True))
+        for c, first in met if rate_steps > 0 else []:
+            mu = mus.get(c.family, 0.0) if c.mode == "colocated" else 0.0
+            upper = c.counts[0] * mu / CAPACITY_SLACK if 0 < mu < math.inf else None
+            result.sustained.append(sustained_rate(judge, c, setup, policy, rate, first, upper, rate_steps))
+            say(f"{c.label()}: sustains {result.sustained[-1]['sustained_rate_per_s']:.3g} req/s")
     result.ran, result.resumed = store.ran, store.resumed
     return result
 
