@@ -232,13 +232,13 @@ def test_settled_at_the_boundary_every_seed_must_pass() -> None:
 def test_seeds_split_on_overload_are_settled_at_the_longest_horizon(
     scenario: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stubbed runs (attainment 0.99 on every seed). 1 replica: overloaded on odd seeds below 80 s, on no seed from 80 s to
-    500 s, and on the fifth seed (replication 4) from 500 s (the overload test's power grows with the run).
-    2 replicas: never overloaded. Screened on 34 s
-    (the tail rule's lengthening of 20 s), 1 replica's seeds split on overload, so it is settled at once on
-    5 seeds of 600 s, where the fifth is overloaded: it fails, as brute force over 5 seeds of 600 s has
-    it (the doubling rule this replaced met on 136 s). 2 replicas meet on the 3 screening seeds, not
-    settled. Settled at a 60 s cap instead, 1 replica's odd seeds are overloaded: it fails there too."""
+    """Stubbed runs (attainment 0.99 on every seed). 1 replica: overloaded on odd seeds below 80 s, on no
+    seed from 80 s to 500 s, and on the fifth seed (replication 4) from 500 s (the overload test's power
+    grows with the run). 2 replicas: never overloaded. Screened on 34 s (the tail rule's lengthening of
+    20 s), 1 replica's seeds split on overload, so it is settled at once on 5 seeds of 600 s, where the
+    fifth is overloaded: it fails, as a brute force over 5 seeds of 600 s has it (doubling the horizon
+    instead, it would meet on 136 s). 2 replicas meet on the 3 screening seeds, not settled. Settled at
+    a 60 s cap instead, 1 replica's odd seeds are overloaded: it fails there too."""
     fifth = plan_verdict.replication_seed(5, 4)
     spans: dict[int, set[float]] = {1: set(), 2: set()}
 

@@ -61,6 +61,13 @@ def plan(
     settle_seeds: int = typer.Option(
         5, "--settle-seeds", min=0, max=100, help="Seeds at --max-horizon, each to pass (0: none)."
     ),
+    rate_steps: int = typer.Option(
+        0,
+        "--rate-steps",
+        min=0,
+        max=20,
+        help="Verdicts per bisection for the highest rate each answer sustains (0: off).",
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     force: bool = typer.Option(
         False,
@@ -89,6 +96,7 @@ def plan(
             scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
             explore, rule, replications, max_replications, tail_samples, max_horizon, executor, address,
             out_dir / "runs", force, lambda text: say(text, markup=False), settle_seeds,
+            rate_steps,
         )  # fmt: skip
     say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)

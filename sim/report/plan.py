@@ -14,6 +14,7 @@ from sim.report.coverage import count_text
 from sim.report.page import Section, chart_spec, render_page
 from sim.report.plan_deploy import launch_plan
 from sim.report.plan_front import comparison, comparison_sentences, throughput_section
+from sim.report.plan_rates import sustained_block, sustained_sentences
 from sim.studies.plan import PlanResult, pareto
 from sim.studies.plan_verdict import CONFIDENCE
 
@@ -169,6 +170,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         if deploy["routing"]:
             headline.append(deploy["routing"])
     headline += comparison_sentences(comparison(result.rows))
+    headline += sustained_sentences(result)
     meta = (
         f"{slo_rule(result)} {scenario}; grid of {result.grid_size} configurations: "
         f"{result.unfit} do not fit the model, "
@@ -253,6 +255,8 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "aggregated_vs_disaggregated": comparison(result.rows),
         "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
     }
+    if result.rate_steps > 0:
+        info["sustained_rates"] = sustained_block(result)
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
     html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
@@ -305,4 +309,6 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         deploy = deployment(result)
         for g in (deploy or {}).get("groups", []):
             console.print(f"launch {g['count']} x {g['name']} ({g['role']}): {g['command']}", markup=False)
+    for line in sustained_sentences(result):
+        console.print(line, markup=False)
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")
