@@ -34,6 +34,11 @@ def plan(
     chunked_prefill: str = typer.Option(
         "", "--chunked-prefill", help="on, off or on,off (default: the policy's)."
     ),
+    routers: str = typer.Option(
+        "",
+        "--routers",
+        help="Routers to try, e.g. least_outstanding,power_of_two, or all (default: the scenario's).",
+    ),
     modes: str = typer.Option(
         "colocated,pd",
         "--modes",
@@ -86,7 +91,15 @@ def plan(
     from sim.studies.plan_space import grid_options
 
     gpu_list, tps, knobs, mode_list = grid_options(
-        gpus, tp, max_num_seqs, max_num_batched_tokens, modes, weight_dtypes, kv_dtypes, chunked_prefill
+        gpus,
+        tp,
+        max_num_seqs,
+        max_num_batched_tokens,
+        modes,
+        weight_dtypes,
+        kv_dtypes,
+        chunked_prefill,
+        routers,
     )
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"

@@ -45,6 +45,7 @@ from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
 from sim.studies.plan_judge import Judge, PlanTask
 from sim.studies.plan_rates import DEFAULT_RATE_STEPS, at_rate, sustained_rate
+from sim.studies.plan_routers import machine
 from sim.studies.plan_runs import RunStore
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
@@ -287,7 +288,7 @@ def search(
     extra = explore
     with open_executor(executor, jobs, address) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
-        families = sorted({c.family for c in cands if c.mode == "colocated"})
+        families = sorted({machine(c) for c in cands if c.mode == "colocated"})  # routers share one
         sat_tasks = [
             PlanTask(
                 raw, source, str(base_dir), policy, Candidate(0, 0, *f[:4], (1,)).overrides(scenario, policy)
@@ -304,9 +305,9 @@ def search(
             Candidate(0, 0, *f[:4], (1,)).label().split(" ", 1)[1]: mu
             for f, mu in zip(families, sats, strict=True)
         }
-        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[machine(c)]]
         for c in cands:
-            if c.mode == "colocated" and c.counts[0] < floor[c.family]:
+            if c.mode == "colocated" and c.counts[0] < floor[machine(c)]:
                 tally(removed, "capacity", c)
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
@@ -343,7 +344,7 @@ def search(
                 failed.setdefault(c.family, []).append(c.counts)
         mus = dict(zip(families, sats, strict=True))
         for c, first in met if rate_steps > 0 else []:
-            mu = mus.get(c.family, 0.0) if c.mode == "colocated" else 0.0
+            mu = mus.get(machine(c), 0.0) if c.mode == "colocated" else 0.0
             upper = c.counts[0] * mu / CAPACITY_SLACK if 0 < mu < math.inf else None
             result.sustained.append(sustained_rate(judge, c, setup, policy, rate, first, upper, rate_steps))
             say(f"{c.label()}: sustains {result.sustained[-1]['sustained_rate_per_s']:.3g} req/s")
