@@ -150,7 +150,7 @@ def test_too_close_gets_more_seeds_and_every_candidate_carries_its_interval(
     monkeypatch.setattr(plan, "single_capacity", lambda task: 1000.0)
     monkeypatch.setattr(plan_space, "work_bounds", lambda *a: (1, 1, 1))
     result = plan.search(
-        scenario, [], 4.0, None, max_gpus=2, jobs=1, tps=[1], modes=["colocated"], rule="p99"
+        scenario, [], 4.0, None, max_gpus=2, jobs=1, tps=[1], modes=["colocated"], rule="p99", settle_seeds=0
     )
     one, two = result.rows
     assert one["verdict"] == TOO_CLOSE and one["replications"] == plan_verdict.DEFAULT_MAX_REPLICATIONS
@@ -196,33 +196,86 @@ def test_p99_rule_with_nothing_finished_past_the_warm_up_is_no_pass() -> None:
     assert plan_verdict.replication_metric(one_token, "p99", slo) == pytest.approx(0.5)
 
 
-def test_seeds_split_on_overload_run_again_on_a_longer_horizon(
+def _stub(overloaded: bool, p99_over_bound: float) -> dict[str, Any]:
+    """One replication's figures under --rule p99 (TPOT bound 50 ms): its overload flag and its largest
+    p99 over its bound."""
+    return {
+        **{k: 0.0 for k in plan.FIGURES}, "overloaded": overloaded, "finished": 100, "judged": 100,
+        "judged_good": 99, "judged_in_flight_counted": 0, "judged_in_flight_left_out": 0,
+        "judged_attainment": 0.99, "judged_ttft_p99": 0.1, "judged_tpot_p99": 0.05 * p99_over_bound,
+        "judged_e2e_p99": 5.0,
+    }  # fmt: skip
+
+
+def test_settled_at_the_boundary_every_seed_must_pass() -> None:
+    """Five seeds at the longest horizon, by hand. Four within their bound (0.73-0.94, as 2 x H100 TP4 at
+    20 req/s on 600 s runs) and the fifth overloaded: the interval verdict says too close to call, the
+    settled one fails, as a brute force over five seeds would. All five within their bound, though their
+    interval reaches past 1: it meets. One at 1.02: it fails, though the interval straddles 1."""
+    slo = Slo(ttft_s=1.0, tpot_s=0.05)
+    four = [_stub(False, v) for v in (0.73, 0.81, 0.94, 0.88)]
+    fifth_loaded = [*four, _stub(True, 0.9)]
+    assert verdict(fifth_loaded, "p99", slo, 0.9).verdict == TOO_CLOSE
+    assert plan_verdict.split_on_overload(verdict(fifth_loaded, "p99", slo, 0.9))
+    loaded = plan_verdict.settled(fifth_loaded, "p99", slo, 0.9)
+    assert loaded.verdict == FAILS and loaded.settled and loaded.replications == 5 and loaded.overloaded == 1
+    assert loaded.high is not None and loaded.high < 1.0  # the four clean seeds alone would meet
+    spread = [_stub(False, v) for v in (0.5, 0.99, 0.6, 0.98, 0.7)]
+    assert verdict(spread, "p99", slo, 0.9).verdict == TOO_CLOSE
+    assert plan_verdict.settled(spread, "p99", slo, 0.9).verdict == MEETS
+    one_over = [_stub(False, v) for v in (0.5, 1.02, 0.6, 0.98, 0.7)]
+    assert verdict(one_over, "p99", slo, 0.9).verdict == TOO_CLOSE
+    assert plan_verdict.settled(one_over, "p99", slo, 0.9).verdict == FAILS
+    assert plan_verdict.settled([], "p99", slo, 0.9).verdict == FAILS
+
+
+def test_seeds_split_on_overload_are_settled_at_the_longest_horizon(
     scenario: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stubbed runs: 1 replica is overloaded on odd seeds below 80 s, and on no seed from 80 s (the
-    overload test's power grows with the run). The tail rule lengthens the scenario's 20 s to 34 s (100
-    judged requests at 4 req/s after a quarter's warm-up): too close to call at 34 s and at 68 s, it meets
-    at 136 s; the answer's --set carries that horizon. Capped at 100 s, it stays too close to call."""
+    """Stubbed runs (attainment 0.99 on every seed). 1 replica: overloaded on odd seeds below 80 s, on no
+    seed from 80 s to 500 s, and on the fifth seed (replication 4) from 500 s (the overload test's power
+    grows with the run). 2 replicas: never overloaded. Screened on 34 s (the tail rule's lengthening of
+    20 s), 1 replica's seeds split on overload, so it is settled at once on 5 seeds of 600 s, where the
+    fifth is overloaded: it fails, as a brute force over 5 seeds of 600 s has it (doubling the horizon
+    instead, it would meet on 136 s). 2 replicas meet on the 3 screening seeds, not settled. Settled at
+    a 60 s cap instead, 1 replica's odd seeds are overloaded: it fails there too."""
+    fifth = plan_verdict.replication_seed(5, 4)
+    spans: dict[int, set[float]] = {1: set(), 2: set()}
 
     def fake(task: plan.PlanTask) -> dict[str, Any]:
         span = task.overrides.get("horizon.duration_s", 20.0)
         seed = task.overrides.get("seed", 5)
-        loaded = span < 80 and seed % 2 == 1
-        return {
-            **{k: 0.0 for k in plan.FIGURES}, "overloaded": loaded, "finished": 100, "judged": 100,
-            "judged_good": 99, "judged_in_flight_counted": 0, "judged_in_flight_left_out": 0,
-            "judged_attainment": 0.99, "judged_ttft_p99": 0.3, "judged_tpot_p99": 0.01, "judged_e2e_p99": 5.0,
-        }  # fmt: skip
+        replicas = task.overrides["cluster.groups"][0]["count"]
+        spans[replicas].add(span)
+        loaded = replicas == 1 and ((span < 80 and seed % 2 == 1) or (span >= 500 and seed == fifth))
+        return _stub(loaded, 0.8)
 
     monkeypatch.setattr(plan, "evaluate", fake)
     monkeypatch.setattr(plan, "single_capacity", lambda task: 1000.0)
     monkeypatch.setattr(plan_space, "work_bounds", lambda *a: (1, 1, 1))
-    result = plan.search(scenario, [], 4.0, None, max_gpus=1, jobs=1, tps=[1], modes=["colocated"])
-    (row,) = result.rows
-    assert row["verdict"] == MEETS and row["replications"] == 3
-    assert json.loads(row["overrides"])["horizon.duration_s"] == 136.0
-    assert "horizon.duration_s=136.0" in result.reproduce(row)
+    result = plan.search(scenario, [], 4.0, None, max_gpus=2, jobs=1, tps=[1], modes=["colocated"])
+    one, two = result.rows
+    assert one["verdict"] == FAILS and one["settled"] and one["replications"] == 5
+    assert one["seeds"] == [plan_verdict.replication_seed(5, k) for k in range(5)]
+    assert one["replications_overloaded"] == 1 and json.loads(one["overrides"])["horizon.duration_s"] == 600.0
+    assert spans[1] == {34.0, 600.0}  # screened, then settled: no horizon in between
+    assert two["verdict"] == MEETS and not two["settled"] and two["replications"] == 3 and spans[2] == {34.0}
+    assert result.best is not None and result.best["config"] == two["config"]
     capped = plan.search(
-        scenario, [], 4.0, None, max_gpus=1, jobs=1, tps=[1], modes=["colocated"], max_horizon_s=100.0
+        scenario,
+        [],
+        4.0,
+        None,
+        max_gpus=1,
+        jobs=1,
+        tps=[1],
+        modes=["colocated"],
+        max_horizon_s=60.0,
     )
-    assert capped.rows[0]["verdict"] == TOO_CLOSE and capped.best is None
+    (row,) = capped.rows
+    assert (
+        row["verdict"] == FAILS
+        and row["settled"]
+        and json.loads(row["overrides"])["horizon.duration_s"] == 60.0
+    )
+    assert capped.best is None

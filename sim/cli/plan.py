@@ -34,6 +34,11 @@ def plan(
     chunked_prefill: str = typer.Option(
         "", "--chunked-prefill", help="on, off or on,off (default: the policy's)."
     ),
+    routers: str = typer.Option(
+        "",
+        "--routers",
+        help="Routers to try, e.g. least_outstanding,power_of_two, or all (default: the scenario's).",
+    ),
     modes: str = typer.Option(
         "colocated,pd",
         "--modes",
@@ -56,7 +61,17 @@ def plan(
         10, "--tail-samples", min=1, max=10000, help="Judged requests past the judged quantile per run."
     ),
     max_horizon: float = typer.Option(
-        600.0, "--max-horizon", min=1.0, max=1e6, help="Longest run (s) for seeds split on overload."
+        600.0, "--max-horizon", min=1.0, max=1e6, help="Horizon (s) a boundary configuration is settled on."
+    ),
+    settle_seeds: int = typer.Option(
+        5, "--settle-seeds", min=0, max=100, help="Seeds at --max-horizon, each to pass (0: none)."
+    ),
+    rate_steps: int = typer.Option(
+        0,
+        "--rate-steps",
+        min=0,
+        max=20,
+        help="Verdicts per bisection for the highest rate each answer sustains (0: off).",
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set horizon.duration_s=120"),
     force: bool = typer.Option(
@@ -76,7 +91,15 @@ def plan(
     from sim.studies.plan_space import grid_options
 
     gpu_list, tps, knobs, mode_list = grid_options(
-        gpus, tp, max_num_seqs, max_num_batched_tokens, modes, weight_dtypes, kv_dtypes, chunked_prefill
+        gpus,
+        tp,
+        max_num_seqs,
+        max_num_batched_tokens,
+        modes,
+        weight_dtypes,
+        kv_dtypes,
+        chunked_prefill,
+        routers,
     )
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
@@ -85,7 +108,8 @@ def plan(
         result = search(
             scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
             explore, rule, replications, max_replications, tail_samples, max_horizon, executor, address,
-            out_dir / "runs", force, lambda text: say(text, markup=False),
+            out_dir / "runs", force, lambda text: say(text, markup=False), settle_seeds,
+            rate_steps,
         )  # fmt: skip
     say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)

@@ -14,14 +14,15 @@ from sim.report.coverage import count_text
 from sim.report.page import Section, chart_spec, render_page
 from sim.report.plan_deploy import launch_plan
 from sim.report.plan_front import comparison, comparison_sentences, throughput_section
+from sim.report.plan_rates import sustained_block, sustained_sentences
 from sim.studies.plan import PlanResult, pareto
 from sim.studies.plan_verdict import CONFIDENCE
 
 SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
 CANDIDATE_KEYS = (
     "config", "cost_per_hour", "gpus", "verdict", "metric", "threshold", "metric_mean", "ci_low", "ci_high",
-    "replications", "replications_overloaded", "seeds", "judged_goodput_per_s", "judged", "judged_good",
-    "judged_in_flight_counted", "judged_in_flight_left_out",
+    "replications", "replications_overloaded", "settled", "seeds", "judged_goodput_per_s", "judged",
+    "judged_good", "judged_in_flight_counted", "judged_in_flight_left_out",
 )  # fmt: skip
 
 
@@ -55,10 +56,22 @@ def confidence_rule(result: PlanResult) -> str:
     return (
         f"Each configuration runs {result.replications} seeds (up to {result.max_replications} while too "
         f"close to call); its verdict comes from the {CONFIDENCE:.0%} interval on the mean {metric}: meets, "
-        "fails, or too close to call when the interval straddles the threshold; one whose seeds disagree on "
-        f"overload runs again on twice the horizon, up to {result.max_horizon_s:g} s. Judged requests: those "
+        "fails, or too close to call when the interval straddles the threshold. "
+        f"{settle_rule(result)} Judged requests: those "
         "arriving after the warm-up (the first quarter of arrivals); one still in flight at the horizon "
         f"counts against a configuration only when its run is overloaded or it already missed a bound.{tail}"
+    )
+
+
+def settle_rule(result: PlanResult) -> str:
+    """How a configuration at the boundary is settled (`plan_verdict`'s Escalation)."""
+    if result.settle_seeds <= 0:
+        return "One still too close to call after its seeds is not an answer."
+    seeds = max(result.settle_seeds, result.replications)
+    return (
+        "One whose seeds disagree on overload, or still too close to call after its seeds, is at the "
+        f"boundary: it runs {seeds} seeds of {result.max_horizon_s:g} s, and meets the SLO only when every "
+        "one of them does on its own."
     )
 
 
@@ -69,7 +82,8 @@ def interval_text(row: dict[str, object]) -> str:
         return "-"
     n, over = row.get("replications"), row.get("replications_overloaded")
     loaded = f", {over} overloaded" if over else ""
-    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'}{loaded})"
+    at = f" of {json.loads(str(row['overrides']))['horizon.duration_s']:g} s" if row.get("settled") else ""
+    return f"{mean:.3g} [{low:.3g}, {high:.3g}] ({n} seed{'' if n == 1 else 's'}{at}{loaded})"
 
 
 def front_chart(rows: pl.DataFrame, front: pl.DataFrame) -> alt.LayerChart:
@@ -156,6 +170,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         if deploy["routing"]:
             headline.append(deploy["routing"])
     headline += comparison_sentences(comparison(result.rows))
+    headline += sustained_sentences(result)
     meta = (
         f"{slo_rule(result)} {scenario}; grid of {result.grid_size} configurations: "
         f"{result.unfit} do not fit the model, "
@@ -233,12 +248,15 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "max_replications": result.max_replications,
         "tail_samples": result.tail_samples,
         "max_horizon_s": result.max_horizon_s,
+        "settle_seeds": result.settle_seeds,
         "horizon_s": result.horizon_s,
         "confidence": CONFIDENCE,
         "deploy": deployment(result),
         "aggregated_vs_disaggregated": comparison(result.rows),
         "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
     }
+    if result.rate_steps > 0:
+        info["sustained_rates"] = sustained_block(result)
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
     atomic_write(paths[1], lambda p: Path(p).write_text(text, encoding="utf-8"))
     html = plan_page(result, frame, pareto(frame) if frame.height else frame, str(scenario_path))
@@ -291,4 +309,6 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
         deploy = deployment(result)
         for g in (deploy or {}).get("groups", []):
             console.print(f"launch {g['count']} x {g['name']} ({g['role']}): {g['command']}", markup=False)
+    for line in sustained_sentences(result):
+        console.print(line, markup=False)
     console.print(f"plan in {out_dir}/ (plan.json, plan.parquet, index.html)")

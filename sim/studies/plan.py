@@ -38,11 +38,14 @@ from typing import Any
 
 import polars as pl
 
-from sim.config.scenario import Scenario, load_scenario, validate_scenario
+from sim.config.scenario import Scenario, load_scenario
 from sim.io.errors import SimError
 from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
+from sim.studies.plan_judge import Judge, PlanTask
+from sim.studies.plan_rates import DEFAULT_RATE_STEPS, at_rate, sustained_rate
+from sim.studies.plan_routers import machine
 from sim.studies.plan_runs import RunStore
 from sim.studies.plan_space import DEFAULT_TPS, Candidate, candidates, tally
 from sim.studies.plan_verdict import (
@@ -52,16 +55,12 @@ from sim.studies.plan_verdict import (
     FAILS,
     JUDGED_FIGURES,
     MEETS,
-    REPLICATION_STEP,
+    SETTLE_SEEDS,
     TAIL_SAMPLES,
-    TOO_CLOSE,
-    Verdict,
     judged_figures,
-    replication_seed,
-    tail_horizon,
     verdict,
 )
-from sim.studies.points import apply_rate, flatten_summary, point_scenario, rate_key
+from sim.studies.points import flatten_summary, point_scenario, rate_key
 from sim.studies.run import run_policy
 
 FIGURES = (
@@ -78,17 +77,6 @@ FIGURES = (
 
 
 # --- runs ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PlanTask:
-    """One configuration's run (picklable: the sweep pool's workers run it)."""
-
-    raw: dict[str, Any]
-    source: str
-    base_dir: str
-    policy: str
-    overrides: dict[str, Any]
 
 
 def configured(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> Scenario:
@@ -173,6 +161,9 @@ class PlanResult:
     max_replications: int = DEFAULT_MAX_REPLICATIONS
     tail_samples: int = TAIL_SAMPLES
     max_horizon_s: float = DEFAULT_MAX_HORIZON_S
+    settle_seeds: int = SETTLE_SEEDS
+    rate_steps: int = DEFAULT_RATE_STEPS  # verdicts of each sustained-rate bisection (0: none)
+    sustained: list[dict[str, Any]] = field(default_factory=list)  # `plan_rates.sustained_rate`, each
     raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
     source: str = ""
     policy: str = ""
@@ -227,11 +218,15 @@ def search(
     runs_dir: Path | None = None,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    settle_seeds: int = SETTLE_SEEDS,
+    rate_steps: int = DEFAULT_RATE_STEPS,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
-    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one still
-    too close with some seeds overloaded runs again on twice the horizon, up to `max_horizon_s`. The runs
+    on a horizon with `tail_samples` judged requests past the judged quantile (`plan_verdict`); one at the
+    boundary (seeds split on overload, or still too close) is settled on `settle_seeds` seeds at
+    `max_horizon_s`, every one to pass (0: not settled). With `rate_steps`, each configuration meeting the
+    SLO gets that many verdicts of a bisection for the highest rate it sustains (`plan_rates`). The runs
     go to `executor` (`studies.executor`: process, or dask at the scheduler `address`). Finished runs are
     kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again); `progress` is
     told of each stage and each configuration judged."""
@@ -249,21 +244,17 @@ def search(
     policy = policy or next(iter(base.policies))
     if policy not in base.policies:
         raise SimError(f"{source}: no policy {policy!r} (have: {', '.join(base.policies)})")
-    raw = apply_rate(base.raw, base, rate, source)
+    setup = lambda r: at_rate(base, r, source, rule, attainment, tail_samples)  # noqa: E731
+    raw, scenario, run_set = setup(rate)
     key = rate_key(base)
     node: Any = raw
     for part in key.split("."):
         node = node[part]
     rate_set = {key: node}
-    scenario = validate_scenario(raw, source)
+    horizon = scenario.horizon.duration_s
     base_dir = scenario_path.resolve().parent  # absolute: a dask worker may start in another folder
     if not 1 <= replications <= max_replications:
         raise SimError(f"--replications: 1 to --max-replications ({max_replications}) (got {replications})")
-    run_set: dict[str, Any] = {}
-    horizon = scenario.horizon.duration_s
-    needed = tail_horizon(rule, attainment, rate, tail_samples)
-    if horizon is not None and horizon < needed:
-        run_set["horizon.duration_s"] = float(needed)
     removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes,
@@ -284,17 +275,20 @@ def search(
         max_replications=max_replications,
         tail_samples=tail_samples,
         max_horizon_s=max_horizon_s,
+        settle_seeds=settle_seeds,
+        rate_steps=rate_steps,
         raw=raw,
         source=source,
         policy=policy,
         removed=removed,
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
+    met: list[tuple[Candidate, dict[str, Any]]] = []
     best: Candidate | None = None
     extra = explore
     with open_executor(executor, jobs, address) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
-        families = sorted({c.family for c in cands if c.mode == "colocated"})
+        families = sorted({machine(c) for c in cands if c.mode == "colocated"})  # routers share one
         sat_tasks = [
             PlanTask(
                 raw, source, str(base_dir), policy, Candidate(0, 0, *f[:4], (1,)).overrides(scenario, policy)
@@ -311,30 +305,18 @@ def search(
             Candidate(0, 0, *f[:4], (1,)).label().split(" ", 1)[1]: mu
             for f, mu in zip(families, sats, strict=True)
         }
-        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[c.family]]
+        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[machine(c)]]
         for c in cands:
-            if c.mode == "colocated" and c.counts[0] < floor[c.family]:
+            if c.mode == "colocated" and c.counts[0] < floor[machine(c)]:
                 tally(removed, "capacity", c)
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
         slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-        run = lambda ts: store.map("run", evaluate, ts, pool)  # noqa: E731
+        judge = Judge(
+            lambda ts: store.map("run", evaluate, ts, pool), source, str(base_dir), policy, scenario.seed,
+            rule, slo, attainment, replications, max_replications, settle_seeds, max_horizon_s,
+        )  # fmt: skip
         say(f"{len(cands)} configurations to judge, cheapest first")
-
-        def judge(overrides: dict[str, Any]) -> tuple[list[dict[str, Any]], Verdict, list[int]]:
-            """A configuration's runs: `replications` seeds, more while too close to call."""
-            seeds = [replication_seed(scenario.seed, k) for k in range(replications)]
-            figures = run([_task(raw, source, base_dir, policy, overrides, seed) for seed in seeds])
-            judged = verdict(figures, rule, slo, attainment)
-            while judged.verdict == TOO_CLOSE and len(seeds) < max_replications:
-                more = [
-                    replication_seed(scenario.seed, k)
-                    for k in range(len(seeds), min(max_replications, len(seeds) + REPLICATION_STEP))
-                ]
-                figures += run([_task(raw, source, base_dir, policy, overrides, seed) for seed in more])
-                seeds += more
-                judged = verdict(figures, rule, slo, attainment)
-            return figures, judged, seeds
 
         # One configuration at a time (its replications in parallel): the search is the same at any --jobs.
         for c in cands:
@@ -347,32 +329,27 @@ def search(
             if best is not None and c.cost > best.cost:
                 extra -= 1
             overrides = {**c.overrides(scenario, policy), **run_set}
-            figures, judged, seeds = judge(overrides)
-            # Seeds that disagree on overload: the overload test needs a longer run to tell.
-            span = overrides.get("horizon.duration_s", horizon)
-            while judged.verdict == TOO_CLOSE and judged.overloaded and span and span * 2 <= max_horizon_s:
-                span *= 2
-                overrides = {**overrides, "horizon.duration_s": float(span)}
-                figures, judged, seeds = judge(overrides)
+            figures, judged, seeds, overrides = judge(raw, overrides, horizon)
             ok = judged.verdict == MEETS
             result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
-            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds; runs so far: {store.ran} run, "
+            at = f" settled at {overrides['horizon.duration_s']:g} s" if judged.settled else ""
+            say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds{at}; runs so far: {store.ran} run, "
                 f"{store.resumed} read back)")  # fmt: skip
+            if ok:
+                met.append((c, figures[0]))
             if ok and (best is None or c < best):
                 best = c
                 result.best = result.rows[-1]
             elif judged.verdict == FAILS:
                 failed.setdefault(c.family, []).append(c.counts)
+        mus = dict(zip(families, sats, strict=True))
+        for c, first in met if rate_steps > 0 else []:
+            mu = mus.get(machine(c), 0.0) if c.mode == "colocated" else 0.0
+            upper = c.counts[0] * mu / CAPACITY_SLACK if 0 < mu < math.inf else None
+            result.sustained.append(sustained_rate(judge, c, setup, policy, rate, first, upper, rate_steps))
+            say(f"{c.label()}: sustains {result.sustained[-1]['sustained_rate_per_s']:.3g} req/s")
     result.ran, result.resumed = store.ran, store.resumed
     return result
-
-
-def _task(
-    raw: dict[str, Any], source: str, base_dir: Path, policy: str, overrides: dict[str, Any], seed: int
-) -> PlanTask:
-    """The run of one replication (the scenario's own seed is not overridden: `sim run` reproduces it)."""
-    seed_set = {} if seed == raw.get("seed", 0) else {"seed": seed}
-    return PlanTask(raw, source, str(base_dir), policy, {**overrides, **seed_set})
 
 
 def _row(

@@ -22,15 +22,20 @@ from sim.cost.memory import check_tp
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
+from sim.studies.plan_routers import (
+    DEFAULT_ROUTER,
+    ROUTER_KNOB,
+    router_options,
+    router_unfit,
+    routes_alike,
+    stands_in,
+)
 from sim.studies.run_size import request_lengths
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
 
 
 DEFAULT_TPS = (1, 2, 4, 8)
-
-
-DEFAULT_ROUTER = "least_outstanding"
 
 
 DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
@@ -113,7 +118,8 @@ class Candidate:
         """The dotted `--set` overrides that turn the scenario into this configuration."""
         out: dict[str, Any] = {"model.gpu": self.gpu, "model.tp": self.tp}
         for key, value in self.knobs:
-            out[f"model.{key}" if key in MODEL_KNOBS else f"policies.{policy}.{key}"] = value
+            if key != ROUTER_KNOB:
+                out[f"model.{key}" if key in MODEL_KNOBS else f"policies.{policy}.{key}"] = value
         if self.mode == "colocated":
             out["cluster.groups"] = [{"count": self.counts[0]}]
         else:
@@ -126,6 +132,8 @@ class Candidate:
                 out["cluster.groups"][1] |= {"gpu": self.decode_gpu, "tp": self.decode_tp}
         if scenario.cluster is None:
             out["cluster.router"] = DEFAULT_ROUTER
+        if ROUTER_KNOB in dict(self.knobs):
+            out["cluster.router"] = dict(self.knobs)[ROUTER_KNOB]
         if self.mode == "pd" and "link" not in (scenario.raw.get("cluster") or {}):
             out["cluster.link"] = DEFAULT_LINK
         return out
@@ -135,7 +143,7 @@ def knob_grid(scenario: Scenario, policy: str, grid: dict[str, Sequence[Any]]) -
     """The knob combinations the policy's scheduler (and [model], for the formats) accepts (the scenario's
     own values when the grid gives none)."""
     _, config = scenario.policy(policy)
-    fields = set(type(config).model_fields) | set(MODEL_KNOBS)
+    fields = set(type(config).model_fields) | set(MODEL_KNOBS) | {ROUTER_KNOB}
     axes: list[list[Knob]] = []
     for key, values in sorted(grid.items()):
         if key in fields and values:
@@ -213,7 +221,7 @@ def candidates(
     `theory=False` keeps every configuration that fits in memory (brute force's grid). `removed` is given
     what each rule removed (`tally`): `format_unsupported` (a format the GPU cannot run), `does_not_fit`
     (memory, counted in the third return value) and `theory`; a format the GPU cannot run is neither
-    simulated nor counted as not fitting."""
+    simulated nor counted as not fitting; `router_unfit` and `router_equivalent` (`plan_routers`)."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
     out: list[Candidate] = []
@@ -227,6 +235,7 @@ def candidates(
             )
         kinds += [(gpu, tp, prices[gpu].usd_per_gpu_hour) for tp in tps]
     bounds_of: dict[tuple[Any, ...], tuple[int, int, int] | None] = {}
+    stand_in = stands_in(scenario, knobs.get(ROUTER_KNOB, []))
 
     def bounds(gpu: str, tp: int, combo: tuple[Knob, ...]) -> tuple[int, int, int] | None:
         key = (gpu, tp, combo)
@@ -248,6 +257,9 @@ def candidates(
             if shapes and unsupported_format(gpu, combo):
                 tally(removed, "format_unsupported", like, len(shapes))
                 continue
+            if shapes and router_unfit(scenario, combo):
+                tally(removed, "router_unfit", like, len(shapes))
+                continue
             found = bounds(gpu, tp, combo) if shapes else None
             if found is None:
                 unfit += len(shapes)
@@ -255,6 +267,9 @@ def candidates(
                 continue
             c_min, p_min, d_min = found
             for mode, counts in shapes:
+                if routes_alike(combo, counts, stand_in):
+                    tally(removed, "router_equivalent", like)
+                    continue
                 if mode == "colocated" and counts[0] < c_min:
                     tally(removed, "theory", like)
                     continue
@@ -278,12 +293,18 @@ def candidates(
                 if splits and (unsupported_format(pg, combo) or unsupported_format(dg, combo)):
                     tally(removed, "format_unsupported", like, len(splits))
                     continue
+                if splits and router_unfit(scenario, combo):
+                    tally(removed, "router_unfit", like, len(splits))
+                    continue
                 pre, dec = bounds(pg, ptp, combo), bounds(dg, dtp, combo)
                 if pre is None or dec is None:
                     unfit += len(splits)
                     tally(removed, "does_not_fit", like, len(splits))
                     continue
                 for p, d in splits:
+                    if routes_alike(combo, (p, d), stand_in):
+                        tally(removed, "router_equivalent", like)
+                        continue
                     if p < pre[1] or d < dec[2]:
                         tally(removed, "theory", like)
                         continue
@@ -348,9 +369,10 @@ def grid_options(
     weight_dtypes: str = "",
     kv_dtypes: str = "",
     chunked_prefill: str = "",
+    routers: str = "",
 ) -> tuple[list[str] | None, list[int], dict[str, list[Any]], list[str]]:
     """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes).
-    The formats and chunked prefill are searched only when given (opt-in axes)."""
+    The formats, chunked prefill and the router are searched only when given (opt-in axes)."""
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     if not mode_list or set(mode_list) - {"colocated", "pd", "hetero"}:
         raise SimError(f"--modes: colocated, pd, hetero or several, comma-separated (got {modes!r})")
@@ -363,6 +385,7 @@ def grid_options(
         "weight_dtype": _dtypes(weight_dtypes, "weight_dtype", "--weight-dtypes"),
         "kv_dtype": _dtypes(kv_dtypes, "kv_dtype", "--kv-dtypes"),
         "enable_chunked_prefill": _switch(chunked_prefill, "--chunked-prefill"),
+        ROUTER_KNOB: router_options(routers),
     }
     gpu_list = None if gpus is None else [g.strip() for g in gpus.split(",") if g.strip()]
     if gpu_list == []:

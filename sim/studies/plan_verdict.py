@@ -19,11 +19,21 @@ attainment (`--rule goodput`, to be at least `attainment`) or the largest p99 la
 (`--rule p99`, to be at most 1). Across replications, a Student t interval at `CONFIDENCE` on the metric's
 mean gives: *meets* when the whole interval is on the good side of the threshold, *fails* when the whole of
 it is on the bad side, *too close to call* otherwise. A replication that is overloaded fails outright; when
-some replications are overloaded and others are not, the configuration is too close to call. A configuration
-too close to call gets `REPLICATION_STEP` more replications, up to `max_replications`, before it is ranked;
-one still too close after them is not an answer, unless its seeds disagreed on overload: then the overload
-test, whose power grows with the run, gets twice the horizon (and the replications again), up to
-`max_horizon_s`.
+some replications are overloaded and others are not, the configuration is too close to call.
+
+Escalation (`settled`). A clear-cut verdict, the interval wholly on one side and the seeds agreeing on
+overload, is final at the screening horizon: most configurations are settled there, cheaply. One too close
+to call on its interval alone gets `REPLICATION_STEP` more seeds at a time, up to `max_replications`, while
+the screening runs can still tell. One whose seeds split on overload (more short seeds cannot mend that:
+an overloaded seed keeps the verdict too close), or still too close after `max_replications`, is at the
+boundary, and is settled as a deployment would be checked: `SETTLE_SEEDS` seeds (at least `replications`;
+the screening seeds' numbers, the scenario's own first) at the longest horizon, `max_horizon_s` (the
+overload test's power grows with the run, and a boundary fleet's backlog shows only on long runs), and it
+*meets* only when every one of those seeds passes on its own (not overloaded, its metric on the good side
+of the threshold), else it *fails*. That is the brute force's standard (`benchmarks/plan_brute_force.py`:
+every one of 5 seeds of 600 s runs), so the planner and a brute force over the same grid agree on every
+configuration settled at the boundary. With `settle_seeds` 0 there is no settling, and a configuration still
+too close after its seeds is not an answer.
 
 Horizon. A quantile q of a metric needs `TAIL_SAMPLES` requests beyond it in each replication, past the
 warm-up: at least TAIL_SAMPLES / (1 - q) judged requests, q = 0.99 for `--rule p99` and q = attainment for
@@ -49,7 +59,8 @@ CONFIDENCE = 0.95
 DEFAULT_REPLICATIONS = 3
 DEFAULT_MAX_REPLICATIONS = 9
 REPLICATION_STEP = 3
-DEFAULT_MAX_HORIZON_S = 600.0  # a run lengthened for the overload test stops doubling here
+DEFAULT_MAX_HORIZON_S = 600.0  # the horizon a configuration at the boundary is settled on
+SETTLE_SEEDS = 5  # seeds a configuration at the boundary is settled on, every one to pass
 TAIL_SAMPLES = 10
 P99 = 0.99
 
@@ -153,9 +164,11 @@ class Verdict:
     metric: str  # what the interval is on
     threshold: float
 
+    settled: bool = False  # settled at the longest horizon, every seed to pass (`settled`)
+
     def as_row(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict, "replications": self.replications,
+            "verdict": self.verdict, "replications": self.replications, "settled": self.settled,
             "replications_overloaded": self.overloaded, "metric": self.metric, "threshold": self.threshold,
             "metric_mean": self.mean, "ci_low": self.low, "ci_high": self.high,
         }  # fmt: skip
@@ -197,6 +210,21 @@ def verdict(figures: list[dict[str, Any]], rule: str, slo: Slo, attainment: floa
         bad_side = high < threshold if higher else low > threshold
         outcome = MEETS if good_side else FAILS if bad_side else TOO_CLOSE
     return Verdict(outcome, n, overloaded, mean, low, high, metric, threshold)
+
+
+def split_on_overload(judged: Verdict) -> bool:
+    """Some seeds overloaded and some not: a verdict more seeds of the same horizon cannot settle."""
+    return 0 < judged.overloaded < judged.replications
+
+
+def settled(figures: list[dict[str, Any]], rule: str, slo: Slo, attainment: float) -> Verdict:
+    """The verdict at the boundary (see the module docstring): *meets* when every replication passes on its
+    own, else *fails*; the interval is the screening verdict's over the same figures."""
+    screen = verdict(figures, rule, slo, attainment)
+    each = (verdict([f], rule, slo, attainment).verdict == MEETS for f in figures)
+    outcome = MEETS if figures and all(each) else FAILS
+    return Verdict(outcome, screen.replications, screen.overloaded, screen.mean, screen.low, screen.high,
+                   screen.metric, screen.threshold, settled=True)  # fmt: skip
 
 
 def replication_seed(base_seed: int, replication: int) -> int:
