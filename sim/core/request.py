@@ -2,8 +2,10 @@
 
 Requests are plain mutable records, never SimPy processes. A scheduler advances `num_computed` and
 `num_generated` and stamps token times through `emit` (or sets them in bulk when it knows them, as the
-batching policies do); nothing per token is stored. The mean inter-token gap is
-(last - first token time) / (tokens - 1).
+batching policies do); nothing per token is stored. A token's inter-token gap is the time since the same
+request's previous token, as vLLM's benchmark measures it, so the mean gap is
+(last - first token time) / (tokens - 1). A scheduler that lets a request sit out steps calls `stall` before
+the token that ends the wait: the gaps that are not one step's duration are kept (one entry per wait).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class Request:
     prefix_hit_tokens: int = 0
     prefix_query_tokens: int = 0
     itl_max: float = 0.0
+    # (previous token time, token time, whether the step counts the token among its decode tokens) of each
+    # token whose previous one was not emitted at the end of the step before (`stall`); None: none yet
+    stalls: list[tuple[float, float, bool]] | None = None
     reject_reason: str | None = None
     adapter: int = -1  # LoRA adapter id; -1: the base model
     prompt_id: int = -1  # position in a fixed prompt pool: requests with one id send the same prompt
@@ -62,6 +67,14 @@ class Request:
         self.num_generated += 1
         if self.num_generated >= self.output_len:
             self.finished_at = now
+
+    def stall(self, now: float, counted: bool) -> None:
+        """The token about to be emitted at `now` ends a wait of more than its own step (the request sat
+        out steps: a prefill-only step, a preemption, a token budget spent by others): its gap, from
+        `last_token_at`, is kept. `counted`: the step's `num_decode_tokens` includes this token."""
+        if self.stalls is None:
+            self.stalls = []
+        self.stalls.append((self.last_token_at, now, counted))
 
     def emit_run(self, count: int, now: float, longest_gap: float) -> None:
         """`count` calls of `emit` at consecutive step ends after a token already emitted, the last at

@@ -169,11 +169,13 @@ class DecodeScheduler:
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         k = self.step
-        self.last_end = now
+        before, self.last_end = self.last_end, now
         for req in plan.payload:  # the first decode gap includes the wait for blocks
             gap = now - req.first_token_at
             if gap > req.itl_max:
                 req.itl_max = gap
+            if req.n == 1 and not req.last_token_at >= before:  # a wait of more than this step (or the first)
+                req.stall(now, True)
         finished: list[Request] = []
         heap = self.finish_heap
         while heap and heap[0][0] <= k:

@@ -202,6 +202,18 @@ def _replica_frames(out: FleetOutput) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     return pl.concat(req_frames, parallel=False), pl.concat(step_frames, parallel=False)
 
 
+def _itl_gaps(out: FleetOutput) -> pl.DataFrame:
+    """The replicas' corrections of the pooled ITL (`Recorder.itl_gaps`), each with a `replica` column; idle
+    replicas, which have none, left out as in `_replica_frames`."""
+    frames = [
+        m.recorder.itl_gaps().with_columns(pl.lit(m.spec.name, dtype=pl.String).alias("replica"))
+        for m in out.members
+        if not _idle(out, m)
+    ]
+    empty = pl.DataFrame(schema={"duration": pl.Float64, "decode_tokens": pl.Int64, "replica": pl.String})
+    return pl.concat([empty, *frames])
+
+
 def fleet_frames(out: FleetOutput, disaggregated: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The fleet's request and step records, each with a `replica` column: requests by id, steps replica by
     replica, each in time order (records kept in memory)."""
@@ -288,7 +300,8 @@ def fleet_summary(
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
     changes = rate_steps(scenario.workload.arrival)
     overloaded = fleet_overloaded(requests, changes)
-    summary = summarize(requests, steps, out.end_time, slo, overloaded, changes)
+    gaps = _itl_gaps(out)
+    summary = summarize(requests, steps, out.end_time, slo, overloaded, changes, gaps)
     cluster = scenario.cluster
     assert cluster is not None
     name, knobs = cluster.router_kind()
@@ -306,7 +319,10 @@ def fleet_summary(
         else:
             r_req = requests.filter(pl.col("replica") == rname)
             r_steps = steps.filter(pl.col("replica") == rname)
-            s = summarize(r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes)
+            r_gaps = gaps.filter(pl.col("replica") == rname)
+            s = summarize(
+                r_req, r_steps, out.end_time, slo, fleet_overloaded(r_req, changes), changes, r_gaps
+            )
         if m.spec.lora is not None:  # its own adapter cache's loads
             s["lora"] = lora_summary(m.spec.lora, steps.head(0) if _idle(out, m) else r_steps)
         per[rname] = {"group": m.spec.group, "role": m.spec.role, "routed": out.routed[m.index], **s}

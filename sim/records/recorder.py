@@ -5,12 +5,21 @@ of `CHUNK_ROWS` rows as polars frames (to memory, or to Parquet as the run goes:
 memory a run holds does not grow with its number of requests. The summary reads them back one figure's
 columns at a time (`summarize`, which takes frames or lazy scans of the written files).
 
-Inter-token latency: a request's gaps are the durations of the steps that emitted its tokens. For static and
-continuous batching every step between a request's first and last token emits one of its tokens, so its gap
-distribution is exactly the step durations over that range; under preemption (vLLM policy) the mean and max
-are still exact (tracked by `Request.emit`), and p50/p99 come from the steps of the range. They are computed
-for `ITL_BATCH` recorded requests at once (`window_quantiles`); the rows wait for them before they are handed
-on, and the steps they read are kept until then.
+Inter-token latency, as vLLM's benchmark measures it: each token's gap is the time since the same request's
+previous token. A request that emits in every step from its first token to its last has the durations of those
+steps as its gaps. A request that sat out steps (behind a prefill-only step of `vllm-v0`, while preempted,
+when others spent the token budget, or before a decode replica admitted it) has one gap for each wait instead,
+from its previous token to the one that ended it: the scheduler calls `Request.stall`, and the steps of the
+wait are taken out of the request's range and the wait's gap put in (`window_quantiles.stall_windows`). Mean
+and max are exact (`Request.emit`). The p50/p99 of requests without a wait are computed for `ITL_BATCH`
+recorded requests at once (`window_quantiles`), those of requests with one each on its own; the rows wait for
+them before they are handed on, and the steps they read are kept until then.
+
+The run's pooled ITL quantiles (`summary._itl_stats`) weight each step's duration by its decode tokens; the
+waits correct that pool (`itl_gaps`): each wait's gap with weight +1, and its last step's duration with
+weight -1 where that step counted the token among its decode tokens. Tokens a step emits beyond one per
+request (speculative decoding's accepted drafts) keep that step's duration as their gap, as before, and
+so do the tokens of a request with `n > 1`, whose sequences advance each on its own.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from sim.records.columns import (
 from sim.records.int_rows import IntRows
 from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.sinks import MemorySink, RecordSink
-from sim.records.window_quantiles import window_quantiles
+from sim.records.window_quantiles import stall_windows, window_quantiles
 
 BATCH, DECODE, KV_USED, KV_ALLOCATED = (
     STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
@@ -79,8 +88,11 @@ class Recorder:
         self._held_seq = 0
         self._last_id: int | None = None  # the id of the latest row handed on
         self._unsorted = False
-        # recorded rows whose ITL quantiles are not filled in yet: (row floats, first step, steps)
-        self._pending: list[tuple[list[float], int, int]] = []
+        # recorded rows whose ITL quantiles are not filled in yet: (row floats, first step, steps, waits)
+        self._pending: list[tuple[list[float], int, int, list[tuple[int, int, float]] | None]] = []
+        # the waits' corrections of the pooled ITL (see the module doc): durations and their weights
+        self._gap_values = array("d")
+        self._gap_weights = array("q")
         self._new_request_chunk()
         self._request_chunks = 0
         # steps: durations and ends of steps from `_win_start` on (global step numbers)
@@ -253,6 +265,7 @@ class Recorder:
         nan = math.nan
         itl_max = nan
         window = None
+        waits = None
         if req.num_generated > 1:
             itl_max = req.itl_max
             ends = self._ends
@@ -260,11 +273,13 @@ class Recorder:
             hi = bisect_right(ends, req.last_token_at)
             if hi > lo:
                 window = (self._win_start + lo, hi - lo)
+            if req.stalls:
+                waits = self._waits(req.stalls)
         finished_at = req.finished_at if state == FINISHED else nan
         floats = [req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, nan, nan,
                   itl_max]  # fmt: skip
         if window is not None:
-            self._pending.append((floats, *window))
+            self._pending.append((floats, *window, waits))
         row = (
             floats,
             (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
@@ -282,18 +297,56 @@ class Recorder:
         elif len(self._pending) >= ITL_BATCH:
             self._resolve()
 
+    def _waits(self, stalls: list[tuple[float, float, bool]]) -> list[tuple[int, int, float]]:
+        """A request's waits (`Request.stalls`) as (first step, last step, gap), global step numbers: the
+        steps after its previous token up to the one that emitted the next; each added to the pooled
+        corrections (`itl_gaps`)."""
+        ends, durations, first = self._ends, self._durations, self._win_start
+        values, weights = self._gap_values, self._gap_weights
+        out = []
+        for prev, at, counted in stalls:
+            a, r = bisect_right(ends, prev), bisect_right(ends, at) - 1
+            gap = at - prev
+            values.append(gap)
+            weights.append(1)
+            if counted:
+                values.append(durations[r])
+                weights.append(-1)
+            out.append((first + a, first + r, gap))
+        return out
+
+    def itl_gaps(self) -> pl.DataFrame:
+        """The waits' corrections of the pooled ITL quantiles (see the module doc): `duration` with weight
+        `decode_tokens`, to be pooled with the steps' own; ends the recording."""
+        self.finish()
+        return pl.DataFrame(
+            {
+                "duration": np.frombuffer(self._gap_values, np.float64).copy(),
+                "decode_tokens": np.frombuffer(self._gap_weights, np.int64).copy(),
+            },
+            schema={"duration": pl.Float64, "decode_tokens": pl.Int64},
+        )
+
     def _resolve(self) -> None:
         """Fill in the ITL p50, p99 and max of the recorded rows that wait for them (`window_quantiles`,
         all at once), then hand on the rows whose turn it is."""
         pending = self._pending
         if pending:
             first = self._win_start
-            lo = np.fromiter((p[1] - first for p in pending), np.int64, len(pending))
-            n = np.fromiter((p[2] for p in pending), np.int64, len(pending))
-            p50, p99, top = window_quantiles(np.frombuffer(self._durations, np.float64), lo, n)
-            figures = zip(p50.tolist(), p99.tolist(), top.tolist(), strict=True)
-            for (floats, _, _), (a, b, m) in zip(pending, figures, strict=True):
-                floats[5], floats[6], floats[7] = a, b, max(floats[7], m)
+            durations = np.frombuffer(self._durations, np.float64)
+            plain = [p for p in pending if p[3] is None]
+            if plain:
+                lo = np.fromiter((p[1] - first for p in plain), np.int64, len(plain))
+                n = np.fromiter((p[2] for p in plain), np.int64, len(plain))
+                p50, p99, top = window_quantiles(durations, lo, n)
+                figures = zip(p50.tolist(), p99.tolist(), top.tolist(), strict=True)
+                for (floats, _, _, _), (a, b, m) in zip(plain, figures, strict=True):
+                    floats[5], floats[6], floats[7] = a, b, max(floats[7], m)
+            for floats, lo_step, count, waits in pending:
+                if waits is not None:
+                    gaps = stall_windows(durations, lo_step - first, count, waits, first)
+                    a, b = np.quantile(gaps, (0.5, 0.99)).tolist()
+                    floats[5], floats[6], floats[7] = a, b, max(floats[7], float(gaps.max()))
             self._pending = []
         self._release()
 

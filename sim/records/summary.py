@@ -75,15 +75,22 @@ def _float_agg(
 QUANTILE_BINS = 4096  # bins of the first pass of `_weighted_quantiles`
 
 
-def _weighted_quantiles(steps: Records) -> dict[str, float | None]:
-    """Quantiles of the decode steps' durations, each weighted by its decode tokens: for quantile q, the
-    shortest duration whose cumulative weight (steps sorted by duration) reaches q times the total.
+def _weighted_quantiles(steps: Records, gaps: Records | None = None) -> dict[str, float | None]:
+    """Quantiles of the decode steps' durations, each weighted by its decode tokens, with the rows of `gaps`
+    (`duration`, `decode_tokens`: the waits' corrections, `Recorder.itl_gaps`) pooled in: for quantile q,
+    the shortest duration whose cumulative weight (sorted by duration) reaches q times the total. A
+    correction's weight may be -1, always against a step of the same duration counted +1 or more, so every
+    cumulative weight stays a count of gaps.
 
     Exact, in streamed passes that never hold every step: the weights summed in `QUANTILE_BINS` equal bins
     of duration (the bin of a duration never decreases with it, so the bins keep the steps' order); then,
     per quantile, only the steps of the bin it falls in, summed per distinct duration and sorted."""
     engine = "streaming" if isinstance(steps, pl.LazyFrame) else "auto"
     dec = steps.lazy().filter(pl.col("decode_tokens") > 0).select("duration", "decode_tokens")
+    if gaps is not None and gaps.lazy().select(pl.len()).collect().item():
+        weight = pl.col("decode_tokens").cast(pl.Int64)
+        extra = gaps.lazy().select("duration", weight)
+        dec = pl.concat([dec.with_columns(weight), extra], parallel=False)
     lo, hi, count = (
         dec.select(lo=pl.col("duration").min(), hi=pl.col("duration").max(), n=pl.len())
         .collect(engine=engine)
@@ -120,9 +127,11 @@ def _weighted_quantiles(steps: Records) -> dict[str, float | None]:
     return out
 
 
-def _itl_stats(requests: Records, steps: Records) -> dict[str, float | None]:
-    """ITL over every gap of every finished request: the step durations weighted by the decode tokens
-    each step emitted (see the module docstring); mean and max from the exact per-request figures.
+def _itl_stats(requests: Records, steps: Records, waits: Records | None = None) -> dict[str, float | None]:
+    """ITL, each token's time since its request's previous token (vLLM's benchmark's `itls`, pooled): mean
+    and max over the finished requests, from their exact figures; the quantiles over every emitted token,
+    the step durations weighted by the decode tokens each step emitted, corrected by `waits` for the tokens
+    that ended a wait of more than one step (`Recorder.itl_gaps`, sim/records/recorder.py).
 
     The weighted quantiles are exact (`_weighted_quantiles`)."""
     fin = _columns(requests, "generated_tokens", "n", "itl_mean", "itl_max", finished=True)
@@ -132,7 +141,7 @@ def _itl_stats(requests: Records, steps: Records) -> dict[str, float | None]:
     gaps = (fin["generated_tokens"] - fin["n"]).sum()
     total = (fin["itl_mean"].fill_null(0.0) * (fin["generated_tokens"] - fin["n"])).sum()
     out: dict[str, float | None] = {"mean": float(total / gaps) if gaps else None}
-    out.update(_weighted_quantiles(steps))
+    out.update(_weighted_quantiles(steps, waits))
     out["max"] = fin["itl_max"].max()  # type: ignore[assignment]
     return out
 
@@ -193,14 +202,16 @@ def summarize(
     slo: Slo,
     overloaded: bool,
     rate_steps: tuple[float, ...] = (),
+    itl_gaps: Records | None = None,
 ) -> dict[str, object]:
     """The stable `summary.json` contract (times in seconds). Keys may be added, never renamed.
 
     `horizon_s` is where the run ended (its horizon, or the end of the drain); every rate is per second of
     `measurement_window`. `overloaded` is the engine's verdict (`RunOutput.overloaded`), from the same
-    `backlog_trend` whose figures are `overload_test`. The records may be frames or scans of the written
-    files: each figure reads only its own columns, and quantiles are exact (numpy's linear method over the
-    column's values).
+    `backlog_trend` whose figures are `overload_test`. `itl_gaps`: the recorder's corrections of the
+    pooled ITL for requests that sat out steps (`Recorder.itl_gaps`). The records may be frames or scans of
+    the written files: each figure reads only its own columns, and quantiles are exact (numpy's linear
+    method over the column's values).
     """
     base = _columns(requests, "state", "reject_reason", "arrival", "finished_at")
     state = base["state"].cast(pl.String)
@@ -230,7 +241,7 @@ def summarize(
         name: _stats(_columns(requests, name, finished=True)[name]) for name in ("ttft", "tpot", "e2e")
     }
     latency["queue_wait"] = _stats(_columns(requests, "queue_wait")["queue_wait"])
-    latency["itl"] = _itl_stats(requests, steps)
+    latency["itl"] = _itl_stats(requests, steps, itl_gaps)
     s = _sums(steps, {
         "count": pl.len(),
         "mean_batch": pl.col("batch_size").mean(),

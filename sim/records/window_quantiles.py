@@ -1,4 +1,5 @@
-"""ITL quantiles of many requests at once: order statistics of windows of the recorded step durations."""
+"""ITL quantiles of many requests at once: order statistics of windows of the recorded step durations; the
+gaps of a request that sat out steps (`stall_windows`)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def window_quantiles(
             got = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
             out[rows] = np.where(v >= end, top[rows], got)
     return p50, p99, top
+
+
+def stall_windows(
+    durations: np.ndarray, lo: int, count: int, waits: list[tuple[int, int, float]], first: int
+) -> np.ndarray:
+    """The gaps of a request with waits: the durations of the `count` steps from `lo` (local), less the steps
+    of each wait (global step numbers, `first` the local 0), with each wait's gap instead."""
+    keep = np.ones(count, bool)
+    for a, r, _ in waits:
+        keep[max(a - first - lo, 0) : r - first - lo + 1] = False
+    window = durations[lo : lo + count]
+    return np.concatenate((window[keep], np.array([g for _, _, g in waits])))

@@ -185,7 +185,8 @@ def run_policy(
     else:
         req_frame, step_frame = out.recorder.requests_lazy(), out.recorder.steps_lazy()
     slo = Slo(scenario.slo.ttft_s, scenario.slo.tpot_s, scenario.slo.e2e_s)
-    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, changes)
+    gaps = out.recorder.itl_gaps()
+    summary = summarize(req_frame, step_frame, out.end_time, slo, out.overloaded, changes, gaps)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary, "replica": info}
     if spec is not None:
         summary["speculative"] = spec.summary()

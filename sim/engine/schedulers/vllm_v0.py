@@ -19,6 +19,9 @@ block rules of `sarathi/core/block_space_manager/base_block_space_manager.py`. E
    to the front of the waiting queue (`_preempt`, base_scheduler.py lines 116-122); readmitted, it
    recomputes its prompt and the tokens it generated in one prefill, which emits its next token.
 
+A running sequence's token after a prefill-only step, or a preempted one's after its recompute, has the
+whole wait as its inter-token gap (`Request.stall`).
+
 `max_num_batched_tokens` defaults to, and is capped at, `max_model_len` (`VllmSchedulerConfig`,
 `sarathi/config/config.py` lines 197-200).
 
@@ -68,6 +71,7 @@ class VllmV0Scheduler:
         self.free_blocks = memory.num_blocks
         self.waiting: deque[V0Seq] = deque()
         self.running: list[V0Seq] = []
+        self._last_end = -math.inf  # when the latest applied step ended
 
     @property
     def num_waiting(self) -> int:
@@ -167,7 +171,11 @@ class VllmV0Scheduler:
         for seq in step.decode:
             seq.req.num_computed += 1
         done: list[V0Seq] = []
+        before, self._last_end = self._last_end, now
+        counted = not step.prefill  # a decode-only step counts its tokens as decode tokens
         for seq in step.prefill or step.decode:
+            if seq.req.last_token_at < before:  # it sat out steps: a prefill-only step, or preempted
+                seq.req.stall(now, counted)
             seq.req.emit(now)
             if seq.req.done:
                 done.append(seq)

@@ -12,7 +12,7 @@ too (`_emit_rows`, which `SpeculativeScheduler` in spec.py replaces to emit the 
 from __future__ import annotations
 
 from sim.core.request import Request
-from sim.engine.schedulers.vllm.plan import Seq
+from sim.engine.schedulers.vllm.plan import Seq, StepInfo
 
 
 class SequenceGroups:
@@ -20,6 +20,8 @@ class SequenceGroups:
 
     # shared with the other parts of `VllmScheduler`
     _open: dict[int, list[Seq]]  # request id -> its unfinished sequences
+    _prev_end: float  # when the step before the one being applied ended
+    _applying: StepInfo  # the step being applied
 
     def _emit_rows(self, rows: list[Seq], now: float) -> list[Seq]:
         """One token for each sequence of the step's rows that emits; the sequences that are now done."""
@@ -30,15 +32,27 @@ class SequenceGroups:
                 done.append(seq)
         return done
 
-    def _emit_token(self, seq: Seq, now: float) -> None:
-        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has)."""
+    def _emit_token(self, seq: Seq, now: float, decode: bool | None = None) -> None:
+        """`seq` generates one token at `now`; its request emits it (a group request when its slowest has).
+
+        A one-sequence request whose previous token came before the end of the step before sat out steps
+        (preempted, or left out by the token budget, or admitted by a decode replica): its wait is kept
+        (`Request.stall`), with whether the step counts the token as a decode token (`decode`; None: its
+        row is one token)."""
         seq.num_generated += 1
         seq.num_tokens += 1
         req = seq.req
         if req.n == 1:
+            if req.last_token_at < self._prev_end:
+                req.stall(now, self._one_token_row(seq) if decode is None else decode)
             req.emit(now)
         else:
             self._emit_group(req, now)
+
+    def _one_token_row(self, seq: Seq) -> bool:
+        """Whether `seq`'s row in the step being applied computes one token (a decode row)."""
+        info = self._applying
+        return info.counts[info.seqs.index(seq)] == 1
 
     def _sync(self, seq: Seq) -> None:
         """Mirror progress on the request: its sequences' computed tokens, summed."""

@@ -110,6 +110,7 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
         self._order = 0  # admissions so far: the next admitted sequence's position in the running list
         self._step = 0  # steps scheduled
         self._last_end = 0.0  # when the latest applied step ended (0 before any)
+        self._prev_end = 0.0  # when the step before the one being applied ended (`SequenceGroups`)
         self._init_bulk(caching)
         self.pipelined = False  # batches in flight (`pipeline`)
 
@@ -177,6 +178,7 @@ class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
 
     def update(self, plan: StepPlan, now: float) -> list[Request]:
         info: StepInfo = plan.payload
+        self._prev_end, self._applying = self._last_end, info
         if self.fast:
             return self._update_fast(info, now)
         self._last_end = now

@@ -123,7 +123,7 @@ class SpeculativeScheduler(VllmScheduler):
             if k is not None:
                 emitted_by_decodes += count
             for _ in range(count):
-                self._emit_token(seq, now)
+                self._emit_token(seq, now, k is not None)
             if seq.num_generated >= seq.out_len:
                 done.append(seq)
                 self._streams.pop(seq.sid, None)
