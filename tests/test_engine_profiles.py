@@ -138,10 +138,10 @@ def test_engine_key_is_validated_with_the_known_engines() -> None:
         _scenario({"p": {"scheduler": "vllm", "engine": "vllm-2023",
                          "speculative": {"method": "ngram", "num_speculative_tokens": 3,
                                          "acceptance_rate": 0.5}}})  # fmt: skip
+    s = _scenario({"p": {"scheduler": "vllm", "engine": "vllm-2023"}})
+    fp8 = s.model_copy(update={"model": s.model.model_copy(update={"weight_dtype": "fp8"})})
     with pytest.raises(SimError, match="policies.p: model.weight_dtype: engine 'vllm-2023': a profile costs"):
-        s = _scenario({"p": {"scheduler": "vllm", "engine": "vllm-2023"}})
-        build_cost_and_memory(s.model_copy(update={"model": s.model.model_copy(update={"weight_dtype": "fp8"})}),
-                              "policies.p", engine="vllm-2023")  # fmt: skip
+        build_cost_and_memory(fp8, "policies.p", engine="vllm-2023")
 
 
 def test_todays_engine_named_or_not_is_the_same_run(tmp_path: Path) -> None:
