@@ -17,7 +17,6 @@ whether a step is compute-bound."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -135,7 +134,7 @@ class ProfiledCost(CostModel):
             assert got is not None  # decode rows only, inside the windows
             return got
 
-        return seconds, window if window < math.inf else math.inf
+        return seconds, window
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """The roofline's breakdown, its seconds the profile's."""
