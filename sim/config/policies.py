@@ -4,13 +4,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sim.catalog.engines import DEFAULT_ENGINE, engine_names
 from sim.config.lora import LoraConfig
 from sim.config.speculative import SpeculativeConfig
 
 
-class VllmConfig(BaseModel):
+class EngineChoice(BaseModel):
+    """The engine whose step costs a policy pays (sim/catalog/engines.toml): today's vLLM by default, left
+    out of dumps then so that records and manifests without it are unchanged."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    engine: str = Field(
+        DEFAULT_ENGINE,
+        description="the engine whose step costs the policy pays: vllm-0.15 (today's calibration) or a "
+        "profile fitted to published step times (sim/catalog/engines.toml)",
+        exclude_if=lambda v: v == DEFAULT_ENGINE,
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        known = engine_names()
+        if value not in known:
+            raise ValueError(f"unknown engine {value[:40]!r}; known: {', '.join(known)}")
+        return value
+
+
+class VllmConfig(EngineChoice):
     """Knobs of the `vllm` policy. Prefix caching is off by default (vLLM v1 turns it on) so that runs
     without shared prefixes pay no lookups; enable it for workloads with prefix groups."""
 
@@ -51,6 +74,15 @@ class VllmConfig(BaseModel):
             self.async_scheduling = False
         return self
 
+    @model_validator(mode="after")
+    def _engine_alone(self) -> VllmConfig:
+        """An engine profile costs plain steps: draft and verification passes, and LoRA's, are today's."""
+        if self.engine != DEFAULT_ENGINE and (self.speculative is not None or self.lora is not None):
+            feature = "speculative decoding" if self.speculative is not None else "LoRA"
+            raise ValueError(f"engine: a profile ({self.engine!r}) is not modelled with {feature}; only "
+                             f"{DEFAULT_ENGINE!r} is")  # fmt: skip
+        return self
+
 
 class SarathiConfig(VllmConfig):
     """Sarathi-Serve's stall-free batching: decodes first, prefill chunks fill a small token budget.
@@ -64,7 +96,7 @@ class SarathiConfig(VllmConfig):
     enable_chunked_prefill: bool = True
 
 
-class StaticConfig(BaseModel):
+class StaticConfig(EngineChoice):
     model_config = ConfigDict(extra="forbid", strict=True)
     max_batch_size: int = Field(32, ge=1, description="Requests per batch.")
     batch_timeout_s: float = Field(
@@ -74,7 +106,7 @@ class StaticConfig(BaseModel):
     )
 
 
-class ContinuousConfig(BaseModel):
+class ContinuousConfig(EngineChoice):
     model_config = ConfigDict(extra="forbid", strict=True)
     max_num_seqs: int = Field(
         256, ge=1, description="Most sequences running at once (a request with n > 1 is n sequences)."
@@ -99,7 +131,7 @@ class OrcaConfig(ContinuousConfig):
     )
 
 
-class VllmV0Config(BaseModel):
+class VllmV0Config(EngineChoice):
     """vLLM before v1 as Sarathi-Serve's artifact runs it (engine/schedulers/vllm_v0.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)

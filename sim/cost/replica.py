@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from sim.catalog.engines import DEFAULT_ENGINE, get_engine
 from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import checkpoint_format_problem, quantisation_info
 from sim.config.calibration import Calibration
 from sim.config.scenario import Scenario
+from sim.cost.engine_profile import ProfiledCost
 from sim.cost.memory import KvBudget, check_kv_blocks, replica_kv_memory
 from sim.cost.parallel import Placement, check_placement, rank_memory
 from sim.cost.roofline import CostModel
@@ -23,10 +25,15 @@ def calibration_for(scenario: Scenario) -> Calibration:
 
 
 def build_cost_and_memory(
-    scenario: Scenario, source: str = "scenario", placement: Placement | None = None, where: str = ""
+    scenario: Scenario,
+    source: str = "scenario",
+    placement: Placement | None = None,
+    where: str = "",
+    engine: str = DEFAULT_ENGINE,
 ) -> tuple[CostModel, KvBudget, dict[str, Any]]:
     """The replica's cost model and KV budget, and the memory figures for the summary; a `placement`
-    beyond TP (sim/cost/parallel.py, its keys under `where`) takes the KV budget of its ranks."""
+    beyond TP (sim/cost/parallel.py, its keys under `where`) takes the KV budget of its ranks. `engine`
+    other than today's costs the steps with that engine's profile (`profiled_cost`)."""
     m = scenario.model
     try:
         model = load_model(m.name)
@@ -51,8 +58,15 @@ def build_cost_and_memory(
     except SimError as err:
         raise SimError(f"{source}: model.max_model_len: {err}") from None
     gs = m.weight_group_size
-    cost = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, calibration_for(scenario), gs)
+    if engine == DEFAULT_ENGINE:
+        cal = calibration_for(scenario)
+        cost: CostModel = CostModel(model, gpu, m.tp, m.weight_dtype, m.kv_dtype, cal, gs)
+    else:
+        cost = profiled_cost(scenario, model, gpu, engine, source)
     if placement is not None and placement.beyond_tp:
+        if engine != DEFAULT_ENGINE:
+            raise SimError(f"{where or source}: engine {engine!r}: a profile costs tensor parallelism only "
+                           "(pp, ep and dp at 1)")  # fmt: skip
         return placed_cost_and_memory(cost, scenario, placement, where or source)
     mem = replica_kv_memory(m, model, gpu, source)
     blocks = m.num_kv_blocks if m.num_kv_blocks is not None else mem.num_blocks
@@ -69,9 +83,29 @@ def build_cost_and_memory(
         "kv_tokens": blocks * m.block_size,
         "kv_bytes_per_token": mem.kv_bytes_per_token,
     }
+    if engine != DEFAULT_ENGINE:
+        info["engine"] = engine
     if m.weight_dtype or m.kv_dtype or model.quant.dtype:  # quantized: the formats (16-bit runs unchanged)
         info.update(quantisation_info(cost, mem))
     return cost, KvBudget(blocks, m.block_size, m.max_model_len), info
+
+
+def profiled_cost(scenario: Scenario, model: Any, gpu: Any, engine: str, source: str) -> ProfiledCost:
+    """The replica's cost model on `engine`'s profile: the fit for this model, GPU and tp if the profile has
+    one, else the transfer rule from the fit `reference_for` names (sim/cost/engine_profile.py). Quantized
+    formats are refused (as are placements beyond TP, above): no profile measured them."""
+    m = scenario.model
+    if m.weight_dtype or m.kv_dtype or model.quant.dtype or m.weight_group_size:
+        raise SimError(f"{source}: model.weight_dtype: engine {engine!r}: a profile costs 16-bit weights "
+                       "and KV only (no profile measured a quantized format)")  # fmt: skip
+    profile, cal = get_engine(engine), calibration_for(scenario)
+    fit = profile.fit_for(model.name, gpu.name, m.tp)
+    reference = None
+    if fit is None:
+        fit = profile.reference_for(model.name, m.tp)
+        reference = CostModel(served_model(load_model(fit.model), get_gpu(fit.gpu)), get_gpu(fit.gpu), fit.tp,
+                              calibration=cal)  # fmt: skip
+    return ProfiledCost(model, gpu, m.tp, None, None, cal, None, fit=fit, engine=engine, reference=reference)
 
 
 def placed_cost_and_memory(

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from sim.catalog.engines import DEFAULT_ENGINE
 from sim.catalog.links import get_link
 from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
@@ -69,15 +70,16 @@ def build_specs(
     for gi, group in enumerate(cluster.groups):
         gname = cluster.group_name(gi)
         where = f"{source}: cluster.groups[{gi}]"
+        pname = group.policy or policy
+        kind, config = scenario.policy(pname)
         try:
             gs = group_scenario(scenario, group.gpu, group.tp)
             placement = group_placement(group, gs.model.tp)
-            cost, budget, info = build_cost_and_memory(gs, where, placement, where)
+            engine = getattr(config, "engine", DEFAULT_ENGINE)
+            cost, budget, info = build_cost_and_memory(gs, where, placement, where, engine)
         except SimError as err:
             raise SimError(str(err)) from None
         placed_step_time = wrap_step_time(cost, cost.model, cost.gpu, placement)
-        pname = group.policy or policy
-        kind, config = scenario.policy(pname)
         loras: list[LoraRun | None] = [None] * group.count
         if getattr(config, "lora", None) is not None:  # each replica its own adapter cache
             if placement.beyond_tp:

@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from sim import __version__
+from sim.catalog.engines import DEFAULT_ENGINE
 from sim.config.cluster import drop_default_placement
 from sim.config.scenario import Scenario
 from sim.core.request import Request
@@ -144,7 +145,8 @@ def run_policy(
     kind, config = scenario.policy(policy)
     if scenario.cluster is not None:
         return _run_fleet(scenario, policy, base_dir, seed, source, progress, records)
-    cost, budget, info = build_cost_and_memory(scenario, source)
+    engine = getattr(config, "engine", DEFAULT_ENGINE)
+    cost, budget, info = build_cost_and_memory(scenario, source, engine=engine)
     run_seed = scenario.seed if seed is None else seed
     spec = speculative_setup(scenario, config, cost, budget, run_seed, base_dir, source)
     if spec is not None and spec.budget is not None:
