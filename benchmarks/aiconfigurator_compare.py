@@ -55,14 +55,14 @@ class Question:
 
     def sim_sets(self) -> list[str]:
         """`--set` overrides of the plan scenario for this question's model, lengths, SLO and horizon."""
-        horizon = [] if self.horizon_s is None else [f"horizon.duration_s={self.horizon_s:g}"]
+        horizon = [] if self.horizon_s is None else [f"horizon.duration_s={float(self.horizon_s)!r}"]
         return [
             *horizon,
             f"model.name={self.sim_model}",
             f'workload.prompt={{kind="fixed",value={self.isl}}}',
             f'workload.output={{kind="fixed",value={self.osl}}}',
-            f"slo.ttft_s={self.ttft_ms / 1000:g}",
-            f"slo.tpot_s={self.tpot_ms / 1000:g}",
+            f"slo.ttft_s={self.ttft_ms / 1000!r}",  # a float, as in the scenario (the run keys hash it)
+            f"slo.tpot_s={self.tpot_ms / 1000!r}",
         ]
 
 
@@ -105,11 +105,23 @@ def _aic_row(mode: str, row: dict[str, Any], total_gpus: int, gpu: str) -> dict[
             f"{replicas} x ({int(row['(p)workers'])}P TP{int(row['(p)tp'])} + "
             f"{int(row['(d)workers'])}D TP{int(row['(d)tp'])}, decode batch {int(row['(d)bs'])})"
         )
+    dims = (
+        {"replicas": replicas, "tp": int(row["tp"])}
+        if mode == "agg"
+        else {
+            "prefill": replicas * int(row["(p)workers"]),
+            "prefill_tp": int(row["(p)tp"]),
+            "decode": replicas * int(row["(d)workers"]),
+            "decode_tp": int(row["(d)tp"]),
+        }  # fmt: skip
+    )
     return {
         "parallelism": shape, "gpus_used": replicas * int(row["num_total_gpus"]), "sim_label": label,
+        "shape": dims,
         "request_rate": round(float(row["request_rate"]) * replicas, 2),
         "tokens_per_s_per_gpu": round(float(row["tokens/s/gpu_cluster"]), 2),
         "ttft_ms": round(float(row["ttft"]), 1), "tpot_ms": round(float(row["tpot"]), 2),
+        "perf_db": str(row["version"] if mode == "agg" else row["(d)version"]),
     }  # fmt: skip
 
 
@@ -150,7 +162,7 @@ def plan_command(q: Question, rate: float, jobs: int, out: Path) -> list[str]:
     ]  # fmt: skip
     for s in q.sim_sets():
         cmd += ["--set", s]
-    return [*cmd, "--out", str(out)]
+    return [*cmd, "--out", str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)]
 
 
 def _quoted(cmd: list[str]) -> str:
@@ -189,34 +201,90 @@ def run_sim_plan(q: Question, rate: float, jobs: int, reports: Path, python: str
     return {"rate": None, "config": None, "tried": tried}
 
 
-def simulated_as_chosen(out: Path, labels: dict[str, str]) -> dict[str, Any]:
-    """servesim's figures for each of aiconfigurator's choices, from the plan at aiconfigurator's rate (None
-    where the plan did not simulate it: pruned by a proof, or past the answer)."""
+def choice_sets(q: Question, mode: str, b: dict[str, Any]) -> list[str]:
+    """`--set` overrides that turn the plan scenario into aiconfigurator's configuration at its rate."""
+    sets = [*q.sim_sets(), f"workload.arrival.rate={b['request_rate']!r}", f'model.gpu="{q.gpu}"']
+    s = b["shape"]
+    if mode == "agg":
+        return [*sets, f"model.tp={s['tp']}", f"cluster.groups=[{{count={s['replicas']}}}]"]
+    groups = (
+        f'{{name="prefill",role="prefill",count={s["prefill"]},gpu="{q.gpu}",tp={s["prefill_tp"]}}},'
+        f'{{name="decode",role="decode",count={s["decode"]},gpu="{q.gpu}",tp={s["decode_tp"]}}}'
+    )
+    return [
+        *sets,
+        f"model.tp={s['prefill_tp']}",
+        f"cluster.groups=[{groups}]",
+        'cluster.link="infiniband-ndr"',
+    ]
+
+
+def step_figures(path: Path, isl: int, horizon: float) -> dict[str, Any]:
+    """Per group of replicas (prefill, decode, or the colocated g0), past the first quarter of the run:
+    the busy share of replica time, the share of busy time in steps holding prefill tokens (on a decode
+    replica: the recomputation of preempted sequences), the prefill time per prompt, the median
+    decode-only step and its mean batch, and the preemptions."""
     import pandas as pd  # an aiconfigurator dependency
 
-    df = pd.read_parquet(out / "plan.parquet")
-    found: dict[str, Any] = {}
-    for mode, label in labels.items():
-        rows = df[df["config"] == label]
-        found[mode] = None if rows.empty else {
-            "config": label, "verdict": rows.iloc[0]["verdict"], "overloaded_seeds":
-            f"{int(rows.iloc[0]['replications_overloaded'])} of {int(rows.iloc[0]['replications'])}",
-            **{k: round(float(rows.iloc[0][k]), 4) for k in (
-                "judged_attainment", "ttft_p99", "tpot_p50", "tpot_p99", "output_tokens_per_s")},
-        }  # fmt: skip
-    return found
+    df = pd.read_parquet(path)
+    df = df[df["start"] > horizon / 4]
+    out: dict[str, Any] = {}
+    for group, g in df.groupby(df["replica"].str.rsplit("-", n=1).str[0], sort=True):
+        pre, dec = g[g["prefill_tokens"] > 0], g[g["prefill_tokens"] == 0]
+        prompts = pre["prefill_tokens"].sum() / isl
+        busy = float(g["duration"].sum()) / (0.75 * horizon * g["replica"].nunique())
+        out[str(group)] = {
+            "busy": round(busy, 3),
+            "prefill_share": round(float(pre["duration"].sum() / g["duration"].sum()), 3),
+            "prefill_ms_per_prompt": round(1000 * float(pre["duration"].sum()) / prompts, 1)
+            if prompts
+            else None,
+            "decode_step_ms_p50": round(1000 * float(dec["duration"].median()), 2) if len(dec) else None,
+            "decode_batch_mean": round(float(dec["batch_size"].mean()), 1) if len(dec) else None,
+            "preempted": int(g["preempted"].sum()),
+        }
+    return out
 
 
-def _as_chosen_line(mode: str, rate: float, c: dict[str, Any] | None) -> str:
+def simulate_choice(q: Question, mode: str, b: dict[str, Any], python: str, reports: Path) -> dict[str, Any]:
+    """One `sim run` (the scenario's seed) of aiconfigurator's configuration at aiconfigurator's rate."""
+    out = reports / f"{q.key}-{mode}-as-chosen"
+    cmd = ["sim", "run", SCENARIO]
+    for x in choice_sets(q, mode, b):
+        cmd += ["--set", x]
+    cmd += ["--out", str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)]
+    print(f"$ {_quoted(cmd)}", file=sys.stderr)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([python, "-m", *cmd], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"sim run failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    summary = json.loads((out / "vllm" / "summary.json").read_text())
+    lat = summary["latency"]
+    steps = step_figures(out / "vllm" / "steps.parquet", q.isl, float(summary["horizon_s"]))
+    return {
+        "config": b["sim_label"], "rate": b["request_rate"], "command": _quoted(cmd),
+        "overloaded": summary["overloaded"], "slo_attainment": round(summary["slo_attainment"], 3),
+        "ttft_p50_s": round(lat["ttft"]["p50"], 3), "ttft_p90_s": round(lat["ttft"]["p90"], 3),
+        "tpot_p50_ms": round(1000 * lat["tpot"]["p50"], 1),
+        "tpot_p90_ms": round(1000 * lat["tpot"]["p90"], 1),
+        "output_tokens_per_s": round(summary["throughput"]["output_tokens_per_s"], 1), "steps": steps,
+    }  # fmt: skip
+
+
+def _as_chosen_line(mode: str, c: dict[str, Any]) -> str:
     """servesim's figures for one of aiconfigurator's choices, as a line."""
-    head = f"  servesim on aiconfigurator's {mode} choice at {rate:.2f} req/s: "
-    if c is None:
-        return head + "not simulated"
-    return head + (
-        f"{c['config']}: {c['verdict']} (overloaded {c['overloaded_seeds']} seeds), "
-        f"attainment {c['judged_attainment']:.2f}, p99 TTFT {c['ttft_p99']:.2f} s, "
-        f"TPOT p50/p99 {1000 * c['tpot_p50']:.1f}/{1000 * c['tpot_p99']:.1f} ms, "
-        f"{c['output_tokens_per_s']:.0f} output tokens/s"
+    return (
+        f"  sim run of aiconfigurator's {mode} choice ({c['config']}) at {c['rate']:.2f} req/s: "
+        f"{'overloaded' if c['overloaded'] else 'not overloaded'}, SLO attainment {c['slo_attainment']:.2f}, "
+        f"TTFT p50/p90 {c['ttft_p50_s']:.2f}/{c['ttft_p90_s']:.2f} s, "
+        f"TPOT p50/p90 {c['tpot_p50_ms']:.1f}/{c['tpot_p90_ms']:.1f} ms, "
+        f"{c['output_tokens_per_s']:.0f} output tokens/s; "
+        + "; ".join(
+            f"{g}: busy {f['busy']:.2f}, prefill share {f['prefill_share']:.2f}, {f['prefill_ms_per_prompt']} ms per prompt, "
+            f"decode step p50 {f['decode_step_ms_p50']} ms at mean batch {f['decode_batch_mean']}, "
+            f"{f['preempted']} preempted"
+            for g, f in c["steps"].items()
+        )
     )
 
 
@@ -238,8 +306,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                     f"TTFT {b['ttft_ms']} ms, TPOT {b['tpot_ms']} ms"
                 )
         lines.append(f"  aiconfigurator winner: {aic['winner']}")
-        first = sim["tried"][0]["rate"]
-        lines += [_as_chosen_line(mode, first, c) for mode, c in sim["as_chosen"].items()]
+        lines += [_as_chosen_line(mode, c) for mode, c in sim["as_chosen"].items()]
         for t in sim["tried"]:
             answer = t["answer"] or "nothing within the GPUs"
             lines.append(f"  sim plan at {t['rate']:.2f} req/s: {answer} ({t['simulated']} simulated)")
@@ -271,8 +338,9 @@ def main() -> None:
         aic = run_aiconfigurator(q)
         winner = aic["best"][aic["winner"]]
         sim = run_sim_plan(q, winner["request_rate"], args.jobs, args.reports, args.sim_python)
-        labels = {m: b["sim_label"] for m, b in aic["best"].items() if b is not None}
-        sim["as_chosen"] = simulated_as_chosen(Path(sim["tried"][0]["out"]), labels)
+        sim["as_chosen"] = {
+            m: simulate_choice(q, m, b, args.sim_python, args.reports) for m, b in aic["best"].items() if b
+        }
         rows.append({"question": asdict(q), "aiconfigurator": aic, "servesim": sim})
     text = json.dumps(rows, indent=2, sort_keys=True)
     if args.json is not None:
