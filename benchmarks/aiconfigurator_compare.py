@@ -280,7 +280,8 @@ def _as_chosen_line(mode: str, c: dict[str, Any]) -> str:
         f"TPOT p50/p90 {c['tpot_p50_ms']:.1f}/{c['tpot_p90_ms']:.1f} ms, "
         f"{c['output_tokens_per_s']:.0f} output tokens/s; "
         + "; ".join(
-            f"{g}: busy {f['busy']:.2f}, prefill share {f['prefill_share']:.2f}, {f['prefill_ms_per_prompt']} ms per prompt, "
+            f"{g}: busy {f['busy']:.2f}, prefill share {f['prefill_share']:.2f}, "
+            f"{f['prefill_ms_per_prompt']} ms per prompt, "
             f"decode step p50 {f['decode_step_ms_p50']} ms at mean batch {f['decode_batch_mean']}, "
             f"{f['preempted']} preempted"
             for g, f in c["steps"].items()
