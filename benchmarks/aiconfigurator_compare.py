@@ -193,7 +193,7 @@ def run_sim_plan(q: Question, rate: float, jobs: int, reports: Path, python: str
             row = next(c for c in plan["candidates"] if c["config"] == best["config"])
             return {
                 "rate": r, "config": best["config"], "gpus": best["gpus"],
-                "mode": "disagg" if "P" in best["config"].split(" x ")[0] else "agg",
+                "mode": "disagg" if best["mode"] == "pd" else "agg",
                 "tokens_per_s_per_gpu": round(r * q.osl / best["gpus"], 2),
                 "verdict": row["verdict"], "interval": [row["ci_low"], row["ci_high"]],
                 "cheapest": cmp["cheapest"], "equal_gpus": cmp["equal_gpus"], "tried": tried,
