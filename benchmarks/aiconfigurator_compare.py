@@ -122,6 +122,7 @@ def _aic_row(mode: str, row: dict[str, Any], total_gpus: int, gpu: str) -> dict[
         "tokens_per_s_per_gpu": round(float(row["tokens/s/gpu_cluster"]), 2),
         "ttft_ms": round(float(row["ttft"]), 1), "tpot_ms": round(float(row["tpot"]), 2),
         "perf_db": str(row["version"] if mode == "agg" else row["(d)version"]),
+        "prefill_ms_per_prompt": None if mode == "agg" else round(1000 / float(row["(p)seq/s/worker"]), 1),
     }  # fmt: skip
 
 
@@ -305,6 +306,11 @@ def table(rows: list[dict[str, Any]]) -> str:
                     f"  aiconfigurator {mode:6s}: {b['parallelism']}, {b['request_rate']} req/s, "
                     f"{b['tokens_per_s_per_gpu']} tokens/s/GPU, "
                     f"TTFT {b['ttft_ms']} ms, TPOT {b['tpot_ms']} ms"
+                    + (
+                        ""
+                        if b["prefill_ms_per_prompt"] is None
+                        else f", {b['prefill_ms_per_prompt']} ms per prompt"
+                    )
                 )
         lines.append(f"  aiconfigurator winner: {aic['winner']}")
         lines += [_as_chosen_line(mode, c) for mode, c in sim["as_chosen"].items()]
