@@ -6,15 +6,20 @@ aggregated and disaggregated vLLM deployments on a fixed GPU count and reports t
 SLO (mean TTFT and TPOT of one steady batch). `sim plan` is then asked for the cheapest configuration within
 that many GPUs that meets the same SLO (90% of Poisson-arriving requests within both bounds, the planner's
 goodput rule) at the request rate aiconfigurator reports; when none does, at 0.9, 0.8, ... of that rate,
-until one does, so servesim's tokens/s per GPU at the SLO is the highest of those rates it holds.
+until one does, so servesim's tokens/s per GPU at the SLO is the highest of those rates it holds. Then
+one `sim run` of each of aiconfigurator's two configurations at its own rate, with step figures per group
+of replicas (busy share, prefill share, prefill time per prompt, decode step, preemptions).
 
 aiconfigurator is an optional extra, never a test dependency:
 
     pip install 'servesim[aiconfigurator]'      # or: pip install aiconfigurator==0.12.0
     PYTHONPATH=. python benchmarks/aiconfigurator_compare.py [--only llama70b-h100x16] [--jobs 1]
+    # aiconfigurator in a venv of its own, servesim's `sim` from another:
+    /tmp/aic-venv/bin/python benchmarks/aiconfigurator_compare.py --sim-python .venv/bin/python
 
-The `sim plan` runs go to reports/aiconfigurator_compare/<question>-r<rate>/; a re-run reads back the
-runs it finds there. The table and a JSON of both tools' answers are printed (the JSON also to --json).
+The `sim plan` runs go to reports/aiconfigurator_compare/<question>-r<rate>/ and the `sim run`s to
+<question>-<mode>-as-chosen/; a re-run reads back the plans' runs it finds there. Every command run is
+printed on stderr; the table and a JSON of both tools' answers on stdout (the JSON also to --json).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import warnings
@@ -167,9 +173,8 @@ def plan_command(q: Question, rate: float, jobs: int, out: Path) -> list[str]:
 
 
 def _quoted(cmd: list[str]) -> str:
-    """The command as a shell line (single-quoting the arguments that need it)."""
-    return " ".join(a if a.replace(".", "").replace("-", "").replace("_", "").replace("/", "").replace(
-        ",", "").replace("=", "").isalnum() else f"'{a}'" for a in cmd)  # fmt: skip
+    """The command as a shell line."""
+    return shlex.join(cmd)
 
 
 def run_sim_plan(q: Question, rate: float, jobs: int, reports: Path, python: str) -> dict[str, Any]:
