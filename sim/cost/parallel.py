@@ -167,9 +167,10 @@ def rank_memory(
     frac = layers / model.num_layers
     total = model.weight_bytes(wdt, group_size)
     experts = model.routed_expert_params * model.param_bytes("experts", wdt, group_size)
-    if p.ep_redundant_experts:  # each rank holds (E + R) / ep experts: the replicas are copies
-        experts = experts * p.physical_experts(model) / model.num_experts
-    weights = int(((total - experts) / p.tp + experts / (p.tp * p.dp)) * frac)
+    held = experts  # each rank holds (E + R) / ep experts: the redundant ones are copies
+    if p.ep_redundant_experts:
+        held = experts * p.physical_experts(model) / model.num_experts
+    weights = int(((total - experts) / p.tp + held / (p.tp * p.dp)) * frac)
     reserve = reserve_bytes(model, p.tp)
     budget = int(gpu.memory_bytes * util)
     per_token = int(layers * model.kv_layer_bytes_per_gpu(p.tp, kvdt))
