@@ -64,6 +64,11 @@ class Setup:
 
 def step_seconds(s: Setup, skew: float | None = None, redundant: int | None = None) -> float:
     """One step of `s` (optionally at another expert skew or redundant experts), the slowest rank's."""
+    return breakdown(s, skew, redundant).seconds
+
+
+def breakdown(s: Setup, skew: float | None = None, redundant: int | None = None) -> Any:
+    """The step of `s` by part (sim/cost/parallel.py's StepBreakdown)."""
     spec = served_model(load_model(MODEL), get_gpu(s.gpu))
     p = s.placement if skew is None else Placement(**{**_fields(s.placement), "expert_skew": skew})
     if redundant is not None:
@@ -75,7 +80,7 @@ def step_seconds(s: Setup, skew: float | None = None, redundant: int | None = No
     rows = s.rows_per_rank * p.dp
     new = np.full(rows, s.new, dtype=np.int64)
     ctx = np.full(rows, s.context, dtype=np.int64)
-    return ParallelCost(base, spec, g, p).step_time(new, ctx)[0]
+    return ParallelCost(base, spec, g, p).breakdown(new, ctx)
 
 
 def _fields(p: Placement) -> dict[str, Any]:
@@ -154,9 +159,13 @@ def rows(setups: list[Setup] | None = None) -> list[dict[str, Any]]:
     out = []
     for s in setups:
         plain, tbo = per_node(s), per_node(_tbo(s))
+        b = breakdown(s)
         out.append({
             "figure": s.name, "source": s.source, "sim": round(plain), "sim_tbo": round(tbo),
             "ratio": round(plain / s.source, 3), "ratio_tbo": round(tbo / s.source, 3), "setup": s.note,
+            "step_ms": round(b.seconds * 1e3, 2), "attention_rank_ms": round(max(b.rank_s) * 1e3, 2),
+            "dispatch_ms_per_layer": round(b.dispatch_s * 1e3, 4),
+            "combine_ms_per_layer": round(b.combine_s * 1e3, 4),
         })  # fmt: skip
     ep = setups[1]
     tp = _with(TP16, rows_per_rank=kv_rows(TP16))
