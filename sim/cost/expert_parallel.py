@@ -63,6 +63,8 @@ def _none_chosen(pool: float, outside: float, k: int) -> float:
     prod (outside - i) / (pool - i)."""
     p = 1.0
     for i in range(k):
+        if pool - i <= 0:  # fewer experts in the chosen groups than a token takes: every bin is reached
+            return 0.0
         p *= max(0.0, outside - i) / (pool - i)
     return p
 
