@@ -28,7 +28,8 @@ EPLB (`ep_redundant_experts = R`): DeepSeek's `eplb.py` global policy, as vLLM's
 with `--eplb-config '{"num_redundant_experts": R}'`: each of the R redundant slots replicates the logical
 expert with the most load per replica (its tokens split evenly over its replicas), then the E + R physical
 experts go heaviest first to the least loaded rank with a slot free, (E + R) / ep slots a rank. vLLM needs
-`(E + R) % ep == 0`; so 256 + 32 = 288 experts fill EP 72 or EP 144, which 256 alone do not divide.
+`(E + R) % ep == 0` (deepseek-ai/EPLB eplb.py, which vLLM's rebalancer follows: `assert num_physical_experts %
+num_gpus == 0`); so 256 + 32 = 288 experts fill EP 72 or EP 144, which 256 alone do not divide.
 """
 
 from __future__ import annotations
