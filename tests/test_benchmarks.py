@@ -175,3 +175,21 @@ def test_deepseek_published_sets_each_figure_against_its_stated_setup() -> None:
         assert r["ratio"] == pytest.approx(r["sim"] / r["source"], abs=1e-3)
         assert r["ratio_tbo"] == pytest.approx(r["sim_tbo"] / r["source"], abs=1e-3)
     assert round(ds.DS_PROMPT * ds.HIT) == ds.DS_PROMPT - ds.DS_NEW  # the cached share of each prompt
+
+
+def test_deepseek_published_runs_the_sources_ep_degrees_with_deepep_and_eplb() -> None:
+    """The sources' placements as stated: EP32 prefill, EP72 and EP144 decode, expressible with 32 redundant
+    experts; DeepEP's kernels and FP8 dispatch. `--old` keeps the rows of the per-expert rule."""
+    ds = _load("deepseek_published")
+    assert [s.placement.ep for s in ds.SETUPS] == [32, 72, 32, 144]
+    for s in ds.SETUPS:
+        p = s.placement
+        assert (p.ep_all_to_all, p.ep_dispatch_dtype, p.ep_redundant_experts) == ("deepep_auto", "fp8", 32)
+    assert [s.placement.ep for s in ds.OLD_SETUPS] == [32, 64, 32, 128]
+    new, old = ds.rows(), ds.rows(ds.OLD_SETUPS)
+    assert new[0]["dispatch_ms_per_layer"] < old[0]["dispatch_ms_per_layer"] / 4  # per node, FP8
+    assert old[0]["dispatch_ms_per_layer"] == old[0]["combine_ms_per_layer"]  # the old rule: both BF16
+    assert new[0]["dispatch_ms_per_layer"] < new[0]["combine_ms_per_layer"]  # FP8 dispatch, BF16 combine
+    ll = ds.deepep_rows()
+    assert [r["ep"] for r in ll] == [16, 32, 64, 128, 256]
+    assert all(0.7 < r["dispatch_ratio"] < 1.1 and 0.7 < r["combine_ratio"] < 1.1 for r in ll)

@@ -175,6 +175,11 @@ PLACEMENT_DRAWS = {
     "intra_node_link": st.sampled_from(["nvlink-4", "nvlink-4-h800", "pigeon"]),
     "inter_node_link": st.sampled_from(["infiniband-ndr", "ethernet-100g"]),
     "two_batch_overlap": st.one_of(st.booleans(), st.just("yes")),
+    "ep_all_to_all": st.sampled_from(
+        ["per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto", "nccl"]
+    ),
+    "ep_dispatch_dtype": st.sampled_from(["bf16", "fp8", "fp4"]),
+    "ep_redundant_experts": st.one_of(st.sampled_from([0, 2, 8, 24]), st.just(-1)),
 }
 placement_groups = st.fixed_dictionaries({"tp": st.sampled_from([1, 2, 3, 8])}, optional=PLACEMENT_DRAWS)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,9 +14,11 @@ from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
 from sim.catalog.links import get_link
+from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.cli import app
 from sim.config.scenario import load_scenario
+from sim.cost.expert_parallel import distinct_destinations, eplb_rank_loads
 from sim.cost.parallel import (
     ParallelCost,
     Placement,
@@ -298,3 +303,158 @@ def test_two_batch_overlap_needs_ep_and_is_named() -> None:
     off = runner.invoke(app, ["step", "deepseek-v3", "--gpu", "H100", "--tp", "16", "--batch", "8",
                               "--context", "100", "--two-batch-overlap"])  # fmt: skip
     assert off.exit_code == 2 and "--two-batch-overlap: overlaps the EP all-to-all" in off.output
+
+
+# The EP all-to-all as DeepEP runs it, FP8 dispatch, EPLB's redundant experts (sim/cost/expert_parallel.py).
+
+
+def _ungrouped(model: str = "deepseek-v3") -> ModelSpec:
+    return dataclasses.replace(load_model(model), expert_groups=0, expert_groups_per_token=0)
+
+
+def test_config_json_groups_limit_the_nodes_a_token_reaches() -> None:
+    """DeepSeek-V3's config.json: n_group 8, topk_group 4. A token's 8 experts lie in 4 of 8 groups; with
+    a group a node (8 nodes) it reaches at most 4: 4 x P(a chosen group gets one of 8 draws from 128)."""
+    ds = load_model("deepseek-v3")
+    assert (ds.expert_groups, ds.expert_groups_per_token) == (8, 4)
+    grouped = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    assert distinct_destinations(ds, 8) == pytest.approx(grouped) and grouped < 4
+    # without the limit: U x (1 - C(E - E/U, k) / C(E, k)), the hypergeometric closed form
+    free = _ungrouped()
+    for units in (4, 8, 32, 64):
+        e = 256 // units
+        assert distinct_destinations(free, units) == pytest.approx(
+            units * (1 - math.comb(256 - e, 8) / math.comb(256, 8))
+        )
+    assert distinct_destinations(free, 1) == 1.0 and distinct_destinations(free, 8) > grouped
+
+
+def test_deepep_normal_sends_a_token_once_per_rank_and_node() -> None:
+    """Normal kernels: once per destination rank over NVLink, once per destination node over the inter-node
+    link, whatever the experts there; the slower hop bounds the all-to-all."""
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    c, q = np.full(8, 2048, dtype=np.int64), np.zeros(8, dtype=np.int64)
+    nv, ib = get_link("nvlink-4"), get_link("infiniband-ndr")
+    h = ds.hidden_size
+    one = ParallelCost(base, ds, H100, Placement(dp=8, ep=8, ep_all_to_all="deepep_normal")).breakdown(c, q)
+    per_rank = 2048 * distinct_destinations(ds, 8) * 7 / 8 * h * 2
+    assert one.dispatch_s == pytest.approx(all_to_all_seconds(per_rank, nv)) == one.combine_s
+    old = ParallelCost(base, ds, H100, Placement(dp=8, ep=8)).breakdown(c, q)
+    assert one.dispatch_s < old.dispatch_s  # the per-expert rule sends a token to a rank once per expert
+    p = Placement(dp=32, ep=32, ep_all_to_all="deepep_normal", ep_dispatch_dtype="fp8")
+    four = ParallelCost(base, ds, H100, p).breakdown(np.full(32, 512, dtype=np.int64), np.zeros(32, np.int64))
+    fp8 = 1 + 4 / 128
+    nvl = 512 * distinct_destinations(ds, 32) * 31 / 32 * h
+    inter = 512 * distinct_destinations(ds, 4) * 3 / 4 * h
+    assert four.dispatch_s == pytest.approx(
+        max(all_to_all_seconds(nvl * fp8, nv), all_to_all_seconds(inter * fp8, ib))
+    )
+    assert four.combine_s == pytest.approx(
+        max(all_to_all_seconds(nvl * 2, nv), all_to_all_seconds(inter * 2, ib))
+    )
+    assert four.dispatch_s < four.combine_s  # FP8 dispatch, BF16 combine
+
+
+def test_deepep_low_latency_sends_each_expert_pair_and_auto_picks_by_step() -> None:
+    """Low-latency kernels: one message per (token, expert) pair straight to its rank; the pairs to the node's
+    own ranks go over NVLink, the rest over the inter-node link. `deepep_auto`: normal with prompt tokens,
+    low-latency for a decode-only step."""
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    nv, ib = get_link("nvlink-4"), get_link("infiniband-ndr")
+    c, q = _rows(64 * 128, 2000)
+    mode = {m: Placement(dp=64, ep=64, ep_all_to_all=m, ep_dispatch_dtype="fp8") for m in
+            ("deepep_low_latency", "deepep_normal", "deepep_auto")}  # fmt: skip
+    ll = ParallelCost(base, ds, H100, mode["deepep_low_latency"]).breakdown(c, q)
+    pairs = 128 * ds.experts_per_token * ds.hidden_size
+    assert ll.dispatch_s == pytest.approx(
+        max(
+            all_to_all_seconds(pairs * 7 / 64 * (1 + 4 / 128), nv),
+            all_to_all_seconds(pairs * 56 / 64 * (1 + 4 / 128), ib),
+        )
+    )
+    assert ll.combine_s == pytest.approx(all_to_all_seconds(pairs * 56 / 64 * 2, ib))
+    auto = ParallelCost(base, ds, H100, mode["deepep_auto"])
+    assert auto.breakdown(c, q).dispatch_s == ll.dispatch_s
+    pc, pq = np.full(64, 2000, dtype=np.int64), np.zeros(64, dtype=np.int64)
+    normal = ParallelCost(base, ds, H100, mode["deepep_normal"]).breakdown(pc, pq)
+    assert auto.breakdown(pc, pq).dispatch_s == normal.dispatch_s != ll.dispatch_s
+
+
+def test_eplb_replicates_the_hottest_experts_and_lowers_the_busiest_rank() -> None:
+    """EPLB (DeepSeek's eplb.py): each redundant slot to the expert with the most load per replica, then the
+    physical experts heaviest first to the least loaded rank with room. Balanced gate: no change; skewed:
+    the busiest rank's load falls toward the mean."""
+    flat = expert_loads(256, 32, 0.0, 32)
+    assert flat == pytest.approx(np.full(32, 1 / 32)) and flat.sum() == pytest.approx(1.0)
+    zipf = expert_loads(256, 32, 1.0)
+    eplb = expert_loads(256, 32, 1.0, 32)
+    assert eplb.sum() == pytest.approx(1.0) and max(eplb) < max(zipf) and max(eplb) >= 1 / 32
+    logical = np.array([0.4, 0.3, 0.2, 0.1])
+    assert eplb_rank_loads(logical, 2, 2) == pytest.approx(
+        [0.5, 0.5]
+    )  # 0.4 and 0.3 split: .2 .2 .15 .15 .2 .1
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    c, q = np.full(32, 2048, dtype=np.int64), np.zeros(32, dtype=np.int64)
+
+    def step(**kw: Any) -> Any:
+        return ParallelCost(base, ds, H100, Placement(dp=32, ep=32, **kw)).breakdown(c, q)
+
+    assert (
+        step(ep_redundant_experts=32).seconds == step().seconds and step(ep_redundant_experts=32).skew_s == 0
+    )
+    assert step(expert_skew=1.0, ep_redundant_experts=32).skew_s < step(expert_skew=1.0).skew_s
+
+
+def test_redundant_experts_admit_ep_72_and_cost_memory() -> None:
+    """vLLM spreads the physical experts (routed + redundant) evenly: 256 + 32 = 288 fill EP 72 and EP 144,
+    which 256 alone do not divide; each rank holds (E + R) / ep experts."""
+    ds = load_model("deepseek-v3")
+    with pytest.raises(SimError, match=r"^g.ep: 72 must divide the 256 experts"):
+        check_placement(ds, Placement(dp=72, ep=72), "g")
+    for ep in (72, 144):
+        check_placement(ds, Placement(dp=ep, ep=ep, ep_redundant_experts=32), "g")
+    with pytest.raises(SimError, match=r"^g.ep: 64 must divide the 256 \+ 32 redundant experts"):
+        check_placement(ds, Placement(dp=64, ep=64, ep_redundant_experts=32), "g")
+    with pytest.raises(SimError, match=r"^g.ep_redundant_experts: .*ep > 1"):
+        check_placement(ds, Placement(tp=8, ep_redundant_experts=32), "g")
+    with pytest.raises(
+        SimError, match=r"rag-chatbot.toml: cluster.groups\[0\].ep_redundant_experts: .*ep > 1"
+    ):
+        load_scenario(RAG, ["cluster.groups=[{ep_redundant_experts=32}]"])
+    plain = rank_memory(ds, H100, Placement(dp=32, ep=32), 0.9, None, None, 16, "g")
+    more = rank_memory(ds, H100, Placement(dp=32, ep=32, ep_redundant_experts=32), 0.9, None, None, 16, "g")
+    experts = ds.routed_expert_params * ds.param_bytes("experts", ds.default_weight_dtype, None) / 32
+    assert more.weight_bytes - plain.weight_bytes == pytest.approx(experts * 32 / 256, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "expected"),
+    [
+        ("cluster.groups=[{ep_all_to_all='nccl'}]", "cluster.groups[0].ep_all_to_all", "'deepep_auto'"),
+        (
+            "cluster.groups=[{ep_dispatch_dtype='fp4'}]",
+            "cluster.groups[0].ep_dispatch_dtype",
+            "'bf16' or 'fp8'",
+        ),
+        (
+            "cluster.groups=[{ep_redundant_experts=-1}]",
+            "cluster.groups[0].ep_redundant_experts",
+            "or equal to 0",
+        ),
+    ],
+)
+def test_bad_all_to_all_keys_name_the_key(override: str, key: str, expected: str) -> None:
+    with pytest.raises(SimError) as err:
+        load_scenario(RAG, [override])
+    assert f"rag-chatbot.toml: {key}:" in str(err.value) and expected in str(err.value)
+
+
+def test_n_group_must_divide_the_experts(tmp_path: Path) -> None:
+    data = json.loads((ROOT / "sim" / "catalog" / "models" / "deepseek-v3.json").read_text())
+    data["n_group"] = 7
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    res = runner.invoke(app, ["capacity", str(tmp_path / "config.json"), "--gpu", "H200", "--tp", "8"])
+    assert res.exit_code == 2 and "config.json: n_group: 7 groups must divide the 256" in res.output

@@ -51,7 +51,7 @@ _INT_FIELDS: dict[str, int] = {
          "head_dim", "intermediate_size", "sliding_window", "attention_chunk_size", "num_local_experts",
          "num_experts", "num_experts_per_tok", "decoder_sparse_step", "moe_intermediate_size",
          "intermediate_size_mlp", "ffn_dim", "word_embed_proj_dim", "kv_lora_rank", "v_head_dim",
-         "q_lora_rank", "n_routed_experts", "moe_layer_freq"),
+         "q_lora_rank", "n_routed_experts", "moe_layer_freq", "n_group", "topk_group"),
         1,
     ),
     **dict.fromkeys(
@@ -341,6 +341,11 @@ def _parse_deepseek(c: _Cfg) -> dict[str, Any]:
     q_proj = (H * qlr + qlr + qlr * nh * qk) if qlr else H * nh * qk
     attn = q_proj + H * (kvl + rope) + kvl + kvl * nh * (nope + vd) + nh * vd * H
     n, k = c.req("n_routed_experts"), c.req("num_experts_per_tok")
+    groups, per_token = c.get("n_group", 1), c.get("topk_group", 1)
+    if n % groups:
+        raise SimError(f"{c.source}: n_group: {groups} groups must divide the {n} routed experts")
+    if per_token > groups:
+        raise SimError(f"{c.source}: topk_group: {per_token} exceeds the {groups} groups of n_group")
     first_dense, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
     moe_layers = sum(1 for i in range(L) if i >= first_dense and i % freq == 0)
     expert = 3 * H * c.req("moe_intermediate_size")
@@ -358,6 +363,8 @@ def _parse_deepseek(c: _Cfg) -> dict[str, Any]:
         num_sliding_layers=0,
         num_experts=n,
         experts_per_token=k,
+        expert_groups=groups if per_token < groups else 0,
+        expert_groups_per_token=per_token if per_token < groups else 0,
         num_moe_layers=moe_layers,
         expert_params=expert,
         routed_expert_params=moe_layers * n * expert,

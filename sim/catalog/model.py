@@ -112,6 +112,10 @@ class ModelSpec:
     default_weight_dtype: str
     quant: Quantization = Quantization()  # the checkpoint's own quantization (quantization_config)
     position_limit: int = 0  # the longest sequence it serves (`position_limit`); 0: its config does not say
+    # Group-limited routing (DeepSeek's config.json n_group / topk_group): the routed experts fall in
+    # `expert_groups` contiguous groups, a token's top-k in `expert_groups_per_token` of them; 0: no limit.
+    expert_groups: int = 0
+    expert_groups_per_token: int = 0
 
     def check_length(self, length: int, what: str = "") -> None:
         """Refuse a sequence of `length` positions (`what` describes it) past `position_limit`, as vLLM

@@ -32,6 +32,9 @@ def capacity(
     expert_skew: float = typer.Option(
         0.0, "--expert-skew", min=0.0, max=4.0, help="Zipf exponent of the gate."
     ),
+    redundant_experts: int = typer.Option(
+        0, "--redundant-experts", min=0, max=4096, help="EPLB's redundant experts (EP)."
+    ),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.0, max=1.0),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="fp32 bf16 fp16 fp8 int8 int4"),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
@@ -62,7 +65,8 @@ def capacity(
     from sim.cost.parallel import Placement
     from sim.report.capacity import print_capacity
 
-    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew)
+    placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew,
+                          ep_redundant_experts=redundant_experts)  # fmt: skip
     if placement.beyond_tp:  # memory per GPU of the placement (sim/report/parallel.py)
         from sim.report.parallel import parallel_capacity
 
@@ -99,6 +103,13 @@ def step(
     two_batch_overlap: bool = typer.Option(
         False, "--two-batch-overlap", help="Two micro-batches, the all-to-all behind compute (EP)."
     ),
+    ep_all_to_all: str = typer.Option(
+        "per_expert", "--ep-all-to-all", help="per_expert, deepep_normal, deepep_low_latency, deepep_auto."
+    ),
+    ep_dispatch_dtype: str = typer.Option("bf16", "--ep-dispatch-dtype", help="bf16 or fp8 (combine bf16)."),
+    redundant_experts: int = typer.Option(
+        0, "--redundant-experts", min=0, max=4096, help="EPLB's redundant experts (EP)."
+    ),
     weight_dtype: str | None = typer.Option(None, "--weight-dtype", help="bf16 fp16 fp8 int8 int4."),
     kv_dtype: str | None = typer.Option(None, "--kv-dtype", help="KV-cache dtype (default: model dtype)."),
     batch: int | None = typer.Option(None, "--batch", help="Decode: sequences, a token each."),
@@ -116,8 +127,15 @@ def step(
     from sim.report.step import print_step
 
     check_format_options(weight_dtype, kv_dtype, weight_group_size)
+    from sim.cost.expert_parallel import ALL_TO_ALL, DISPATCH_DTYPES
+
+    for option, value, allowed in (("--ep-all-to-all", ep_all_to_all, ALL_TO_ALL),
+                                   ("--ep-dispatch-dtype", ep_dispatch_dtype, DISPATCH_DTYPES)):  # fmt: skip
+        if value not in allowed:
+            raise SimError(f"{option}: {value[:40]!r} is not one of {', '.join(allowed)}")
     placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew,
-                          two_batch_overlap=two_batch_overlap)  # fmt: skip
+                          two_batch_overlap=two_batch_overlap, ep_dispatch_dtype=ep_dispatch_dtype,
+                          ep_all_to_all=ep_all_to_all, ep_redundant_experts=redundant_experts)  # fmt: skip
     if placement.beyond_tp:  # per stage and rank, with the communication kernels (sim/report/parallel.py)
         from sim.report.parallel import parallel_step
         from sim.report.step import step_rows

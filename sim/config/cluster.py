@@ -15,6 +15,9 @@
     pp = 1                    # pipeline stages, ep = expert-parallel ranks (1 or tp x dp), dp = data-parallel
     gpus_per_node = 8         #   attention ranks; nodes: default ceil(tp x pp x dp / gpus_per_node)
     two_batch_overlap = false # ep > 1: two micro-batches, one's all-to-all behind the other's compute
+    ep_all_to_all = "per_expert"  # or deepep_normal, deepep_low_latency, deepep_auto (expert_parallel.py)
+    ep_dispatch_dtype = "bf16"    # or "fp8" (the combine stays bf16)
+    ep_redundant_experts = 0      # EPLB's redundant experts; (experts + this) % ep == 0
 
 Without `[cluster]` a scenario is one replica, exactly as before.
 """
@@ -59,6 +62,14 @@ class GroupSection(_Table):
         False, description="Two micro-batches a step, one's EP all-to-all behind the other's compute."
     )
 
+    ep_all_to_all: Literal["per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto"] = Field(
+        "per_expert", description="EP all-to-all: per expert pair, or DeepEP's kernels per node and rank."
+    )
+    ep_dispatch_dtype: Literal["bf16", "fp8"] = Field("bf16", description="EP dispatch dtype (combine bf16).")
+    ep_redundant_experts: int = Field(
+        0, ge=0, le=4096, description="EPLB's redundant experts (vLLM's num_redundant_experts)."
+    )
+
     @model_validator(mode="after")
     def _placement(self) -> GroupSection:
         gpus = (self.tp or 1) * self.pp * self.dp
@@ -68,6 +79,8 @@ class GroupSection(_Table):
             )
         if self.two_batch_overlap and self.ep == 1:
             raise ValueError("two_batch_overlap: overlaps the EP all-to-all; it needs ep > 1")
+        if self.ep_redundant_experts and self.ep == 1:
+            raise ValueError("ep_redundant_experts: EPLB's redundant experts need ep > 1")
         return self
 
 
@@ -75,7 +88,7 @@ class GroupSection(_Table):
 # plain-TP groups stay as they were.
 PLACEMENT_KEYS = (
     "pp", "ep", "dp", "nodes", "gpus_per_node", "expert_skew", "intra_node_link", "inter_node_link",
-    "two_batch_overlap",
+    "two_batch_overlap", "ep_all_to_all", "ep_dispatch_dtype", "ep_redundant_experts",
 )  # fmt: skip
 
 

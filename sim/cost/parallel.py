@@ -14,10 +14,13 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
   (sim/engine/pipeline.py), as `pipeline_seconds` schedules equal batches.
 - DP attention: the step's rows go round robin to the `dp` ranks; each rank's time is `base` over its rows;
   the step waits for the slowest rank.
-- EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens (`tokens x top_k x
-  hidden x 2 B x (ep - 1) / ep`), and the expert GEMMs of the busiest rank over the tokens routed to it: under
+- EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens, under the rule of
+  `ep_all_to_all` (sim/cost/expert_parallel.py: `per_expert`, `tokens x top_k x hidden x 2 B x (ep - 1) / ep`
+  over one link, or DeepEP's kernels, per destination node and rank), the dispatch in `ep_dispatch_dtype`
+  and the combine in bf16; and the expert GEMMs of the busiest rank over the tokens routed to it: under
   a skewed gate (`expert_skew`, Zipf over experts laid out contiguously on ranks) the step rises by the
-  busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`).
+  busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`); with
+  `ep_redundant_experts`, EPLB's placement of replicas sets each rank's share (sim/cost/expert_parallel.py).
 - Two-batch overlap (`two_batch_overlap`, EP only; SGLang's TBO after DeepSeek's dual micro-batch design):
   each rank's rows split into two micro-batches, alternately; each pays its own compute (the roofline over its
   rows: the weights are read twice) and its own dispatch and combine (half the bytes, the latency twice). One
@@ -39,6 +42,12 @@ from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.links import Link, get_link
 from sim.catalog.model import ModelSpec
+from sim.cost.expert_parallel import (
+    all_to_all_links,
+    dispatch_bytes_per_element,
+    eplb_rank_loads,
+    low_latency_step,
+)
 from sim.cost.kernels import ACT_BYTES  # activations sent between stages and in the all-to-all: 16-bit
 from sim.cost.memory import GB, check_tp, reserve_bytes
 from sim.io.errors import SimError
@@ -56,6 +65,9 @@ class Placement:
     intra_node_link: str = "nvlink-4"
     inter_node_link: str = "infiniband-ndr"
     two_batch_overlap: bool = False
+    ep_dispatch_dtype: str = "bf16"
+    ep_all_to_all: str = "per_expert"
+    ep_redundant_experts: int = 0
 
     @property
     def gpus(self) -> int:
@@ -68,13 +80,19 @@ class Placement:
     @property
     def beyond_tp(self) -> bool:
         """True unless the placement is plain TP on one node (the single-replica cost as before)."""
-        return (self.pp, self.ep, self.dp) != (1, 1, 1) or self.two_batch_overlap
+        extra = self.two_batch_overlap or self.ep_redundant_experts > 0
+        return (self.pp, self.ep, self.dp) != (1, 1, 1) or extra
+
+    def physical_experts(self, model: ModelSpec) -> int:
+        """Expert slots over the EP group: the routed experts and EPLB's redundant ones."""
+        return model.num_experts + self.ep_redundant_experts
 
 
 def group_placement(group: Any, tp: int) -> Placement:
     """The placement of a `[[cluster.groups]]` table at TP degree `tp`."""
     return Placement(tp, group.pp, group.ep, group.dp, group.nodes, group.gpus_per_node, group.expert_skew,
-                     group.intra_node_link, group.inter_node_link, group.two_batch_overlap)  # fmt: skip
+                     group.intra_node_link, group.inter_node_link, group.two_batch_overlap,
+                     group.ep_dispatch_dtype, group.ep_all_to_all, group.ep_redundant_experts)  # fmt: skip
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -101,10 +119,15 @@ def check_placement(model: ModelSpec, p: Placement, where: str, sep: str = ".") 
             raise SimError(
                 f"{where}{sep}ep: vLLM's expert-parallel size is tp x dp = {p.tp * p.dp}, got {p.ep}"
             )
-        if model.num_experts % p.ep:
+        if p.physical_experts(model) % p.ep:
+            extra = f" + {p.ep_redundant_experts} redundant" if p.ep_redundant_experts else ""
             raise SimError(
-                f"{where}{sep}ep: {p.ep} must divide the {model.num_experts} experts of {model.name}"
+                f"{where}{sep}ep: {p.ep} must divide the {model.num_experts}{extra} experts of {model.name}"
+                " (vLLM spreads the physical experts evenly; ep_redundant_experts adds some)"
             )
+    if p.ep_redundant_experts and p.ep == 1:
+        key = "ep_redundant_experts" if sep else "redundant-experts"
+        raise SimError(f"{where}{sep}{key}: EPLB's redundant experts need ep > 1 (vLLM: EPLB needs EP)")
     if p.two_batch_overlap and p.ep == 1:
         key = "two_batch_overlap" if sep else "two-batch-overlap"  # the scenario key, or the CLI option
         raise SimError(f"{where}{sep}{key}: overlaps the EP all-to-all; it needs ep > 1")
@@ -144,7 +167,10 @@ def rank_memory(
     frac = layers / model.num_layers
     total = model.weight_bytes(wdt, group_size)
     experts = model.routed_expert_params * model.param_bytes("experts", wdt, group_size)
-    weights = int(((total - experts) / p.tp + experts / (p.tp * p.dp)) * frac)
+    held = experts  # each rank holds (E + R) / ep experts: the redundant ones are copies
+    if p.ep_redundant_experts:
+        held = experts * p.physical_experts(model) / model.num_experts
+    weights = int(((total - experts) / p.tp + held / (p.tp * p.dp)) * frac)
     reserve = reserve_bytes(model, p.tp)
     budget = int(gpu.memory_bytes * util)
     per_token = int(layers * model.kv_layer_bytes_per_gpu(p.tp, kvdt))
@@ -182,10 +208,13 @@ def pipeline_seconds(stage_s: list[float], batches: int, in_flight: int) -> floa
     return done[-1] if done else 0.0
 
 
-def expert_loads(num_experts: int, ep: int, skew: float) -> np.ndarray:
-    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously."""
+def expert_loads(num_experts: int, ep: int, skew: float, redundant: int = 0) -> np.ndarray:
+    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously,
+    or with `redundant` experts as EPLB places them (sim/cost/expert_parallel.py)."""
     weights = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
     weights /= weights.sum()
+    if redundant:
+        return eplb_rank_loads(weights, ep, redundant)
     return weights.reshape(ep, num_experts // ep).sum(axis=1)
 
 
@@ -221,14 +250,17 @@ class ParallelCost:
         spans = p.gpus > p.gpus_per_node and stage_gpus >= p.gpus_per_node
         self.pp_link = self.inter if spans else self.intra
         self.ep_link = self.inter if p.ep > p.gpus_per_node else self.intra
-        self.loads = expert_loads(model.num_experts, p.ep, p.expert_skew) if p.ep > 1 else np.ones(1)
+        self.loads = (
+            expert_loads(model.num_experts, p.ep, p.expert_skew, p.ep_redundant_experts) if p.ep > 1
+            else np.ones(1)
+        )  # fmt: skip
 
     def _expert_seconds(self, routed_tokens: float) -> float:
         """Expert GEMMs of one MoE layer over `routed_tokens` (token x expert pairs) on one rank:
         max(compute, weight reads) at the base model's rates."""
         m, b = self.model, self.base
         flops = 2.0 * m.expert_params * routed_tokens / self.p.tp
-        experts_here = m.num_experts / self.p.ep
+        experts_here = self.p.physical_experts(m) / self.p.ep
         touched = min(experts_here, routed_tokens)
         nbytes = touched * b.expert_bytes_per_layer * b.tp / self.p.tp
         compute = flops / (b.peak_flops * b.cal.compute_eff_prefill)
@@ -248,11 +280,11 @@ class ParallelCost:
         expert_rank: list[float] = []
         if p.ep > 1 and tokens > 0:
             routed = tokens * m.experts_per_token
-            per_rank = routed / p.dp  # each attention rank's routed tokens, spread over the EP group
-            nbytes = per_rank * m.hidden_size * ACT_BYTES * (p.ep - 1) / p.ep
-            dispatch = combine = all_to_all_seconds(nbytes, self.ep_link)
-            if p.two_batch_overlap:  # two micro-batches, each its own all-to-all of half the bytes
-                dispatch = combine = 2 * all_to_all_seconds(nbytes / 2, self.ep_link)
+            mode = p.ep_all_to_all
+            if mode == "deepep_auto":
+                mode = "deepep_low_latency" if low_latency_step(c) else "deepep_normal"
+            elem = dispatch_bytes_per_element(p.ep_dispatch_dtype)
+            dispatch, combine = (self._all_to_all(mode, tokens, b) for b in (elem, ACT_BYTES))
             expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
             skew = max(expert_rank) - float(np.mean(expert_rank))
         per_moe = dispatch + combine + skew
@@ -270,6 +302,21 @@ class ParallelCost:
             seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound,
             overlap if p.two_batch_overlap else [],
         )
+
+    def _all_to_all(self, mode: str, tokens: float, elem: float) -> float:
+        """Dispatch or combine of one MoE layer: each attention rank sends its share of the step's `tokens`
+        at `elem` bytes per hidden element; under two-batch overlap two, each of half the tokens."""
+        p, m = self.p, self.model
+        parts = 2 if p.two_batch_overlap else 1
+        if mode == "per_expert":  # every (token, expert) pair, all over the EP link
+            per_rank = tokens * m.experts_per_token / p.dp
+            nbytes = per_rank * m.hidden_size * elem * (p.ep - 1) / p.ep
+            if parts == 1:
+                return all_to_all_seconds(nbytes, self.ep_link)
+            return parts * all_to_all_seconds(nbytes / parts, self.ep_link)
+        nvl, ib = all_to_all_links(m, mode, tokens / p.dp / parts, p.ep, p.gpus_per_node, elem)
+        one = max(all_to_all_seconds(nvl, self.intra), all_to_all_seconds(ib, self.inter) if ib else 0.0)
+        return parts * one
 
     def _rank_step(self, c: np.ndarray, q: np.ndarray) -> tuple[float, bool]:
         """One attention rank's compute over its rows; under two-batch overlap the sum of its two
