@@ -19,7 +19,6 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
 CUSTOM_ALLREDUCE_DEGREES = (2, 4, 6, 8)
@@ -50,6 +49,8 @@ def allreduce_data(path: Path | None = None) -> dict[tuple[str, int], tuple[np.n
 
 def fit_allreduce(nbytes: np.ndarray, seconds: np.ndarray, degree: int) -> tuple[float, float]:
     """(latency_s, bus_bandwidth) by soft-L1 least squares on log(predicted / measured)."""
+    from scipy.optimize import least_squares  # imported here: a run's cost model needs only ring_bytes
+
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(nccl_seconds(nbytes, degree, math.exp(x[0]), math.exp(x[1])) / seconds)
