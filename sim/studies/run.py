@@ -27,7 +27,6 @@ from sim.engine.replica import ClosedLoopSource, Horizon, simulate
 from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
 from sim.engine.speculative import speculative_setup
-from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet, write_fleet_records
 from sim.io.errors import SimError
 from sim.io.outputs import differences, path_component, replace_folder
 from sim.records.recorder import Recorder
@@ -216,6 +215,9 @@ def _run_fleet(
 ) -> RunResult:
     """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py). With `records`, each replica
     streams its records under it, and they are merged into its `requests.parquet` and `steps.parquet`."""
+    # imported here: a one-replica run does not load the fleet (its routers, its loop)
+    from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet, write_fleet_records
+
     assert scenario.cluster is not None
     out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source, records)
     req_frame: Records
