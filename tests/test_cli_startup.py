@@ -54,21 +54,40 @@ def test_sim_run_loads_neither_charts_nor_fits_nor_the_sweep(tmp_path: Path) -> 
     scenario.write_text(TINY + '\n[policies.vllm]\nscheduler = "vllm"\nmax_num_seqs = 8\n')
     done = python(
         f"""
-        import json, sys
+        import gc, json, sys
+        import sim.config.scenario, sim.studies.run
         from sim.cli import main
+
+        seen = {{}}
+        def watched(module, name):
+            inner = getattr(module, name)
+            def call(*args, **kwargs):
+                seen[name] = (gc.isenabled(), gc.get_freeze_count())
+                return inner(*args, **kwargs)
+            setattr(module, name, call)
+
+        watched(sim.config.scenario, "load_scenario")
+        watched(sim.studies.run, "run_to_folder")
         try:
             main(["run", {str(scenario)!r}, "--out", "out"])
         except SystemExit as stop:
             assert stop.code == 0, stop.code
-        print(json.dumps(sorted(sys.modules)))
+        seen["after"] = (gc.isenabled(), gc.get_freeze_count())
+        print(json.dumps([sorted(sys.modules), seen]))
         """,
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    modules, seen = json.loads(done.stdout.splitlines()[-1])
+    loaded = set(modules)
     assert {"sim.studies.run", "sim.engine.schedulers.vllm.scheduler", "polars"} <= loaded  # it did run
     assert (tmp_path / "out" / "vllm" / "summary.json").is_file()
     assert sorted(loaded & set(NOT_FOR_A_RUN)) == []
+    # The collector: off while the scenario is read, on for the runs with start-up's objects frozen, and
+    # as it was (on, nothing frozen) after the command.
+    assert seen["load_scenario"][0] is False
+    assert seen["run_to_folder"][0] is True and seen["run_to_folder"][1] > 10_000
+    assert seen["after"] == [True, 0]
 
 
 def test_entry_runs_exit_handlers_flushes_and_skips_the_teardown(tmp_path: Path) -> None:
