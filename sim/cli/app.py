@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -36,7 +37,7 @@ def collector_for_a_run() -> Iterator[Callable[[], None]]:
 
     Start-up (the imports, the scenario read and checked) leaves about 69,000 objects for the collector
     to track, nearly all of them alive to the end, and next to no reference cycles; yet the collector's
-    passes over them cost about a twentieth of a 10,000-request `sim run`'s CPU (docs/performance.md). So
+    passes over them cost a 10,000-request `sim run` a few percent of its CPU (docs/performance.md). So
     the block starts with the collector off; calling what it yields ends start-up: the objects made so far
     are frozen (`gc.freeze`: no later pass looks at them) and the collector is on again, for the run's own
     cycles (a fleet's make many). At the block's end the objects are unfrozen and the collector is as it
@@ -108,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def entry() -> None:
     """Entry point of the `sim` console command and `python -m sim`: `main`, then the process ends.
 
-    Freeing every object of every loaded module one by one (numpy, polars, pydantic's validators) takes
-    a `sim run` of 10,000 requests about a tenth of its CPU, for nothing: the process is over. So once the
+    Freeing every object of every loaded module one by one (numpy, polars, pydantic's validators) costs a
+    short `sim run` a noticeable share of its CPU, for nothing: the process is over. So once the
     command has finished, the exit handlers run, the standard streams are flushed and the process ends
     with the command's exit code, without that teardown. It is the plain `sys.exit` when another thread is
     still alive (its end is awaited), when the code is not a number, or when a stream cannot be flushed.
@@ -120,10 +121,13 @@ def entry() -> None:
         code = done.code
         if not (code is None or isinstance(code, int)) or threading.active_count() > 1:
             raise
-        atexit._run_exitfuncs()
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # a closed pipe: the interpreter's own exit reports it
             raise done from None
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):  # what the exit handlers printed
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
         os._exit(code or 0)
