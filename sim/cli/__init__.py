@@ -4,7 +4,7 @@ grouped by what they answer (`runs`, `plan`, `models`, `fidelity`) and registere
 from __future__ import annotations
 
 from sim.cli import fidelity, models, plan, runs  # noqa: F401  (each registers its commands on the app)
-from sim.cli.app import app, main
+from sim.cli.app import app, entry, main
 
 # `sim --help` lists the commands in this order: a scenario's runs first, then planning, model questions,
 # and the checks against measurements.
@@ -12,4 +12,4 @@ ORDER = ("run", "sweep", "report", "plan", "capacity", "step", "kernels", "schem
          "papers", "replay-steps")  # fmt: skip
 app.registered_commands.sort(key=lambda command: ORDER.index(command.name or ""))
 
-__all__ = ["app", "main"]
+__all__ = ["app", "entry", "main"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
-from sim.cli.app import FORCE_HELP, app
+from sim.cli.app import FORCE_HELP, app, collector_for_a_run
 from sim.io.errors import SimError
 from sim.io.limits import MAX_BLOCK_SIZE, MAX_COUNT, MAX_KV_BLOCKS, MAX_TOKENS
 from sim.io.paths import out_file_problem, out_folder_problem, shown
@@ -23,6 +24,19 @@ def run(
 ) -> None:
     """Simulate each policy of a scenario; write Parquet records, summary.json and manifest.json; print a
     comparison."""
+    with collector_for_a_run() as started:
+        _run(scenario, set_, policy, out, force, started)
+
+
+def _run(
+    scenario: Path,
+    set_: list[str],
+    policy: list[str],
+    out: Path | None,
+    force: bool,
+    started: Callable[[], None],
+) -> None:
+    """`sim run`'s work, its options as given; `started()` once the scenario is read and checked."""
     from sim.config.scenario import load_scenario
     from sim.io.outputs import exit_on_terminate, path_component
     from sim.io.progress import Stopwatch, run_progress
@@ -41,6 +55,7 @@ def run(
     if (why := out_folder_problem(out_dir)) is not None:
         raise SimError(f"output folder {shown(out_dir)}: {why}")
     check_run_size(sc, scenario.parent, str(scenario), force)
+    started()
     summaries, counts, manifest = [], [], None
     for name in names:
         watch = Stopwatch()

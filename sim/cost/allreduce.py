@@ -22,7 +22,6 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
 CUSTOM_ALLREDUCE_DEGREES = (2, 4, 6, 8)
@@ -53,6 +52,8 @@ def custom_seconds(nbytes, degree, latency_s, bandwidth, full_nvlink=True):  # t
 
 
 def _fit_log(predict, nbytes: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    from scipy.optimize import least_squares  # imported here: a run's cost model needs only ring_bytes
+
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.log(predict(math.exp(x[0]), math.exp(x[1])) / seconds)
 

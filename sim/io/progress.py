@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 Update = Callable[..., None]  # update(completed, **fields)
 
@@ -24,6 +23,9 @@ def progress(
     if not console.is_terminal:
         yield None
         return
+    # imported here: off a terminal (records piped, tests, sweep workers) no bar is drawn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     columns = [
         TextColumn("{task.description}"),
         BarColumn(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import typer
@@ -17,7 +17,9 @@ from sim.io.progress import Stopwatch
 from sim.report.coverage import count_text, metric_text, points_text
 from sim.report.inputs import describe_differences
 from sim.studies.folder import SWEEP_DIR, other_scenario_runs, read_sweep_scenario, sweep_differences
-from sim.studies.sweep import SweepResult
+
+if TYPE_CHECKING:  # the sweep's machinery (executors, statistics) is not loaded for `sim run`
+    from sim.studies.sweep import SweepResult
 
 
 def run_line(summary: dict[str, Any], watch: Stopwatch) -> str:

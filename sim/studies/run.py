@@ -28,7 +28,6 @@ from sim.engine.replica import ClosedLoopSource, Horizon, simulate
 from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
 from sim.engine.speculative import speculative_setup
-from sim.fleet.run import REPLICA_RECORDS, fleet_frames, fleet_summary, simulate_fleet, write_fleet_records
 from sim.io.errors import SimError
 from sim.io.outputs import differences, path_component, replace_folder
 from sim.records.recorder import Recorder
@@ -219,20 +218,23 @@ def _run_fleet(
 ) -> RunResult:
     """`run_policy` of a scenario with `[cluster]` (see sim/fleet/run.py). With `records`, each replica
     streams its records under it, and they are merged into its `requests.parquet` and `steps.parquet`."""
+    # imported here: a one-replica run does not load the fleet (its routers, its loop)
+    from sim.fleet import run as fleet
+
     assert scenario.cluster is not None
-    out, _, groups = simulate_fleet(scenario, policy, base_dir, seed, source, records)
+    out, _, groups = fleet.simulate_fleet(scenario, policy, base_dir, seed, source, records)
     req_frame: Records
     step_frame: Records
     if records is None:
-        req_frame, step_frame = fleet_frames(out, scenario.cluster.disaggregated)
+        req_frame, step_frame = fleet.fleet_frames(out, scenario.cluster.disaggregated)
     else:
-        write_fleet_records(out, scenario.cluster.disaggregated, records)
-        shutil.rmtree(records / REPLICA_RECORDS)
+        fleet.write_fleet_records(out, scenario.cluster.disaggregated, records)
+        shutil.rmtree(records / fleet.REPLICA_RECORDS)
         req_frame, step_frame = (pl.scan_parquet(records / f) for f in ("requests.parquet", "steps.parquet"))
     if progress is not None:
         progress(out.end_time, sum(m.recorder.arrived for m in out.members if m.spec.role != "decode"))
     kind, _ = scenario.policy(policy)
-    summary = fleet_summary(scenario, req_frame, step_frame, out, groups)
+    summary = fleet.fleet_summary(scenario, req_frame, step_frame, out, groups)
     summary = {"scenario": scenario.name, "policy": policy, "scheduler": kind, **summary}
     summary["replica"] = next(iter(groups.values()))
     manifest = run_manifest(scenario, policy, seed)

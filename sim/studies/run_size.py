@@ -22,14 +22,11 @@ import numpy as np
 
 from sim.config.lengths import mean_of
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
-from sim.config.sweep import parse_sweep
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
 from sim.cost.parallel import group_placement
 from sim.cost.replica import build_cost_and_memory
-from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
 from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS
-from sim.studies.points import point_scenario
 from sim.workload.generator import Workload
 from sim.workload.traces import TraceProcess
 
@@ -92,6 +89,8 @@ def estimate(scenario: Scenario, base_dir: Path, source: str = "scenario") -> Ru
     trace = Workload(w, 0, base_dir).trace if arrival.kind == "trace" else None
     prompt, output = request_lengths(w, trace, base_dir)
     group = scenario.cluster.groups[0] if scenario.cluster is not None else None
+    if scenario.cluster is not None:  # imported here: a one-replica run does not load the fleet
+        from sim.fleet.run import group_scenario
     if group is not None:  # the group's own GPU, TP and placement: its [model] alone may not fit
         placed = group_scenario(scenario, group.gpu, group.tp)
         where = f"{source}: cluster.groups[0]"
@@ -146,6 +145,10 @@ def check_sweep_size(path: Path, overrides: Sequence[str], force: bool) -> None:
 
     Only the size is checked here: any other error of the scenario or its grid is left to the sweep.
     """
+    # imported here: a `sim run` checks one scenario and needs none of the sweep's grid
+    from sim.config.sweep import parse_sweep
+    from sim.studies.points import point_scenario
+
     source = str(path)
     try:
         raw = apply_overrides(read_toml(path), dict(parse_override(o) for o in overrides), source)
