@@ -14,7 +14,8 @@ from sim.config.scenario import load_scenario
 from sim.cost.parallel import ParallelCost, Placement
 from sim.io.errors import SimError
 from sim.studies import plan, plan_space
-from sim.studies.plan_placements import PlacementAxes, placement_options
+from sim.studies.plan_options import placement_options
+from sim.studies.plan_placements import PlacementAxes
 
 runner = CliRunner()
 # Nodes of 4 x L4 (as AWS's g6.12xlarge): Llama-3.1-70B in 16-bit (141 GB of weights) exceeds one node's

@@ -97,8 +97,7 @@ def plan(
     from sim.io.outputs import exit_on_terminate, path_component
     from sim.report.plan import print_plan, write_plan
     from sim.studies.plan import search
-    from sim.studies.plan_placements import placement_options
-    from sim.studies.plan_space import grid_options
+    from sim.studies.plan_options import grid_options, placement_options
 
     gpu_list, tps, knobs, mode_list = grid_options(
         gpus,

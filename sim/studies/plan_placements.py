@@ -47,35 +47,6 @@ class PlacementAxes:
                 "gpus_per_node": self.gpus_per_node}  # fmt: skip
 
 
-def whole_numbers(text: str, option: str) -> list[int]:
-    """Whole numbers in [1, 1000000], comma-separated, as an option gives them."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SimError(f"{option}: expected whole numbers separated by commas (got {text!r})") from None
-    if any(v < 1 or v > 1_000_000 for v in values):
-        raise SimError(f"{option}: each value must be in [1, 1000000] (got {text!r})")
-    return values
-
-
-def placement_options(pp: str, ep_dp: str, nodes: int, gpus_per_node: int) -> PlacementAxes:
-    """`--pp`, `--ep-dp`, `--nodes` and `--gpus-per-node`, checked against the group keys' ranges."""
-    pps = sorted(set(whole_numbers(pp, "--pp")))
-    if not pps:
-        raise SimError(f"--pp: give one or more pipeline degrees, e.g. 1,2 (got {pp!r})")
-    dps = sorted(set(whole_numbers(ep_dp, "--ep-dp")))
-    given = [("--pp", "pp", v) for v in pps] + [("--ep-dp", "dp", v) for v in dps]
-    given += [("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node)]
-    for option, key, value in given:
-        try:  # the range of the group key the value becomes
-            GroupSection.model_validate({key: value})
-        except ValidationError as err:
-            raise SimError(
-                f"{option}: {err.errors()[0]['msg']}, as cluster.groups.{key} (got {value})"
-            ) from None
-    return PlacementAxes(tuple(pps), tuple(dps), nodes, gpus_per_node)
-
-
 def check_axes(scenario: Scenario, axes: PlacementAxes) -> None:
     """SimError for an axis the model cannot take at any TP: EP on a dense model, more stages than layers."""
     try:

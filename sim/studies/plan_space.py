@@ -16,7 +16,6 @@ import numpy as np
 from sim.catalog.gpu_formats import format_problem
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
-from sim.catalog.quantisation import check_dtype
 from sim.config.scenario import Scenario
 from sim.cost.memory import check_tp
 from sim.cost.parallel import Placement
@@ -33,11 +32,9 @@ from sim.studies.plan_placements import (
     placement_text,
     placements,
 )
-from sim.studies.plan_placements import whole_numbers as _ints
 from sim.studies.plan_routers import (
     DEFAULT_ROUTER,
     ROUTER_KNOB,
-    router_options,
     router_unfit,
     routes_alike,
     stands_in,
@@ -376,58 +373,3 @@ def _check_tps(scenario: Scenario, tps: Sequence[int]) -> None:
             check_tp(model, tp)
         except SimError as err:
             raise SimError(f"--tp: {err}") from None
-
-
-def _dtypes(text: str, key: str, option: str) -> list[str]:
-    """Formats, comma-separated, each one the [model] key accepts."""
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    for v in values:
-        try:
-            check_dtype(key, v)
-        except ValueError as err:
-            raise SimError(f"{option}: {v!r}: {err}") from None
-    return values
-
-
-def _switch(text: str, option: str) -> list[bool]:
-    """on/off values, comma-separated."""
-    words = {"on": True, "off": False, "true": True, "false": False}
-    values = [v.strip().lower() for v in text.split(",") if v.strip()]
-    if any(v not in words for v in values):
-        raise SimError(f"{option}: expected on, off or both, comma-separated (got {text!r})")
-    return [words[v] for v in values]
-
-
-def grid_options(
-    gpus: str | None,
-    tp: str,
-    max_num_seqs: str,
-    max_num_batched_tokens: str,
-    modes: str,
-    weight_dtypes: str = "",
-    kv_dtypes: str = "",
-    chunked_prefill: str = "",
-    routers: str = "",
-) -> tuple[list[str] | None, list[int], dict[str, list[Any]], list[str]]:
-    """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes).
-    The formats, chunked prefill and the router are searched only when given (opt-in axes)."""
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if not mode_list or set(mode_list) - {"colocated", "pd", "hetero"}:
-        raise SimError(f"--modes: colocated, pd, hetero or several, comma-separated (got {modes!r})")
-    tps = _ints(tp, "--tp")
-    if not tps or any(t > 64 for t in tps):
-        raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")
-    knobs = {
-        "max_num_seqs": _ints(max_num_seqs, "--max-num-seqs"),
-        "max_num_batched_tokens": _ints(max_num_batched_tokens, "--max-num-batched-tokens"),
-        "weight_dtype": _dtypes(weight_dtypes, "weight_dtype", "--weight-dtypes"),
-        "kv_dtype": _dtypes(kv_dtypes, "kv_dtype", "--kv-dtypes"),
-        "enable_chunked_prefill": _switch(chunked_prefill, "--chunked-prefill"),
-        ROUTER_KNOB: router_options(routers),
-    }
-    gpu_list = None if gpus is None else [g.strip() for g in gpus.split(",") if g.strip()]
-    if gpu_list == []:
-        raise SimError(
-            f"--gpus: give one or more GPU types, comma-separated, e.g. A100-80GB,H100-SXM (got {gpus!r})"
-        )
-    return gpu_list, tps, knobs, mode_list
