@@ -150,7 +150,10 @@ def test_launch_lines_carry_the_placement_as_vllm_flags() -> None:
         _value(g.argv, "--data-parallel-size") == "16" and _value(g.argv, "--data-parallel-size-local") == "8"
     )
     assert "--pipeline-parallel-size" not in g.argv and g.placement == "DP16 EP16 (2 nodes)"
-    assert "spans 2 nodes" in g.notes[0] and "--data-parallel-start-rank k x 8" in g.notes[0]
+    assert (
+        "spans 2 nodes" in g.notes[0]
+        and "--headless --data-parallel-start-rank 8 on the second" in g.notes[0]
+    )
     pp = load_scenario(DEEPSEEK, ["cluster.groups=[{name='pp', tp=8, pp=2}]"])
     (g,) = launch_plan(pp, "vllm")[0]
     assert _flags(g.argv) <= VLLM_SERVE_FLAGS | VLLM_PLACEMENT_FLAGS

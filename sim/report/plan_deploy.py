@@ -77,10 +77,14 @@ def placement_argv(p: Placement) -> tuple[list[str], list[str]]:
     local = p.dp // nodes
     if p.dp % nodes == 0 and p.tp * p.pp * local <= p.gpus_per_node:
         argv += ["--data-parallel-size-local", str(local)]
+        rest = (
+            f"--data-parallel-start-rank {local} on the second"
+            if nodes == 2
+            else f"--data-parallel-start-rank k x {local} on node k = 1 to {nodes - 1}"
+        )
         notes.append(
             f"one replica spans {nodes} nodes of {p.gpus_per_node} GPUs: run this line on each, adding "
-            f"--data-parallel-address <first node> to all and --headless --data-parallel-start-rank k x "
-            f"{local} on node k = 1 to {nodes - 1}"
+            f"--data-parallel-address <first node> to all and --headless {rest}"
         )
     else:
         argv += ["--distributed-executor-backend", "ray"]
