@@ -159,3 +159,5 @@ def test_placement_options_are_checked_and_defaults_add_nothing(tmp_path: Path) 
         _grid(_scenario(tmp_path, DENSE), [4], PlacementAxes((1,), (2,)))
     with pytest.raises(SimError, match="--pp: 200 stages exceed the 80 layers"):
         _grid(_scenario(tmp_path, DENSE), [4], PlacementAxes((200,)))
+    with pytest.raises(SimError, match="--tp: 8 exceeds a node of 4 GPUs"):
+        _grid(_scenario(tmp_path, DENSE), [4, 8], L4_NODES)

@@ -4,14 +4,15 @@ A replica of TP degree `tp` is placed as `pp` pipeline stages (`--pp`), each of 
 `--ep-dp D` the routed experts of an MoE model are spread by expert over `ep = tp x D` ranks and attention
 runs as `D` data-parallel ranks, each with its own KV (vLLM's `--enable-expert-parallel
 --data-parallel-size D`). Every placement of the grid is within `--nodes` nodes of `--gpus-per-node` GPUs
-(plain TP included: one node of 8 by default, TP 1 to 8 as before). A placement is checked as a scenario's
+(plain TP included: one node of 8 by default); TP stays within a node (a degree past `--gpus-per-node` is
+refused: the all-reduce is costed on the node's link). A placement is checked as a scenario's
 `[[cluster.groups]]` table is (`GroupSection`, then `sim.cost.parallel.check_placement`); its memory per rank
 (`rank_memory`) and its step cost (`ParallelCost`) come from the same code a run uses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from sim.cost.parallel import ParallelCost, Placement, check_placement
 from sim.io.errors import SimError
 
 DEFAULT_GPUS_PER_NODE = GroupSection.model_fields["gpus_per_node"].default
+DEFAULT_TPS = (1, 2, 4, 8)  # `sim plan --tp`'s default grid
 PLACEMENT_COLUMNS = ("pp", "ep", "dp", "nodes")  # a row's placement, when the search has placement axes
 
 
@@ -47,8 +49,15 @@ class PlacementAxes:
                 "gpus_per_node": self.gpus_per_node}  # fmt: skip
 
 
-def check_axes(scenario: Scenario, axes: PlacementAxes) -> None:
-    """SimError for an axis the model cannot take at any TP: EP on a dense model, more stages than layers."""
+def check_axes(scenario: Scenario, axes: PlacementAxes, tps: Sequence[int]) -> None:
+    """SimError for a TP degree past a node, or an axis the model cannot take at any TP: EP on a dense
+    model, more stages than layers."""
+    wide = [tp for tp in tps if tp > axes.gpus_per_node]
+    if wide and tuple(tps) != DEFAULT_TPS:  # the default grid loses them (`within_node`)
+        raise SimError(
+            f"--tp: {wide[0]} exceeds a node of {axes.gpus_per_node} GPUs (--gpus-per-node); TP stays within "
+            "a node: place larger replicas with --pp or --ep-dp and --nodes"
+        )
     try:
         model = load_model(scenario.model.name)
     except SimError:  # reported, with its key, where the replica is built
@@ -59,9 +68,14 @@ def check_axes(scenario: Scenario, axes: PlacementAxes) -> None:
         raise SimError(f"--pp: {max(axes.pps)} stages exceed the {model.num_layers} layers of {model.name}")
 
 
+def within_node(tps: Sequence[int], axes: PlacementAxes) -> list[int]:
+    """The TP degrees that fit a node (`check_axes` refuses the others unless the grid is the default)."""
+    return [tp for tp in tps if tp <= axes.gpus_per_node]
+
+
 def placements(tp: int, axes: PlacementAxes | None) -> list[Placement]:
     """The placements of a replica at TP `tp` within the node bound: each `--pp` degree, plain and with each
-    `--ep-dp` size (ep = tp x dp, at least 2); TP within one node."""
+    `--ep-dp` size (ep = tp x dp, at least 2)."""
     axes = axes or PlacementAxes()
     out: list[Placement] = []
     for pp in axes.pps:
@@ -71,8 +85,7 @@ def placements(tp: int, axes: PlacementAxes | None) -> list[Placement]:
             for dp in axes.ep_dps
             if tp * dp > 1
         ]
-    # TP stays within a node (its all-reduce is costed on the node's link); the replica within the bound
-    return [p for p in out if p.tp <= axes.gpus_per_node and p.node_count <= axes.nodes]
+    return [p for p in out if p.node_count <= axes.nodes]
 
 
 def placement_problem(scenario: Scenario, p: Placement) -> str | None:

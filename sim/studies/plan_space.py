@@ -24,6 +24,7 @@ from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
 from sim.studies.plan_placements import (
     DEFAULT_GPUS_PER_NODE,
+    DEFAULT_TPS,
     PlacementAxes,
     bottleneck_time,
     check_axes,
@@ -31,6 +32,7 @@ from sim.studies.plan_placements import (
     placement_problem,
     placement_text,
     placements,
+    within_node,
 )
 from sim.studies.plan_routers import (
     DEFAULT_ROUTER,
@@ -42,9 +44,6 @@ from sim.studies.plan_routers import (
 from sim.studies.run_size import request_lengths
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
-
-
-DEFAULT_TPS = (1, 2, 4, 8)
 
 
 DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
@@ -259,8 +258,9 @@ def candidates(
     is its slowest stage's."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
-    if axes is not None:
-        check_axes(scenario, axes)
+    axes = axes or PlacementAxes()
+    check_axes(scenario, axes, tps)
+    tps = within_node(tps, axes)
     out: list[Candidate] = []
     total = unfit = 0
     kinds: list[tuple[str, int, float]] = []  # (GPU, TP, $/GPU-hour)
