@@ -14,7 +14,7 @@ from sim.catalog.gpus import get_gpu
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
-from sim.studies import plan, plan_space
+from sim.studies import plan, plan_options, plan_space
 
 runner = CliRunner()
 SCENARIO = """
@@ -216,7 +216,7 @@ def test_plan_refuses_an_empty_gpu_list_and_names_a_tp_that_does_not_divide_the_
     """`--gpus ""` used to fall back to model.gpu, and `--tp 3` was counted as not fitting in memory."""
     for gpus in ("", " , "):
         with pytest.raises(SimError, match="--gpus: give one or more GPU types"):
-            plan_space.grid_options(gpus, "1", "", "", "colocated")
+            plan_options.grid_options(gpus, "1", "", "", "colocated")
     res = runner.invoke(app, ["plan", str(scenario), "--rate", "5", "--tp", "1,3"])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "--tp: tensor parallel degree 3 must divide the 32 attention heads" in res.output

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.config.scenario import load_scenario
-from sim.studies import plan, plan_space
+from sim.studies import plan, plan_options, plan_space
 
 runner = CliRunner()
 SCENARIO = """
@@ -45,8 +45,8 @@ def scenario(tmp_path: Path) -> Path:
 
 def test_formats_and_chunked_prefill_widen_the_grid_into_runnable_configurations(scenario: Path) -> None:
     sc = load_scenario(scenario)
-    _, _, base, _ = plan_space.grid_options("A100-80GB", "1", "", "", "colocated")
-    gpus, tps, knobs, modes = plan_space.grid_options(
+    _, _, base, _ = plan_options.grid_options("A100-80GB", "1", "", "", "colocated")
+    gpus, tps, knobs, modes = plan_options.grid_options(
         "A100-80GB", "1", "", "", "colocated", "bf16,fp8", "fp8", "on,off"
     )
     one = plan_space.candidates(sc, "vllm", 4.0, scenario.parent, gpus or [], tps, base, 2, modes, False)
@@ -70,7 +70,7 @@ def test_each_pruning_rule_says_what_it_removed_by_format(scenario: Path) -> Non
     """On a T4 (15 GB, no bf16) the 8B model's bf16 weights cannot run, its fp16 weights do not fit, and
     its int4 weights fit: three rules, each counted under the format it removed."""
     sc = load_scenario(scenario)
-    gpus, tps, knobs, modes = plan_space.grid_options("T4", "1", "", "", "colocated", "bf16,fp16,int4")
+    gpus, tps, knobs, modes = plan_options.grid_options("T4", "1", "", "", "colocated", "bf16,fp16,int4")
     removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = plan_space.candidates(
         sc, "vllm", 4.0, scenario.parent, gpus or [], tps, knobs, 3, modes, removed=removed

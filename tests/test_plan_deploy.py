@@ -28,6 +28,13 @@ VLLM_SERVE_FLAGS = {
     "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--quantization", "--kv-cache-dtype",
     "--kv-transfer-config",
 }  # fmt: skip
+# The placement's: EngineArgs' pipeline_parallel_size, enable_expert_parallel, data_parallel_size,
+# data_parallel_size_local and distributed_executor_backend.
+VLLM_PLACEMENT_FLAGS = {
+    "--pipeline-parallel-size", "--enable-expert-parallel", "--data-parallel-size",
+    "--data-parallel-size-local", "--distributed-executor-backend",
+}  # fmt: skip
+DEEPSEEK = ROOT / "scenarios" / "deepseek-v3-placement.toml"
 
 
 def _flags(argv: tuple[str, ...]) -> set[str]:
@@ -124,3 +131,41 @@ def test_plan_files_carry_the_launch_and_the_comparison(tmp_path: Path) -> None:
     assert "vllm serve meta-llama/Llama-3.1-70B-Instruct" in html and 'data-chart="throughput"' in html
     assert "Cheapest aggregated (colocated) meeting the SLO" in html
     assert "launch 1 x g0 (both): vllm serve" in res.output
+
+
+def _value(argv: tuple[str, ...], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_launch_lines_carry_the_placement_as_vllm_flags() -> None:
+    """EP 16 with DP attention over two nodes of 8: --enable-expert-parallel, --data-parallel-size 16 and 8
+    ranks a node, a line each node runs; TP 8 x PP 2 over two nodes: one instance over a Ray cluster; TP 4 x
+    PP 2 on one node: the stages alone. Every flag is one of vLLM's engine arguments."""
+    ep = load_scenario(DEEPSEEK, ["cluster.groups=[{name='ep16', tp=1, dp=16, ep=16}]"])
+    (g,) = launch_plan(ep, "vllm")[0]
+    assert _flags(g.argv) <= VLLM_SERVE_FLAGS | VLLM_PLACEMENT_FLAGS, _flags(g.argv) - VLLM_SERVE_FLAGS
+    assert g.argv[:3] == ("vllm", "serve", "deepseek-ai/DeepSeek-V3")
+    assert "--enable-expert-parallel" in g.argv and _value(g.argv, "--tensor-parallel-size") == "1"
+    assert (
+        _value(g.argv, "--data-parallel-size") == "16" and _value(g.argv, "--data-parallel-size-local") == "8"
+    )
+    assert "--pipeline-parallel-size" not in g.argv and g.placement == "DP16 EP16 (2 nodes)"
+    assert (
+        "spans 2 nodes" in g.notes[0]
+        and "--headless --data-parallel-start-rank 8 on the second" in g.notes[0]
+    )
+    pp = load_scenario(DEEPSEEK, ["cluster.groups=[{name='pp', tp=8, pp=2}]"])
+    (g,) = launch_plan(pp, "vllm")[0]
+    assert _flags(g.argv) <= VLLM_SERVE_FLAGS | VLLM_PLACEMENT_FLAGS
+    assert (
+        _value(g.argv, "--pipeline-parallel-size") == "2" and _value(g.argv, "--tensor-parallel-size") == "8"
+    )
+    assert _value(g.argv, "--distributed-executor-backend") == "ray" and "Ray cluster" in g.notes[0]
+    assert not {"--enable-expert-parallel", "--data-parallel-size"} & _flags(g.argv)
+    one = load_scenario(PLAN, ["cluster.groups=[{tp=4, pp=2}]"])
+    (g,) = launch_plan(one, "vllm")[0]
+    assert _value(g.argv, "--pipeline-parallel-size") == "2" and not g.notes and g.placement == "PP2"
+    assert "--distributed-executor-backend" not in g.argv and "--data-parallel-size-local" not in g.argv
+    plain = load_scenario(PLAN)
+    (g,) = launch_plan(plain, "vllm")[0]
+    assert not _flags(g.argv) & VLLM_PLACEMENT_FLAGS and "placement" not in g.as_dict()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
-from sim.studies import plan, plan_space
+from sim.studies import plan, plan_options, plan_space
 
 runner = CliRunner()
 SCENARIO = """
@@ -45,7 +45,7 @@ def scenario(tmp_path: Path) -> Path:
 
 def _grid(path: Path, sets: list[str]) -> tuple[list[plan_space.Candidate], dict[str, dict[str, int]], int]:
     sc = load_scenario(path, sets)
-    _, tps, knobs, modes = plan_space.grid_options(None, "1", "", "", "colocated,pd", routers="all")
+    _, tps, knobs, modes = plan_options.grid_options(None, "1", "", "", "colocated,pd", routers="all")
     removed: dict[str, dict[str, int]] = {}
     cands, total, _ = plan_space.candidates(
         sc, "vllm", 4.0, path.parent, ["A100-80GB"], tps, knobs, 2, modes, theory=False, removed=removed
@@ -82,7 +82,7 @@ def test_routers_that_do_not_fit_or_route_alike_are_pruned(scenario: Path) -> No
     )
     assert "2x A100-80GB TP1 [router=prefix_affinity]" in {c.label() for c in with_prefix}
     with pytest.raises(SimError, match="--routers: unknown router 'nearest'"):
-        plan_space.grid_options(None, "1", "", "", "colocated", routers="least_kv,nearest")
+        plan_options.grid_options(None, "1", "", "", "colocated", routers="least_kv,nearest")
 
 
 def test_the_router_chosen_is_part_of_the_answer(

@@ -39,6 +39,14 @@ def plan(
         "--routers",
         help="Routers to try, e.g. least_outstanding,power_of_two, or all (default: the scenario's).",
     ),
+    pp: str = typer.Option("1", "--pp", help="Pipeline-parallel degrees to try, e.g. 1,2,4."),
+    ep_dp: str = typer.Option(
+        "",
+        "--ep-dp",
+        help="MoE: data-parallel attention sizes to try with expert parallelism (ep = tp x dp), e.g. 2,4.",
+    ),
+    nodes: int = typer.Option(1, "--nodes", min=1, max=512, help="Most nodes one replica spans."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=72, help="GPUs in a node."),
     modes: str = typer.Option(
         "colocated,pd",
         "--modes",
@@ -81,14 +89,15 @@ def plan(
     ),
     out: Path | None = out_option("Output folder (default: reports/<scenario>/plan)."),
 ) -> None:
-    """The cheapest fleet (GPU, TP, knobs, replicas; colocated or prefill/decode) within the SLO at a rate."""
+    """The cheapest fleet (GPU, TP, placement, knobs, replicas; colocated or prefill/decode) within the SLO
+    at a rate."""
     from rich.console import Console
 
     from sim.config.scenario import load_scenario
     from sim.io.outputs import exit_on_terminate, path_component
     from sim.report.plan import print_plan, write_plan
     from sim.studies.plan import search
-    from sim.studies.plan_space import grid_options
+    from sim.studies.plan_options import grid_options, placement_options
 
     gpu_list, tps, knobs, mode_list = grid_options(
         gpus,
@@ -101,6 +110,7 @@ def plan(
         chunked_prefill,
         routers,
     )
+    axes = placement_options(pp, ep_dp, nodes, gpus_per_node)
     sc_name = path_component(load_scenario(scenario, set_).name)
     out_dir = out or Path("reports") / sc_name / "plan"
     say = Console(stderr=True).print
@@ -109,7 +119,7 @@ def plan(
             scenario, set_, rate, gpu_list, max_gpus, jobs, policy, tps, knobs, mode_list, attainment,
             explore, rule, replications, max_replications, tail_samples, max_horizon, executor, address,
             out_dir / "runs", force, lambda text: say(text, markup=False), settle_seeds,
-            rate_steps,
+            rate_steps, axes,
         )  # fmt: skip
     say(f"{result.ran} runs run, {result.resumed} read back from {out_dir / 'runs'}", markup=False)
     write_plan(result, scenario, out_dir)

@@ -16,6 +16,7 @@ from sim.report.plan_deploy import launch_plan
 from sim.report.plan_front import comparison, comparison_sentences, throughput_section
 from sim.report.plan_rates import sustained_block, sustained_sentences
 from sim.studies.plan import PlanResult, pareto
+from sim.studies.plan_placements import PLACEMENT_COLUMNS
 from sim.studies.plan_verdict import CONFIDENCE
 
 SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))
@@ -163,9 +164,10 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     deploy = deployment(result)
     if deploy is not None:
         for g in deploy["groups"]:
+            placed = f", {g['placement']}" if g.get("placement") else ""
             headline.append(
-                f"Launch {g['count']} x {g['name']} ({g['role']}, {g['gpu']} TP {g['tp']}): {g['command']}"
-                + "".join(f" (note: {n})" for n in g["notes"])
+                f"Launch {g['count']} x {g['name']} ({g['role']}, {g['gpu']} TP {g['tp']}{placed}): "
+                f"{g['command']}" + "".join(f" (note: {n})" for n in g["notes"])
             )
         if deploy["routing"]:
             headline.append(deploy["routing"])
@@ -178,7 +180,7 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
         f"{result.capacity_pruned} by single-replica capacity, "
         f"{result.dominance_pruned} by dominance, {result.simulated} simulated."
     )
-    meta = " ".join([meta, *removed_lines(result)])
+    meta = " ".join([meta, *placement_lines(result), *removed_lines(result)])
     sections, specs = [], {}
     on_front = f"{front.height} configuration{'' if front.height == 1 else 's'}"
     note = (
@@ -200,6 +202,18 @@ def plan_page(result: PlanResult, rows: pl.DataFrame, front: pl.DataFrame, scena
     return render_page(
         "sim plan", "Cheapest fleet within the SLO", meta, headline, (header, table), sections, specs
     )
+
+
+def placement_lines(result: PlanResult) -> list[str]:
+    """The placement axes searched, as a sentence (none when the search had none)."""
+    a = result.placements
+    if not a:
+        return []
+    ep = ", ".join(str(d) for d in a["ep_dp"]) or "none"
+    return [
+        f"Placements: PP {', '.join(str(p) for p in a['pp'])}; EP with DP attention at DP {ep}; within "
+        f"{a['nodes']} node(s) of {a['gpus_per_node']} GPUs per replica."
+    ]
 
 
 def removed_lines(result: PlanResult) -> list[str]:
@@ -227,6 +241,7 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
     paths = [out_dir / "plan.parquet", out_dir / "plan.json", out_dir / "index.html"]
     atomic_write(paths[0], lambda p: frame.write_parquet(p))
     best = result.best
+    keys = CANDIDATE_KEYS + (PLACEMENT_COLUMNS if result.placements else ())
     info = {
         "scenario": str(scenario_path),
         "rate": result.rate,
@@ -253,8 +268,10 @@ def write_plan(result: PlanResult, scenario_path: Path, out_dir: Path) -> list[P
         "confidence": CONFIDENCE,
         "deploy": deployment(result),
         "aggregated_vs_disaggregated": comparison(result.rows),
-        "candidates": [{k: r.get(k) for k in CANDIDATE_KEYS} for r in result.ranked()],
+        "candidates": [{k: r.get(k) for k in keys} for r in result.ranked()],
     }
+    if result.placements:
+        info["placements"] = result.placements
     if result.rate_steps > 0:
         info["sustained_rates"] = sustained_block(result)
     text = json.dumps(info, indent=2, sort_keys=True, default=float) + "\n"
@@ -298,7 +315,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     unsupported = result.removed.get("format_unsupported", {}).get("configurations", 0)
     if unsupported:
         console.print(f"{unsupported} configurations hold a weight or KV format their GPU cannot run")
-    for line in removed_lines(result):
+    for line in [*placement_lines(result), *removed_lines(result)]:
         console.print(line, markup=False)
     if result.best is None:
         console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")

@@ -5,7 +5,12 @@ The flags are vLLM's own engine arguments (`EngineArgs` in vllm/engine/arg_utils
 `vllm serve --help` lists them): `--tensor-parallel-size`, `--max-num-seqs`, `--max-num-batched-tokens`,
 `--max-model-len`, `--gpu-memory-utilization`, `--block-size`, `--enable-prefix-caching`,
 `--no-enable-chunked-prefill` (vLLM's boolean flags take a `--no-` form), `--quantization`,
-`--kv-cache-dtype` and `--kv-transfer-config`. Prefill/decode groups hand KV over vLLM's NixlConnector
+`--kv-cache-dtype` and `--kv-transfer-config`; a placement beyond TP adds `--pipeline-parallel-size`,
+`--enable-expert-parallel` and `--data-parallel-size` (ep = tp x dp, as vLLM sizes its expert-parallel
+group), and a replica over several nodes either `--data-parallel-size-local` (its data-parallel ranks per
+node, each node running the line, as vLLM's data-parallel deployment guide starts them) or
+`--distributed-executor-backend ray` (one instance over a Ray cluster of its nodes, vLLM's multi-node
+serving), with a note saying how the nodes join. Prefill/decode groups hand KV over vLLM's NixlConnector
 (`{"kv_connector": "NixlConnector", "kv_role": "kv_both"}`, as vLLM's NixlConnector usage guide launches
 both sides). A flag is written only when the simulated configuration differs from vLLM's default, except
 the TP degree and the batch knobs, which are always written.
@@ -21,7 +26,9 @@ from typing import Any
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import resolve
 from sim.config.scenario import Scenario
+from sim.cost.parallel import Placement, group_placement
 from sim.io.errors import SimError
+from sim.studies.plan_placements import placement_text
 
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
@@ -39,6 +46,7 @@ class GroupLaunch:
     tp: int
     argv: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    placement: str = ""  # beyond TP, as a candidate's label shows it (empty for plain TP on one node)
 
     @property
     def command(self) -> str:
@@ -48,13 +56,50 @@ class GroupLaunch:
         return {
             "name": self.name, "role": self.role, "count": self.count, "gpu": self.gpu, "tp": self.tp,
             "command": self.command, "notes": list(self.notes),
+            **({"placement": self.placement} if self.placement else {}),
         }  # fmt: skip
 
 
+def placement_argv(p: Placement) -> tuple[list[str], list[str]]:
+    """(`vllm serve` arguments, notes) of a placement beyond TP: its stages, expert and data parallelism,
+    and how a replica over several nodes is started."""
+    argv: list[str] = []
+    notes: list[str] = []
+    if p.pp > 1:
+        argv += ["--pipeline-parallel-size", str(p.pp)]
+    if p.ep > 1:
+        argv.append("--enable-expert-parallel")
+    if p.dp > 1:
+        argv += ["--data-parallel-size", str(p.dp)]
+    nodes = p.node_count
+    if nodes == 1:
+        return argv, notes
+    local = p.dp // nodes
+    if p.dp % nodes == 0 and p.tp * p.pp * local <= p.gpus_per_node:
+        argv += ["--data-parallel-size-local", str(local)]
+        rest = (
+            f"--data-parallel-start-rank {local} on the second"
+            if nodes == 2
+            else f"--data-parallel-start-rank k x {local} on node k = 1 to {nodes - 1}"
+        )
+        notes.append(
+            f"one replica spans {nodes} nodes of {p.gpus_per_node} GPUs: run this line on each, adding "
+            f"--data-parallel-address <first node> to all and --headless {rest}"
+        )
+    else:
+        argv += ["--distributed-executor-backend", "ray"]
+        notes.append(
+            f"one replica spans {nodes} nodes of {p.gpus_per_node} GPUs: start a Ray cluster over them and "
+            "run this line on its head node"
+        )
+    return argv, notes
+
+
 def serve_argv(
-    scenario: Scenario, policy: str, tp: int, role: str
+    scenario: Scenario, policy: str, tp: int, role: str, placement: Placement | None = None
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(`vllm serve` arguments, notes) for one replica of `scenario` at TP `tp` in `role`."""
+    """(`vllm serve` arguments, notes) for one replica of `scenario` at TP `tp` in `role`, placed by
+    `placement` when it goes beyond TP."""
     try:
         _, hf_id, _ = resolve(scenario.model.name)
     except SimError:
@@ -63,6 +108,9 @@ def serve_argv(
     _, config = scenario.policy(policy)
     argv = ["vllm", "serve", hf_id, "--tensor-parallel-size", str(tp)]
     notes: list[str] = []
+    if placement is not None and placement.beyond_tp:
+        extra, notes = placement_argv(placement)
+        argv += extra
     for knob in ("max_num_seqs", "max_num_batched_tokens"):
         if hasattr(config, knob):
             argv += [f"--{knob.replace('_', '-')}", str(getattr(config, knob))]
@@ -107,8 +155,12 @@ def launch_plan(scenario: Scenario, policy: str) -> tuple[list[GroupLaunch], str
     for gi, group in enumerate(cluster.groups):
         tp = group.tp or scenario.model.tp
         gpu = get_gpu(group.gpu or scenario.model.gpu).name
-        argv, notes = serve_argv(scenario, policy, tp, group.role)
-        launches.append(GroupLaunch(cluster.group_name(gi), group.role, group.count, gpu, tp, argv, notes))
+        placement = group_placement(group, tp)
+        argv, notes = serve_argv(scenario, policy, tp, group.role, placement)
+        shown = placement_text(placement).strip() if placement.beyond_tp else ""
+        launches.append(
+            GroupLaunch(cluster.group_name(gi), group.role, group.count, gpu, tp, argv, notes, shown)
+        )
     router, _ = cluster.router_kind()
     entry = sum(g.count for g in launches if g.role != "decode")
     if any(g.role == "decode" for g in launches):

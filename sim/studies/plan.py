@@ -2,7 +2,9 @@
 
 The search space is GPU type x TP degree x knobs (the policy's `max_num_seqs`, `max_num_batched_tokens`,
 `enable_chunked_prefill`; [model]'s `weight_dtype`, `kv_dtype`: each an axis only when given) x colocated
-replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`.
+replica count, or x prefill/decode replica counts for a disaggregated split, within `max_gpus`; with
+placement axes (`plan_placements`), each replica's pipeline stages and expert parallelism with
+data-parallel attention too, within the nodes given.
 A configuration meets the SLO when its runs at the rate are not overloaded and its goodput (the rate x the
 share of its judged requests meeting every [slo] bound) is at least `attainment` x the rate (DistServe's
 rule: 90% of requests meet the SLOs); with `rule="p99"`, when every p99 latency is within its [slo] bound
@@ -14,8 +16,8 @@ Pruning, before and during the search:
 - theory: a replica is busy at least `prefill(mean prompt) + mean output x per-token decode time at its
   largest batch` seconds per request, so c replicas cannot keep up below c = rate x that (prefill and
   decode replicas likewise for their own part); counts under THEORY_SLACK x the bound are never run;
-- single-replica capacity: one replica of each colocated kind is run saturated (`single_capacity`); c such
-  replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
+- single-replica capacity: one replica of each colocated plain-TP kind is run saturated (`single_capacity`);
+  c such replicas serve at most c x that, so counts below CAPACITY_SLACK x rate / capacity are never run;
 - dominance: more replicas of the same kind never hurt, so a count below (each count at or below) one that
   failed is not run (one too close to call prunes nothing);
 - cost order: candidates are run cheapest first, one at a time (its replications `jobs` at a time on the
@@ -44,6 +46,7 @@ from sim.io.tomltext import toml_value
 from sim.records.summary import Slo
 from sim.studies.executor import check_executor, open_executor
 from sim.studies.plan_judge import Judge, PlanTask
+from sim.studies.plan_placements import PLACEMENT_COLUMNS, PlacementAxes
 from sim.studies.plan_rates import DEFAULT_RATE_STEPS, at_rate, sustained_rate
 from sim.studies.plan_routers import machine
 from sim.studies.plan_runs import RunStore
@@ -167,6 +170,7 @@ class PlanResult:
     raw: dict[str, Any] = field(default_factory=dict)  # the scenario at the rate, under each row's overrides
     source: str = ""
     policy: str = ""
+    placements: dict[str, Any] = field(default_factory=dict)  # the placement axes searched (empty: none)
 
     def configured(self, row: dict[str, Any]) -> Scenario:
         """The validated scenario of a simulated configuration (its first replication's)."""
@@ -220,6 +224,7 @@ def search(
     progress: Callable[[str], None] | None = None,
     settle_seeds: int = SETTLE_SEEDS,
     rate_steps: int = DEFAULT_RATE_STEPS,
+    placements: PlacementAxes | None = None,
 ) -> PlanResult:
     """Search the grid (see the module docstring); `explore` more configurations past the answer. Each
     simulated configuration runs `replications` seeds, up to `max_replications` while too close to call,
@@ -229,7 +234,9 @@ def search(
     SLO gets that many verdicts of a bisection for the highest rate it sustains (`plan_rates`). The runs
     go to `executor` (`studies.executor`: process, or dask at the scheduler `address`). Finished runs are
     kept in `runs_dir` and read back by a re-run (`plan_runs`; `force`: run them all again); `progress` is
-    told of each stage and each configuration judged."""
+    told of each stage and each configuration judged. `placements` adds pipeline, expert and data-parallel
+    placements to the grid (`plan_placements`); they are pruned by memory per rank, theory from their step
+    cost and dominance, not by a single-replica capacity run."""
     check_executor(executor, address)
     say = progress or (lambda _text: None)
     store = RunStore(runs_dir, force)
@@ -258,7 +265,7 @@ def search(
     removed: dict[str, dict[str, int]] = {}
     cands, total, unfit = candidates(
         scenario, policy, rate, base_dir, gpus or [scenario.model.gpu], tps, knobs or {}, max_gpus, modes,
-        removed=removed,
+        removed=removed, axes=placements,
     )  # fmt: skip
     result = PlanResult(
         rate,
@@ -281,6 +288,7 @@ def search(
         source=source,
         policy=policy,
         removed=removed,
+        placements=placements.as_dict() if placements is not None and placements.searched else {},
     )
     failed: dict[Any, list[tuple[int, ...]]] = {}
     met: list[tuple[Candidate, dict[str, Any]]] = []
@@ -288,7 +296,8 @@ def search(
     extra = explore
     with open_executor(executor, jobs, address) as pool:
         # Single-replica capacity: c replicas cannot serve CAPACITY_SLACK x rate above c x one's saturation.
-        families = sorted({machine(c) for c in cands if c.mode == "colocated"})  # routers share one
+        plain = lambda c: c.mode == "colocated" and not c.placement.beyond_tp  # noqa: E731
+        families = sorted({machine(c) for c in cands if plain(c)})  # routers share one
         sat_tasks = [
             PlanTask(
                 raw, source, str(base_dir), policy, Candidate(0, 0, *f[:4], (1,)).overrides(scenario, policy)
@@ -305,9 +314,9 @@ def search(
             Candidate(0, 0, *f[:4], (1,)).label().split(" ", 1)[1]: mu
             for f, mu in zip(families, sats, strict=True)
         }
-        kept = [c for c in cands if c.mode != "colocated" or c.counts[0] >= floor[machine(c)]]
+        kept = [c for c in cands if not plain(c) or c.counts[0] >= floor[machine(c)]]
         for c in cands:
-            if c.mode == "colocated" and c.counts[0] < floor[machine(c)]:
+            if plain(c) and c.counts[0] < floor[machine(c)]:
                 tally(removed, "capacity", c)
         result.capacity_pruned = len(cands) - len(kept)
         cands = kept
@@ -331,7 +340,9 @@ def search(
             overrides = {**c.overrides(scenario, policy), **run_set}
             figures, judged, seeds, overrides = judge(raw, overrides, horizon)
             ok = judged.verdict == MEETS
-            result.rows.append(_row(c, overrides, figures, judged.as_row(), seeds, rate))
+            result.rows.append(
+                _row(c, overrides, figures, judged.as_row(), seeds, rate, bool(result.placements))
+            )
             at = f" settled at {overrides['horizon.duration_s']:g} s" if judged.settled else ""
             say(f"{c.label()}: {judged.verdict} ({len(seeds)} seeds{at}; runs so far: {store.ran} run, "
                 f"{store.resumed} read back)")  # fmt: skip
@@ -344,7 +355,7 @@ def search(
                 failed.setdefault(c.family, []).append(c.counts)
         mus = dict(zip(families, sats, strict=True))
         for c, first in met if rate_steps > 0 else []:
-            mu = mus.get(machine(c), 0.0) if c.mode == "colocated" else 0.0
+            mu = mus.get(machine(c), 0.0) if plain(c) else 0.0
             upper = c.counts[0] * mu / CAPACITY_SLACK if 0 < mu < math.inf else None
             result.sustained.append(sustained_rate(judge, c, setup, policy, rate, first, upper, rate_steps))
             say(f"{c.label()}: sustains {result.sustained[-1]['sustained_rate_per_s']:.3g} req/s")
@@ -359,11 +370,15 @@ def _row(
     judged: dict[str, Any],
     seeds: list[int],
     rate: float,
+    placed: bool = False,
 ) -> dict[str, Any]:
     """A simulated configuration: the first replication's figures (what `sim run` reproduces), its
-    judged goodput, and the verdict and interval over every replication."""
+    judged goodput, and the verdict and interval over every replication; with `placed` (a search with
+    placement axes), each replica's pp, ep, dp and nodes."""
     first = figures[0]
     att = first["judged_attainment"]
+    p = c.placement
+    where = dict(zip(PLACEMENT_COLUMNS, (p.pp, p.ep, p.dp, p.node_count), strict=True)) if placed else {}
     return {
         "config": c.label(), "cost_per_hour": c.cost, "gpus": c.gpus, "mode": c.mode, "gpu": c.gpu,
         "tp": c.tp, "knobs": json.dumps(dict(c.knobs)), "counts": list(c.counts),
@@ -371,7 +386,7 @@ def _row(
         "meets_slo": judged["verdict"] == MEETS, "overrides": json.dumps(overrides, sort_keys=True),
         **{k: first[k] for k in (*FIGURES, *JUDGED_FIGURES)},
         "judged_goodput_per_s": None if att is None else rate * att,
-        **judged, "seeds": seeds,
+        **judged, "seeds": seeds, **where,
     }  # fmt: skip
 
 

@@ -71,5 +71,5 @@ def routes_alike(knobs: Sequence[tuple[str, Any]], counts: Sequence[int], stand_
 def machine(c: Any) -> tuple[Any, ...]:
     """A candidate's family without its router (`plan_space.Candidate.family`): what one replica's
     saturated throughput depends on, so the routers of a family share one capacity run."""
-    mode, gpu, tp, knobs, decode_gpu, decode_tp = c.family
-    return mode, gpu, tp, tuple(k for k in knobs if k[0] != ROUTER_KNOB), decode_gpu, decode_tp
+    mode, gpu, tp, knobs, *rest = c.family
+    return mode, gpu, tp, tuple(k for k in knobs if k[0] != ROUTER_KNOB), *rest

@@ -16,16 +16,27 @@ import numpy as np
 from sim.catalog.gpu_formats import format_problem
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
-from sim.catalog.quantisation import check_dtype
 from sim.config.scenario import Scenario
 from sim.cost.memory import check_tp
+from sim.cost.parallel import Placement
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
+from sim.studies.plan_placements import (
+    DEFAULT_GPUS_PER_NODE,
+    DEFAULT_TPS,
+    PlacementAxes,
+    bottleneck_time,
+    check_axes,
+    group_keys,
+    placement_problem,
+    placement_text,
+    placements,
+    within_node,
+)
 from sim.studies.plan_routers import (
     DEFAULT_ROUTER,
     ROUTER_KNOB,
-    router_options,
     router_unfit,
     routes_alike,
     stands_in,
@@ -33,9 +44,6 @@ from sim.studies.plan_routers import (
 from sim.studies.run_size import request_lengths
 
 THEORY_SLACK = 0.8  # the work bound is an estimate: only counts below 80% of it are pruned
-
-
-DEFAULT_TPS = (1, 2, 4, 8)
 
 
 DEFAULT_LINK = "infiniband-ndr"  # prefill and decode replicas on different nodes, unless [cluster] says
@@ -53,6 +61,8 @@ def tally(removed: dict[str, dict[str, int]] | None, rule: str, c: Candidate, n:
     values = [f"gpu={c.gpu}", f"tp={c.tp}", *(f"{k}={v}" for k, v in c.knobs)]
     if c.heterogeneous:
         values += [f"decode_gpu={c.decode_gpu}", f"decode_tp={c.decode_tp}"]
+    if c.placement.beyond_tp:  # the placement axes' values, beyond plain TP
+        values += [f"pp={c.pp}", f"ep={c.ep}", f"dp={c.dp}"]
     for key in ("configurations", *values):
         counts[key] = counts.get(key, 0) + n
 
@@ -84,7 +94,8 @@ def price_table(scenario: Scenario) -> dict[str, Price]:
 class Candidate:
     """One configuration. `counts` is (replicas,) colocated or (prefill, decode) disaggregated; `gpu` and
     `tp` are every replica's, or the prefill replicas' when `decode_gpu` and `decode_tp` give the decode
-    replicas' own (a heterogeneous split; empty and 0 otherwise)."""
+    replicas' own (a heterogeneous split; empty and 0 otherwise). `pp`, `ep` and `dp` place each replica
+    beyond TP (`plan_placements`; a replica is then `tp x pp x dp` GPUs on nodes of `gpus_per_node`)."""
 
     cost: float  # $/hour
     gpus: int
@@ -95,6 +106,15 @@ class Candidate:
     counts: tuple[int, ...]
     decode_gpu: str = ""
     decode_tp: int = 0
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+
+    @property
+    def placement(self) -> Placement:
+        """Each replica's placement (the prefill replicas' and the decode replicas' alike)."""
+        return Placement(self.tp, self.pp, self.ep, self.dp, gpus_per_node=self.gpus_per_node)
 
     @property
     def heterogeneous(self) -> bool:
@@ -103,11 +123,12 @@ class Candidate:
     @property
     def family(self) -> tuple[Any, ...]:
         """What stays fixed while the replica counts vary (dominance compares counts within a family)."""
-        return self.mode, self.gpu, self.tp, self.knobs, self.decode_gpu, self.decode_tp
+        return (self.mode, self.gpu, self.tp, self.knobs, self.decode_gpu, self.decode_tp, self.pp, self.ep,
+                self.dp, self.gpus_per_node)  # fmt: skip
 
     def label(self) -> str:
         knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
-        tail = f" [{knobs}]" if knobs else ""
+        tail = placement_text(self.placement) + (f" [{knobs}]" if knobs else "")
         if self.heterogeneous:
             p, d = self.counts
             return f"{p}P x {self.gpu} TP{self.tp} + {d}D x {self.decode_gpu} TP{self.decode_tp}{tail}"
@@ -120,12 +141,13 @@ class Candidate:
         for key, value in self.knobs:
             if key != ROUTER_KNOB:
                 out[f"model.{key}" if key in MODEL_KNOBS else f"policies.{policy}.{key}"] = value
+        placed = group_keys(self.placement)
         if self.mode == "colocated":
-            out["cluster.groups"] = [{"count": self.counts[0]}]
+            out["cluster.groups"] = [{"count": self.counts[0], **placed}]
         else:
             out["cluster.groups"] = [
-                {"name": "prefill", "count": self.counts[0], "role": "prefill"},
-                {"name": "decode", "count": self.counts[1], "role": "decode"},
+                {"name": "prefill", "count": self.counts[0], "role": "prefill", **placed},
+                {"name": "decode", "count": self.counts[1], "role": "decode", **placed},
             ]
             if self.heterogeneous:
                 out["cluster.groups"][0] |= {"gpu": self.gpu, "tp": self.tp}
@@ -181,20 +203,27 @@ def work_bounds(
     family: tuple[str, str, int, tuple[Knob, ...]],
     rate: float,
     base_dir: Path,
+    placement: Placement | None = None,
 ) -> tuple[int, int, int] | None:
     """Theory's least (colocated, prefill, decode) replica counts at `rate`, or None when the model does
-    not fit this GPU and TP (in the formats among the knobs)."""
+    not fit this GPU and TP (in the formats among the knobs), or a GPU of the `placement` beyond TP. Under
+    a placement the replica's work is its slowest stage's (`plan_placements.bottleneck_time`) and its `dp`
+    attention ranks prefill `dp` prompts in one step."""
     _, gpu, tp, knobs = family
     try:
-        cost, budget, _ = build_cost_and_memory(formatted(scenario, gpu, tp, knobs))
+        cost, budget, _ = build_cost_and_memory(
+            formatted(scenario, gpu, tp, knobs), "plan", placement, "plan"
+        )
     except SimError:
         return None
+    step = bottleneck_time(cost, placement)
     prompt, output = request_lengths(scenario.workload, None, base_dir)
     p, o = max(1, round(prompt)), max(1.0, output)
-    t_pre = cost.step_time(np.array([p], np.int64), np.array([0], np.int64))[0]
+    ranks = placement.dp if placement is not None else 1
+    t_pre = step(np.full(ranks, p, np.int64), np.zeros(ranks, np.int64)) / ranks
     seqs = dict(knobs).get("max_num_seqs", int(getattr(scenario.policy(policy)[1], "max_num_seqs", 256)))
     batch = max(1, min(seqs, budget.num_tokens // max(1, int(p + o))))
-    t_step = cost.step_time(np.ones(batch, np.int64), np.full(batch, int(p + o / 2), np.int64))[0]
+    t_step = step(np.ones(batch, np.int64), np.full(batch, int(p + o / 2), np.int64))
     t_tok = t_step / batch
     bound = lambda work: max(1, math.ceil(THEORY_SLACK * rate * work))  # noqa: E731
     return bound(t_pre + o * t_tok), bound(t_pre), bound(o * t_tok)
@@ -212,6 +241,7 @@ def candidates(
     modes: Sequence[str],
     theory: bool = True,
     removed: dict[str, dict[str, int]] | None = None,
+    axes: PlacementAxes | None = None,
 ) -> tuple[list[Candidate], int, int]:
     """Every configuration of the grid that theory does not rule out, cheapest first; the size of the whole
     grid (what brute force would run); and how many of its configurations the model does not fit.
@@ -221,9 +251,16 @@ def candidates(
     `theory=False` keeps every configuration that fits in memory (brute force's grid). `removed` is given
     what each rule removed (`tally`): `format_unsupported` (a format the GPU cannot run), `does_not_fit`
     (memory, counted in the third return value) and `theory`; a format the GPU cannot run is neither
-    simulated nor counted as not fitting; `router_unfit` and `router_equivalent` (`plan_routers`)."""
+    simulated nor counted as not fitting; `router_unfit` and `router_equivalent` (`plan_routers`).
+    `axes` adds placements beyond TP to `colocated` and `pd` (`plan_placements`: every replica of a
+    configuration placed alike; `hetero` stays plain TP): one vLLM refuses for the model is removed by
+    `placement_invalid`, one whose busiest GPU cannot hold its share by `does_not_fit`, and the theory bound
+    is its slowest stage's."""
     prices = price_table(scenario)
     _check_tps(scenario, tps)
+    axes = axes or PlacementAxes()
+    check_axes(scenario, axes, tps)
+    tps = within_node(tps, axes)
     out: list[Candidate] = []
     total = unfit = 0
     kinds: list[tuple[str, int, float]] = []  # (GPU, TP, $/GPU-hour)
@@ -237,15 +274,21 @@ def candidates(
     bounds_of: dict[tuple[Any, ...], tuple[int, int, int] | None] = {}
     stand_in = stands_in(scenario, knobs.get(ROUTER_KNOB, []))
 
-    def bounds(gpu: str, tp: int, combo: tuple[Knob, ...]) -> tuple[int, int, int] | None:
-        key = (gpu, tp, combo)
+    def bounds(
+        gpu: str, tp: int, combo: tuple[Knob, ...], place: Placement | None = None
+    ) -> tuple[int, int, int] | None:
+        key = (gpu, tp, combo, place if place is not None and place.beyond_tp else None)
         if key not in bounds_of:
-            found = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir)
+            found = work_bounds(scenario, policy, ("", gpu, tp, combo), rate, base_dir, key[3])
             bounds_of[key] = found if theory or found is None else (1, 1, 1)
         return bounds_of[key]
 
-    for gpu, tp, usd in kinds:
-        per = max_gpus // tp
+    shaped = [(gpu, tp, usd, place) for gpu, tp, usd in kinds for place in placements(tp, axes)]
+    for gpu, tp, usd, place in shaped:
+        per = max_gpus // place.gpus
+        if place.beyond_tp and per == 0:
+            continue  # one replica needs more than --max-gpus: not in the grid
+        at = {"pp": place.pp, "ep": place.ep, "dp": place.dp, "gpus_per_node": place.gpus_per_node}
         for combo in knob_grid(scenario, policy, knobs):
             shapes: list[tuple[str, tuple[int, ...]]] = []
             if "colocated" in modes:
@@ -253,14 +296,17 @@ def candidates(
             if "pd" in modes:
                 shapes += [("pd", (p, d)) for p in range(1, per) for d in range(1, per - p + 1)]
             total += len(shapes)
-            like = Candidate(0.0, 0, "colocated", gpu, tp, combo, (1,))
+            like = Candidate(0.0, 0, "colocated", gpu, tp, combo, (1,), **at)
+            if shapes and placement_problem(scenario, place):
+                tally(removed, "placement_invalid", like, len(shapes))
+                continue
             if shapes and unsupported_format(gpu, combo):
                 tally(removed, "format_unsupported", like, len(shapes))
                 continue
             if shapes and router_unfit(scenario, combo):
                 tally(removed, "router_unfit", like, len(shapes))
                 continue
-            found = bounds(gpu, tp, combo) if shapes else None
+            found = bounds(gpu, tp, combo, place) if shapes else None
             if found is None:
                 unfit += len(shapes)
                 tally(removed, "does_not_fit", like, len(shapes))
@@ -276,8 +322,8 @@ def candidates(
                 if mode == "pd" and (counts[0] < p_min or counts[1] < d_min):
                     tally(removed, "theory", like)
                     continue
-                n = sum(counts) * tp
-                out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts))
+                n = sum(counts) * place.gpus
+                out.append(Candidate(round(n * usd, 6), n, mode, gpu, tp, combo, counts, **at))
     if "hetero" in modes:
         for combo in knob_grid(scenario, policy, knobs):
             for (pg, ptp, pusd), (dg, dtp, dusd) in itertools.product(kinds, kinds):
@@ -327,69 +373,3 @@ def _check_tps(scenario: Scenario, tps: Sequence[int]) -> None:
             check_tp(model, tp)
         except SimError as err:
             raise SimError(f"--tp: {err}") from None
-
-
-def _ints(text: str, option: str) -> list[int]:
-    """Whole numbers in [1, 1000000], comma-separated, as an option gives them."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SimError(f"{option}: expected whole numbers separated by commas (got {text!r})") from None
-    if any(v < 1 or v > 1_000_000 for v in values):
-        raise SimError(f"{option}: each value must be in [1, 1000000] (got {text!r})")
-    return values
-
-
-def _dtypes(text: str, key: str, option: str) -> list[str]:
-    """Formats, comma-separated, each one the [model] key accepts."""
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    for v in values:
-        try:
-            check_dtype(key, v)
-        except ValueError as err:
-            raise SimError(f"{option}: {v!r}: {err}") from None
-    return values
-
-
-def _switch(text: str, option: str) -> list[bool]:
-    """on/off values, comma-separated."""
-    words = {"on": True, "off": False, "true": True, "false": False}
-    values = [v.strip().lower() for v in text.split(",") if v.strip()]
-    if any(v not in words for v in values):
-        raise SimError(f"{option}: expected on, off or both, comma-separated (got {text!r})")
-    return [words[v] for v in values]
-
-
-def grid_options(
-    gpus: str | None,
-    tp: str,
-    max_num_seqs: str,
-    max_num_batched_tokens: str,
-    modes: str,
-    weight_dtypes: str = "",
-    kv_dtypes: str = "",
-    chunked_prefill: str = "",
-    routers: str = "",
-) -> tuple[list[str] | None, list[int], dict[str, list[Any]], list[str]]:
-    """`sim plan`'s comma-separated grid options, checked: (GPU types, TP degrees, knob values, modes).
-    The formats, chunked prefill and the router are searched only when given (opt-in axes)."""
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    if not mode_list or set(mode_list) - {"colocated", "pd", "hetero"}:
-        raise SimError(f"--modes: colocated, pd, hetero or several, comma-separated (got {modes!r})")
-    tps = _ints(tp, "--tp")
-    if not tps or any(t > 64 for t in tps):
-        raise SimError(f"--tp: TP degrees in [1, 64] (got {tp!r})")
-    knobs = {
-        "max_num_seqs": _ints(max_num_seqs, "--max-num-seqs"),
-        "max_num_batched_tokens": _ints(max_num_batched_tokens, "--max-num-batched-tokens"),
-        "weight_dtype": _dtypes(weight_dtypes, "weight_dtype", "--weight-dtypes"),
-        "kv_dtype": _dtypes(kv_dtypes, "kv_dtype", "--kv-dtypes"),
-        "enable_chunked_prefill": _switch(chunked_prefill, "--chunked-prefill"),
-        ROUTER_KNOB: router_options(routers),
-    }
-    gpu_list = None if gpus is None else [g.strip() for g in gpus.split(",") if g.strip()]
-    if gpu_list == []:
-        raise SimError(
-            f"--gpus: give one or more GPU types, comma-separated, e.g. A100-80GB,H100-SXM (got {gpus!r})"
-        )
-    return gpu_list, tps, knobs, mode_list
