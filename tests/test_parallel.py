@@ -117,6 +117,22 @@ def test_one_batch_in_flight_costs_the_sum_of_its_stages() -> None:
     assert pipeline_seconds(b.stage_s, 10, 1) == pytest.approx(10 * sum(b.stage_s))
 
 
+def test_stages_of_a_replica_over_two_nodes_send_over_the_inter_node_link() -> None:
+    """TP 4 x PP 4 on nodes of 8: stages 2 and 3 sit on the second node, so a boundary crosses nodes even
+    though no stage fills one; the sends (each at the slowest boundary's link) go over InfiniBand."""
+    model = load_model("llama-3.1-70b")
+    base = CostModel(model, H100, 4)
+    c, q = _rows(32)
+    inter = get_link("infiniband-ndr")
+    pc = ParallelCost(base, model, H100, Placement(tp=4, pp=4, gpus_per_node=8))
+    assert pc.breakdown(c, q).pp_send_s == pytest.approx(inter.latency_s + 32 * model.hidden_size * 2 / inter.bandwidth)
+    one_node = ParallelCost(base, model, H100, Placement(tp=2, pp=4, gpus_per_node=8))
+    intra = get_link("nvlink-4")
+    assert one_node.breakdown(c, q).pp_send_s == pytest.approx(
+        intra.latency_s + 32 * model.hidden_size * 2 / intra.bandwidth
+    )
+
+
 def test_pp_batches_in_flight_bounded_by_the_slowest_stage() -> None:
     stages = [0.010, 0.014, 0.011, 0.012]
     n = 400

@@ -245,10 +245,10 @@ class ParallelCost:
             self.rank_base.expert_bytes_per_layer = base.expert_bytes_per_layer / p.dp
         self.layers = stage_layers(model.num_layers, p.pp)
         self.intra, self.inter = get_link(p.intra_node_link), get_link(p.inter_node_link)
-        stage_gpus = p.tp * p.dp
-        # Stages on separate nodes once a stage fills a node; the EP group spans nodes when it exceeds one.
-        spans = p.gpus > p.gpus_per_node and stage_gpus >= p.gpus_per_node
-        self.pp_link = self.inter if spans else self.intra
+        # Ranks are numbered stage-major (vLLM: TP innermost), so a replica over several nodes has at least
+        # one stage boundary between nodes; every boundary is costed at that slowest one's link. The EP group
+        # spans nodes when it exceeds one.
+        self.pp_link = self.inter if p.gpus > p.gpus_per_node else self.intra
         self.ep_link = self.inter if p.ep > p.gpus_per_node else self.intra
         self.loads = (
             expert_loads(model.num_experts, p.ep, p.expert_skew, p.ep_redundant_experts) if p.ep > 1
