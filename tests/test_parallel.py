@@ -125,7 +125,8 @@ def test_stages_of_a_replica_over_two_nodes_send_over_the_inter_node_link() -> N
     c, q = _rows(32)
     inter = get_link("infiniband-ndr")
     pc = ParallelCost(base, model, H100, Placement(tp=4, pp=4, gpus_per_node=8))
-    assert pc.breakdown(c, q).pp_send_s == pytest.approx(inter.latency_s + 32 * model.hidden_size * 2 / inter.bandwidth)
+    send = inter.latency_s + 32 * model.hidden_size * 2 / inter.bandwidth
+    assert pc.breakdown(c, q).pp_send_s == pytest.approx(send)
     one_node = ParallelCost(base, model, H100, Placement(tp=2, pp=4, gpus_per_node=8))
     intra = get_link("nvlink-4")
     assert one_node.breakdown(c, q).pp_send_s == pytest.approx(
