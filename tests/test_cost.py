@@ -218,10 +218,10 @@ def test_both_cost_models_take_the_rows_attention_sums_from_one_definition() -> 
     sums = layer_sums(c, q, float(c.sum()), True, float(w))
     assert sums == (full, q.sum(), sliding, np.minimum(q, w).sum(), c.sum() - 2)
     roof = CostModel(model, get_gpu("H100"))
-    assert roof._reduce(c, q) == (
-        float(c.sum()),
+    assert roof._sums(c, q) == sums
+    assert roof._over_layers(sums) == (
         roof.full_layers * sums[0] + model.num_sliding_layers * sums[2],
         roof.full_layers * sums[1] + model.num_sliding_layers * sums[3],
         sums[4],
     )
-    assert KernelCostModel(model, get_gpu("H100"))._reduce(c, q) == sums
+    assert KernelCostModel(model, get_gpu("H100"))._sums(c, q) == sums
