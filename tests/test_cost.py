@@ -225,3 +225,46 @@ def test_both_cost_models_take_the_rows_attention_sums_from_one_definition() -> 
         sums[4],
     )
     assert KernelCostModel(model, get_gpu("H100"))._sums(c, q) == sums
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp", "args"),
+    [
+        ("llama-3.1-8b", "H100", 1, ["--batch", "32", "--context", "1500"]),
+        ("llama-3.1-70b", "H100", 4, ["--prefill", "4096"]),
+        ("mixtral-8x7b", "A100-80GB", 2, ["--batch", "64", "--context", "700"]),
+    ],
+)
+def test_engine_and_sim_step_charge_one_step_the_same(model: str, gpu: str, tp: int, args: list[str]) -> None:
+    """The step time `sim step` reports is the one the engine charges for the same step: the cost model a
+    run builds from its scenario (`build_cost_and_memory`), to the bit."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli.app import app
+    from sim.config.scenario import validate_scenario
+    from sim.cost.replica import build_cost_and_memory
+    from sim.report.step import step_rows
+
+    cmd = ["step", model, "--gpu", gpu, "--tp", str(tp), *args, "--json"]
+    res = CliRunner().invoke(app, cmd)
+    assert res.exit_code == 0, res.output
+    reported = json.loads(res.output)["seconds"]
+    data = {
+        "name": "one-step",
+        "model": {"name": model, "gpu": gpu, "tp": tp},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 1.0},
+            "prompt": {"kind": "fixed", "value": 512},
+            "output": {"kind": "fixed", "value": 64},
+        },
+        "horizon": {"max_requests": 1},
+        "policies": {"vllm": {"scheduler": "vllm"}},
+    }
+    cost = build_cost_and_memory(validate_scenario(data, "test"))[0]
+    batch = int(args[1]) if args[0] == "--batch" else None
+    context = int(args[3]) if args[0] == "--batch" else None
+    prefill = int(args[1]) if args[0] == "--prefill" else None
+    c, q = step_rows(batch, context, prefill)
+    assert reported == cost.step_time(c, q)[0]
