@@ -1,10 +1,11 @@
 """Kernel-level cost of one engine step (`sim step`), per GPU under tensor parallelism of degree `tp`.
 
-Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
-of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
-the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
-the engine's. What both models compute alike (the rows' attention sums, the ring bytes, the max of compute and
-memory) has one definition, in `sim.cost.kernels`.
+The pricing of the one step-time implementation (`sim.cost.step_model.StepModel`: shapes, the rows'
+per-layer sums, `step_time` / `step_time_totals`) under the kernel profiles' parameter set; the engine,
+`sim calibrate` and `sim validate` price it as the calibrated roofline (`sim.cost.roofline`). This pricing
+gives `sim step`'s per-kernel breakdown (beside the engine's step time) and the checks against measured
+kernels; docs/fidelity.md gives both parameter sets' figures and why the roofline's stays the engine's. The
+kernels' arithmetic (the ring bytes, the max of compute and memory) has one definition, in `sim.cost.kernels`.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 
