@@ -126,18 +126,14 @@ class CostModel(StepModel):
     def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
         """The roofline's pricing of a step (`StepModel.step_time` and `step_time_totals` call it)."""
         pairs, kv_tokens, prefill = self._over_layers(sums)
-        return self._priced(float(tokens), pairs, kv_tokens, prefill, rows)
-
-    def _priced(
-        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
-    ) -> tuple[float, bool]:
+        t = float(tokens)
         m = self.model
-        flops = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
-        weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
-        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        flops = self.lin_cost_tok * t + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
             self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduces,
-            self.ring_s_per_token, flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
+            self.ring_s_per_token, flops, prefill / t, weight_bytes, kv_bytes, t, rows,
         )  # fmt: skip
         return seconds, bool(compute_bound)
 
@@ -148,7 +144,8 @@ class CostModel(StepModel):
         tokens = float(c.sum()) if rows else 0.0
         if tokens <= 0:
             return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
-        pairs, kv_tokens, prefill = self._over_layers(self._sums(c, q))
+        sums = self._sums(c, q)
+        pairs, kv_tokens, prefill = self._over_layers(sums)
         cal = self.cal
         flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
         flops_attn = self.attn_flops_pair * pairs
@@ -166,7 +163,7 @@ class CostModel(StepModel):
             self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
         )
         overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
-        seconds, compute_bound = self._priced(tokens, pairs, kv_tokens, prefill, rows)
+        seconds, compute_bound = self._seconds(int(tokens), rows, sums)
         return StepCost(
             seconds=seconds,
             bound="compute" if compute_bound else "memory",
