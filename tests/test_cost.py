@@ -268,3 +268,19 @@ def test_engine_and_sim_step_charge_one_step_the_same(model: str, gpu: str, tp: 
     prefill = int(args[1]) if args[0] == "--prefill" else None
     c, q = step_rows(batch, context, prefill)
     assert reported == cost.step_time(c, q)[0]
+
+
+def test_both_parameter_sets_share_one_step_time_path() -> None:
+    """The roofline and the kernel model are one step-time implementation (`StepModel`) priced under two
+    parameter sets: neither has a step-time path, a row reduction or a shape derivation of its own."""
+    from sim.cost.kernel_model import KernelCostModel
+    from sim.cost.step_model import StepModel
+
+    for method in ("step_time", "step_time_totals", "_sums", "touched"):
+        assert getattr(CostModel, method) is getattr(StepModel, method), method
+        assert getattr(KernelCostModel, method) is getattr(StepModel, method), method
+    model, gpu = load_model("mixtral-8x7b"), get_gpu("H100")
+    roof, kern = CostModel(model, gpu, tp=2), KernelCostModel(model, gpu, tp=2)
+    shapes = ("kv_layer_bytes", "kv_token_bytes", "expert_bytes_per_layer", "attn_flops_pair", "allreduces")
+    for name in shapes:
+        assert getattr(roof, name) == getattr(kern, name), name
