@@ -218,10 +218,69 @@ def test_both_cost_models_take_the_rows_attention_sums_from_one_definition() -> 
     sums = layer_sums(c, q, float(c.sum()), True, float(w))
     assert sums == (full, q.sum(), sliding, np.minimum(q, w).sum(), c.sum() - 2)
     roof = CostModel(model, get_gpu("H100"))
-    assert roof._reduce(c, q) == (
-        float(c.sum()),
+    assert roof._sums(c, q) == sums
+    assert roof._over_layers(sums) == (
         roof.full_layers * sums[0] + model.num_sliding_layers * sums[2],
         roof.full_layers * sums[1] + model.num_sliding_layers * sums[3],
         sums[4],
     )
-    assert KernelCostModel(model, get_gpu("H100"))._reduce(c, q) == sums
+    assert KernelCostModel(model, get_gpu("H100"))._sums(c, q) == sums
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp", "args"),
+    [
+        ("llama-3.1-8b", "H100", 1, ["--batch", "32", "--context", "1500"]),
+        ("llama-3.1-70b", "H100", 4, ["--prefill", "4096"]),
+        ("mixtral-8x7b", "A100-80GB", 2, ["--batch", "64", "--context", "700"]),
+    ],
+)
+def test_engine_and_sim_step_charge_one_step_the_same(model: str, gpu: str, tp: int, args: list[str]) -> None:
+    """The step time `sim step` reports is the one the engine charges for the same step: the cost model a
+    run builds from its scenario (`build_cost_and_memory`), to the bit."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli.app import app
+    from sim.config.scenario import validate_scenario
+    from sim.cost.replica import build_cost_and_memory
+    from sim.report.step import step_rows
+
+    cmd = ["step", model, "--gpu", gpu, "--tp", str(tp), *args, "--json"]
+    res = CliRunner().invoke(app, cmd)
+    assert res.exit_code == 0, res.output
+    reported = json.loads(res.output)["seconds"]
+    data = {
+        "name": "one-step",
+        "model": {"name": model, "gpu": gpu, "tp": tp},
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": 1.0},
+            "prompt": {"kind": "fixed", "value": 512},
+            "output": {"kind": "fixed", "value": 64},
+        },
+        "horizon": {"max_requests": 1},
+        "policies": {"vllm": {"scheduler": "vllm"}},
+    }
+    cost = build_cost_and_memory(validate_scenario(data, "test"))[0]
+    batch = int(args[1]) if args[0] == "--batch" else None
+    context = int(args[3]) if args[0] == "--batch" else None
+    prefill = int(args[1]) if args[0] == "--prefill" else None
+    c, q = step_rows(batch, context, prefill)
+    assert reported == cost.step_time(c, q)[0]
+
+
+def test_both_parameter_sets_share_one_step_time_path() -> None:
+    """The roofline and the kernel model are one step-time implementation (`StepModel`) priced under two
+    parameter sets: neither has a step-time path, a row reduction or a shape derivation of its own."""
+    from sim.cost.kernel_model import KernelCostModel
+    from sim.cost.step_model import StepModel
+
+    for method in ("step_time", "step_time_totals", "_sums", "touched"):
+        assert getattr(CostModel, method) is getattr(StepModel, method), method
+        assert getattr(KernelCostModel, method) is getattr(StepModel, method), method
+    model, gpu = load_model("mixtral-8x7b"), get_gpu("H100")
+    roof, kern = CostModel(model, gpu, tp=2), KernelCostModel(model, gpu, tp=2)
+    shapes = ("kv_layer_bytes", "kv_token_bytes", "expert_bytes_per_layer", "attn_flops_pair", "allreduces")
+    for name in shapes:
+        assert getattr(roof, name) == getattr(kern, name), name

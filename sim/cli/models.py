@@ -121,7 +121,7 @@ def step(
         None, "--weight-group-size", min=0, max=1024, help="int4/int8 weights per 16-bit scale (0: per row)."
     ),
 ) -> None:
-    """One step's time and kernel-by-kernel breakdown (kernel-level model; the engine uses the roofline)."""
+    """One step's time as the engine charges it, and its kernel-by-kernel breakdown (kernel profiles)."""
     from sim.catalog.quantisation import check_format_options
     from sim.cost.parallel import Placement
     from sim.report.step import print_step

@@ -1,10 +1,11 @@
 """Kernel-level cost of one engine step (`sim step`), per GPU under tensor parallelism of degree `tp`.
 
-Not the engine's cost model: the engine, `sim calibrate` and `sim validate` use the calibrated roofline
-of `sim.cost.roofline`. This model serves `sim step` (a roofline explorer with a per-kernel breakdown) and
-the checks against measured kernels; docs/fidelity.md gives both models' figures and why the roofline stays
-the engine's. What both models compute alike (the rows' attention sums, the ring bytes, the max of compute and
-memory) has one definition, in `sim.cost.kernels`.
+The pricing of the one step-time implementation (`sim.cost.step_model.StepModel`: shapes, the rows'
+per-layer sums, `step_time` / `step_time_totals`) under the kernel profiles' parameter set; the engine,
+`sim calibrate` and `sim validate` price it as the calibrated roofline (`sim.cost.roofline`). This pricing
+gives `sim step`'s per-kernel breakdown (beside the engine's step time) and the checks against measured
+kernels; docs/fidelity.md gives both parameter sets' figures and why the roofline's stays the engine's. The
+kernels' arithmetic (the ring bytes, the max of compute and memory) has one definition, in `sim.cost.kernels`.
 
 Each linear layer is a GEMM of (M tokens x K x N per GPU), `sim.cost.kernels.gemm_seconds`:
 
@@ -41,11 +42,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.kernel_gpus import custom_allreduce_fit, nccl_fit
 from sim.catalog.model import ModelSpec
-from sim.catalog.quantisation import matmul_rate
 from sim.config.calibration import KernelCalibration
 from sim.cost.allreduce import (
     CUSTOM_ALLREDUCE_DEGREES,
@@ -66,17 +65,15 @@ from sim.cost.kernels import (
     gemm_seconds,
     host_seconds,
     kernel_seconds,
-    layer_sums,
     overlapped,
     step_arrays,
-    totals_layer_sums,
 )
-from sim.cost.roofline import expected_distinct_experts
-from sim.io.errors import SimError
+from sim.cost.step_model import StepModel
 
 
-class KernelCostModel:
-    """Kernel-level step cost for one model on one GPU type with tensor parallelism `tp`."""
+class KernelCostModel(StepModel):
+    """Kernel-level step cost for one model on one GPU type with tensor parallelism `tp`: the pricing of
+    `sim.cost.step_model.StepModel` under the kernel profiles' parameter set (`KernelCalibration`)."""
 
     def __init__(
         self,
@@ -88,35 +85,19 @@ class KernelCostModel:
         calibration: KernelCalibration | None = None,
         weight_group_size: int | None = None,
     ) -> None:
-        if tp < 1:
-            raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
-        self.model, self.gpu, self.tp = model, gpu, tp
-        self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
-        self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
+        super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size)
         self.cal = cal = calibration or KernelCalibration()
-        self.group_size = weight_group_size
         self.quant = model.serving_quant(self.weight_dtype, weight_group_size)
-        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
-        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
         m = model
         L = m.num_layers
-        self.hbm = gpu.hbm_bandwidth
         self.gemm_bw = gpu.hbm_bandwidth * cal.gemm_bandwidth_eff
         self.kv_bw = gpu.hbm_bandwidth * cal.kv_bandwidth_eff
         self.peak16 = gpu.flops_16bit
         self.gemms = self._gemm_shapes()
         head_bytes = m.param_bytes("lm_head", weight_dtype, weight_group_size)
         self.head = Gemm("lm_head", 1, m.hidden_size, m.vocab_size / tp, head_bytes, "lm_head")
-        self.expert_bytes_per_layer = (
-            m.expert_params * m.param_bytes("experts", weight_dtype, weight_group_size) / tp
-        )
         self.weight_bytes_static = sum(g.count * g.k * g.n * g.weight_bytes_per_param for g in self.gemms)
         self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
-        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
-        self.kv_token_bytes = self.kv_layer_bytes * L
-        self.full_layers = L - m.num_sliding_layers
-        self.window = float(m.sliding_window or 0)
-        self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.heads = max(1.0, m.num_heads / tp)
         self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
         # Element-wise kernels per layer (16-bit): two fused residual-add + RMSNorm (charged as RMSNorm: vLLM
@@ -134,7 +115,6 @@ class KernelCostModel:
                                + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
         self.elem_kernels = ELEMENTWISE_KERNELS * L
         self.pcie = "pcie" in gpu.interconnect.lower()
-        self.allreduces = 2 * L if tp > 1 else 0
         self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
         self.nccl = nccl_fit(gpu, tp) if tp > 1 else None
         self.custom = custom_allreduce_fit(gpu, tp) if tp > 1 else None
@@ -194,7 +174,7 @@ class KernelCostModel:
         m = self.model
         if not m.num_moe_layers:
             return None
-        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        touched = self.touched(tokens)
         per_expert = tokens * m.experts_per_token / touched
         inter = m.expert_params / (3 * m.hidden_size) / self.tp
         wb, h = m.param_bytes("experts", self.weight_dtype), m.hidden_size
@@ -286,12 +266,12 @@ class KernelCostModel:
 
     # ----------------------------------------------------------------------------------------- steps
 
-    def _reduce(self, c: np.ndarray, q: np.ndarray) -> LayerSums:
-        """Per-layer sums of the step's rows (`sim.cost.kernels.layer_sums`)."""
-        return layer_sums(c, q, float(c.sum()), bool(self.model.num_sliding_layers), self.window)
+    def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
+        """The kernel profiles' pricing of a step (`StepModel.step_time` and `step_time_totals` call it)."""
+        return self._wall(tokens, rows, sums), self._compute_bound(tokens)
 
-    def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> float:
-        """GPU and host seconds of a step: the definition behind `step`, `step_time`, `step_time_totals`."""
+    def _wall(self, tokens: int, rows: int, sums: LayerSums) -> float:
+        """GPU and host seconds of a step: max(the GPU's kernels, the host's work)."""
         pairs, ctx, s_pairs, s_ctx, queries = sums
         t = self._linear_time(tokens) + self._head_time(rows)
         if self.full_layers:
@@ -308,7 +288,7 @@ class KernelCostModel:
         tokens = int(c.sum()) if rows else 0
         if tokens <= 0:
             return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0, ())
-        sums = self._reduce(c, q)
+        sums = self._sums(c, q)
         pairs, ctx, s_pairs, s_ctx, queries = sums
         kernels = self.linear_kernels(tokens, rows)
         if self.full_layers:
@@ -317,12 +297,12 @@ class KernelCostModel:
             k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers, rows)
             kernels.append(Kernel("attention_sliding", k.count, k.seconds, k.bound, k.flops, k.bytes))
         host = float(host_seconds(self.cal, rows))
-        seconds = self._seconds(tokens, rows, sums)  # max(GPU kernels, host): asynchronous scheduling
+        seconds = self._wall(tokens, rows, sums)  # max(GPU kernels, host): asynchronous scheduling
         compute = sum(k.seconds for k in kernels if k.bound == "compute")
         gpu = sum(k.seconds for k in kernels)
         ar = sum(k.seconds for k in kernels if k.name == "allreduce")
         m = self.model
-        touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
+        touched = self.touched(tokens)
         weights = self.weight_bytes_static + m.num_moe_layers * touched * self.expert_bytes_per_layer
         kv_read = self.kv_layer_bytes * (self.full_layers * ctx + m.num_sliding_layers * s_ctx)
         return StepCost(
@@ -343,35 +323,8 @@ class KernelCostModel:
             kernels=tuple(kernels),
         )
 
-    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        """(seconds, compute_bound) of one step without the breakdown: the same seconds as `step`.
-
-        compute_bound: the step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
-        c, q = step_arrays(new_tokens, context)
-        if c.size == 0:
-            return 0.0, False
-        tokens = int(c.sum())
-        if tokens <= 0:
-            return 0.0, False
-        return self._seconds(tokens, int(c.size), self._reduce(c, q)), self._compute_bound(tokens)
-
-    def step_time_totals(
-        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
-    ) -> tuple[float, bool] | None:
-        """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
-
-        `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
-        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
-        window may be reached: then only the per-row arrays give the answer.
-        """
-        if self.model.num_sliding_layers and max_end > self.window:
-            return None
-        if rows <= 0 or tokens <= 0:
-            return 0.0, False
-        sums = totals_layer_sums(tokens, ones, cq, cc, ctx)
-        return self._seconds(tokens, rows, sums), self._compute_bound(tokens)
-
     def _compute_bound(self, tokens: int) -> bool:
+        """The step's large GEMMs run at the compute roofline (tokens past the ridge point)."""
         g = self.gemms[0] if self.gemms else self.head
         return (
             2.0 * tokens * g.k * g.n / self._peak(g.group)

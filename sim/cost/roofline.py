@@ -1,4 +1,5 @@
-"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads.
+"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads; the pricing of
+`sim.cost.step_model.StepModel` under the calibrated parameter set (`Calibration`), the step as one kernel.
 
 Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
 (GEMMs and paged attention are separate kernels with different achieved bandwidth).
@@ -17,14 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
-from sim.catalog.quantisation import flop_costs, matmul_rate
+from sim.catalog.quantisation import flop_costs
 from sim.config.calibration import Calibration
 from sim.cost.allreduce import ring_bytes
-from sim.cost.kernels import ACT_BYTES, LayerSums, kernel_seconds, layer_sums, step_arrays, totals_layer_sums
-from sim.io.errors import SimError
+from sim.cost.kernels import ACT_BYTES, LayerSums, kernel_seconds, step_arrays
+from sim.cost.step_model import StepModel, expected_distinct_experts
 
 
 @dataclass(frozen=True)
@@ -71,15 +71,9 @@ def overhead_seconds(cal, layers, vocab, rows, base=0.0):  # type: ignore[no-unt
     return base + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * per_row
 
 
-def expected_distinct_experts(n_experts: int, top_k: int, tokens: float) -> float:
-    """Expected distinct experts hit by `tokens` tokens each routing to `top_k` of `n_experts` uniformly."""
-    if n_experts <= 0 or tokens <= 0:
-        return 0.0
-    return n_experts * (1.0 - ((n_experts - top_k) / n_experts) ** tokens)
-
-
-class CostModel:
-    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`."""
+class CostModel(StepModel):
+    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`: the step priced as one
+    kernel, max(compute, memory) at the calibrated efficiencies, with the all-reduces and serving terms."""
 
     def __init__(
         self,
@@ -91,16 +85,8 @@ class CostModel:
         calibration: Calibration | None = None,
         weight_group_size: int | None = None,
     ) -> None:
-        if tp < 1:
-            raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
-        self.model, self.gpu, self.tp = model, gpu, tp
-        self.weight_dtype = normalize_dtype(weight_dtype or model.default_weight_dtype)
-        self.kv_dtype = normalize_dtype(kv_dtype or model.torch_dtype)
+        super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size)
         self.cal = calibration or Calibration()
-        # Matmul rate of the weight format (sim/catalog/quantisation.py): 8-bit peak for W8A8, 16-bit peak
-        # with dequantization for weight-only INT4/INT8.
-        self.rate = matmul_rate(model, gpu, self.weight_dtype, weight_group_size)
-        self.peak_flops, self.note = self.rate.peak_flops, self.rate.note
         m = model
         # Weights read every step, in the bytes they are stored in (quantization_config or online
         # quantization, group scales and modules kept in 16-bit included): all but the routed experts and a
@@ -108,15 +94,8 @@ class CostModel:
         wd, gs = self.weight_dtype, weight_group_size
         groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
         self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups) / tp
-        self.expert_bytes_per_layer = m.expert_params * m.param_bytes("experts", wd, gs) / tp
-        self.kv_layer_bytes = m.kv_layer_bytes_per_gpu(tp, self.kv_dtype)
-        self.kv_token_bytes = self.kv_layer_bytes * m.num_layers
-        self.full_layers = m.num_layers - m.num_sliding_layers
-        self.sliding_layers = m.num_sliding_layers
-        self.window = float(m.sliding_window or 0)
         self.lin_flops_tok = m.linear_flops_per_token / tp
         self.head_flops_row = m.lm_head_flops / tp
-        self.attn_flops_pair = m.attn_flops_per_pair / tp
         # The same FLOPs as charged at peak_flops (equal to the above for unquantized weights).
         self.lin_cost_tok = self.lin_flops_tok
         self.head_cost_row = self.head_flops_row
@@ -126,8 +105,6 @@ class CostModel:
             self.lin_cost_tok *= lin_k
             self.head_cost_row *= head_k
             self.attn_cost_pair *= attn_k
-        self.hbm = gpu.hbm_bandwidth
-        self.allreduces = 2 * m.num_layers if tp > 1 else 0
         ring = ring_bytes(m.hidden_size * ACT_BYTES, tp)
         self.ring_s_per_token = self.allreduces * ring / gpu.interconnect_bandwidth  # at allreduce_eff = 1
 
@@ -135,12 +112,6 @@ class CostModel:
         m = self.model
         touched = expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
         return self.static_weight_bytes + m.num_moe_layers * touched * self.expert_bytes_per_layer, touched
-
-    def _reduce(self, c: np.ndarray, q: np.ndarray) -> tuple[float, float, float, float]:
-        """(tokens, attention pairs over layers, KV tokens read over layers, prefill tokens)."""
-        tokens = float(c.sum())
-        sums = layer_sums(c, q, tokens, bool(self.model.num_sliding_layers), self.window)
-        return (tokens, *self._over_layers(sums))
 
     def _over_layers(self, sums: LayerSums) -> tuple[float, float, float]:
         """(pairs, KV tokens read, prefill tokens) over the layers, from the per-layer sums."""
@@ -152,18 +123,17 @@ class CostModel:
             kv_tokens += ns * s_ctx
         return pairs_all, kv_tokens, queries
 
-    def _seconds(
-        self, tokens: float, pairs: float, kv_tokens: float, prefill: float, rows: int
-    ) -> tuple[float, bool]:
-        if tokens <= 0:
-            return 0.0, False
+    def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
+        """The roofline's pricing of a step (`StepModel.step_time` and `step_time_totals` call it)."""
+        pairs, kv_tokens, prefill = self._over_layers(sums)
+        t = float(tokens)
         m = self.model
-        flops = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
-        weight_bytes = self._weights(tokens)[0] if m.num_experts else self.static_weight_bytes
-        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * tokens
+        flops = self.lin_cost_tok * t + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
+        kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
             self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduces,
-            self.ring_s_per_token, flops, prefill / tokens, weight_bytes, kv_bytes, tokens, rows,
+            self.ring_s_per_token, flops, prefill / t, weight_bytes, kv_bytes, t, rows,
         )  # fmt: skip
         return seconds, bool(compute_bound)
 
@@ -171,9 +141,11 @@ class CostModel:
         """Full breakdown of one step."""
         c, q = step_arrays(new_tokens, context)
         rows = int(c.size)
-        tokens, pairs, kv_tokens, prefill = self._reduce(c, q) if rows else (0.0, 0.0, 0.0, 0.0)
+        tokens = float(c.sum()) if rows else 0.0
         if tokens <= 0:
             return StepCost(0.0, "memory", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, rows, 0.0)
+        sums = self._sums(c, q)
+        pairs, kv_tokens, prefill = self._over_layers(sums)
         cal = self.cal
         flops_lin = self.lin_flops_tok * tokens + self.head_flops_row * rows
         flops_attn = self.attn_flops_pair * pairs
@@ -191,7 +163,7 @@ class CostModel:
             self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
         )
         overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
-        seconds, compute_bound = self._seconds(tokens, pairs, kv_tokens, prefill, rows)
+        seconds, compute_bound = self._seconds(int(tokens), rows, sums)
         return StepCost(
             seconds=seconds,
             bound="compute" if compute_bound else "memory",
@@ -213,30 +185,6 @@ class CostModel:
     def sampler_seconds(self, positions: int) -> float:
         """The sampler at `positions` more sampled positions (a row's own is in the step)."""
         return positions * self.model.vocab_size * self.cal.sampler_s_per_entry
-
-    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
-        """(seconds, compute_bound) of one step: the engine's fast path, same seconds as `step`."""
-        c, q = step_arrays(new_tokens, context)
-        if c.size == 0:
-            return 0.0, False
-        tokens, pairs, kv_tokens, prefill = self._reduce(c, q)
-        return self._seconds(tokens, pairs, kv_tokens, prefill, c.size)
-
-    def step_time_totals(
-        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
-    ) -> tuple[float, bool] | None:
-        """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
-
-        `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
-        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
-        window may be reached: then only the per-row arrays give the answer.
-        """
-        if self.sliding_layers and max_end > self.window:
-            return None
-        if rows <= 0 or tokens <= 0:
-            return 0.0, False
-        pairs, kv_tokens, prefill = self._over_layers(totals_layer_sums(tokens, ones, cq, cc, ctx))
-        return self._seconds(float(tokens), pairs, kv_tokens, prefill, rows)
 
     def decode_timer(self, rows: int) -> tuple[Callable[[int], tuple[float, bool]], float]:
         """`step_time_totals(rows, rows, rows, ctx, rows, ctx, max_end)` (rows > 0 decode rows, one token
