@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.config.scenario import load_scenario, parse_override
+from sim.cost.replica import build_cost_and_memory
 from sim.io.errors import SimError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +169,16 @@ def test_strict_types_keep_toml_numbers_and_whole_floats() -> None:
     assert sc.horizon.duration_s == 2.0
     assert sc.workload.arrival.stages == [(1.0, 2.0), (3.5, 4.0)]
     assert sc.workload.output.value == 12.0
+
+
+def test_a_long_max_model_len_is_refused_unless_the_scenario_allows_it() -> None:
+    """Yi-34B's config gives 4,096 positions; Sarathi-Serve's artifact serves it at 8,192 (its engine forces
+    linear RoPE scaling). Refused by default, naming the key that allows it, as vLLM names
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN; allowed, the replica is built with the longer length."""
+    long = ["model.name='yi-34b'", "model.tp=2", "model.gpu='A100-80GB'", "model.max_model_len=8192"]
+    with pytest.raises(SimError, match=r"model.max_model_len: 8192 is longer than yi-34b serves \(4096 "
+                       r"positions.*set model.allow_long_max_model_len = true"):  # fmt: skip
+        build_cost_and_memory(load_scenario(CONVOY, long), "convoy.toml")
+    allowed = load_scenario(CONVOY, [*long, "model.allow_long_max_model_len=true"])
+    _, memory, _ = build_cost_and_memory(allowed, "convoy.toml")
+    assert memory.max_model_len == 8192 and memory.num_blocks > 0

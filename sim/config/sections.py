@@ -36,6 +36,12 @@ class ModelSection(StrictTable):
     kv_dtype: str | None = Field(None, description="KV-cache dtype (default: the 16-bit activation dtype).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_model_len: int = Field(4096, ge=16, le=MAX_TOKENS)
+    allow_long_max_model_len: bool = Field(
+        False,
+        description="Serve a max_model_len past the model's positions, as vLLM does with "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (and Sarathi-Serve's engine by linear RoPE scaling); costs are "
+        "unchanged, the outputs' quality is not modelled.",
+    )
     block_size: int = Field(16, ge=1, le=MAX_BLOCK_SIZE)
     num_kv_blocks: int | None = Field(
         None, ge=2, le=MAX_KV_BLOCKS, description="Override the KV blocks derived from memory."

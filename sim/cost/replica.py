@@ -53,10 +53,14 @@ def build_cost_and_memory(
     why = checkpoint_format_problem(model, m.weight_dtype)
     if why is not None:
         raise SimError(f"{source}: model.weight_dtype: {why}")
-    try:
-        model.check_length(m.max_model_len)
-    except SimError as err:
-        raise SimError(f"{source}: model.max_model_len: {err}") from None
+    if not m.allow_long_max_model_len:
+        try:
+            model.check_length(m.max_model_len)
+        except SimError as err:
+            raise SimError(
+                f"{source}: model.max_model_len: {err}; set model.allow_long_max_model_len = true to serve "
+                "it anyway, as VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 does"
+            ) from None
     gs = m.weight_group_size
     if engine == DEFAULT_ENGINE:
         cal = calibration_for(scenario)
