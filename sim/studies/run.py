@@ -70,6 +70,8 @@ def compared_scenario(scenario: Scenario) -> dict[str, Any]:
         out["cluster"]["groups"] = [drop_default_placement(g) for g in out["cluster"]["groups"]]
     if out["model"].get("weight_group_size") is None:  # likewise: 16-bit records stay as they were
         out["model"].pop("weight_group_size", None)
+    if not out["model"].get("allow_long_max_model_len"):  # likewise: records within the positions stay
+        out["model"].pop("allow_long_max_model_len", None)
     return out
 
 
