@@ -179,3 +179,31 @@ def test_itl_quantiles_of_many_windows_at_once_are_numpys_value_for_value(group:
         assert p50[k].tobytes() == np.quantile(window, 0.5).tobytes()
         assert p99[k].tobytes() == np.quantile(window, 0.99).tobytes()
         assert top[k] == window.max()
+
+
+class _ViewKeepingRecorder(Recorder):
+    """Keeps a view of the step columns after each resolve, as a finished frame that a sampling profiler
+    (dask's workers sample their tasks) still holds keeps the views that were its locals."""
+
+    kept: list[np.ndarray]
+
+    def _resolve(self) -> None:
+        super()._resolve()
+        self.kept = [*getattr(self, "kept", [])[-2:], np.frombuffer(self._durations, np.float64),
+                     np.frombuffer(self._ends, np.float64)]  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["continuous", "vllm"])
+def test_a_view_of_the_step_columns_left_alive_does_not_stop_the_run(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lingering view makes an `array` refuse to grow (BufferError); the recorder grows a copy instead,
+    and the records are the reference's."""
+    monkeypatch.setattr("sim.records.recorder.ITL_BATCH", 4)  # resolve (and keep views) often mid-run
+    h = HORIZONS["drain"]
+    reqs = _requests(120, 6.0, seed=11)
+    rec = _streamed(policy, h, reqs, _ViewKeepingRecorder(chunk_rows=10_000))
+    assert rec.kept  # views were alive while later steps were recorded
+    ref = reference(_scheduler(policy), h, requests=_requests_copy(reqs))
+    assert_frame_equal(rec.requests_frame(), ref.requests_frame())
+    assert_frame_equal(rec.steps_frame(), ref.steps_frame())

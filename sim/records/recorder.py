@@ -117,8 +117,14 @@ class Recorder:
         if start != self._last_end:
             self._step_starts[index] = start
         self._last_end = end
-        self._ends.append(end)
-        self._durations.append(duration)
+        try:
+            self._ends.append(end)
+        except BufferError:
+            self._ends = _unshared(self._ends, end)
+        try:
+            self._durations.append(duration)
+        except BufferError:
+            self._durations = _unshared(self._durations, duration)
         kv = plan.kv
         if kv.capacity != self._capacity:
             self._capacity = self._step_capacity[index] = kv.capacity
@@ -155,8 +161,14 @@ class Recorder:
             take = min(total - done, self.chunk_rows - len(self._step_compute))
             if start != self._last_end:
                 self._step_starts[index] = start
-            self._ends.extend(ends[done : done + take])
-            self._durations.extend(durations[done : done + take])
+            try:
+                self._ends.extend(ends[done : done + take])
+            except BufferError:
+                self._ends = _unshared(self._ends, *ends[done : done + take])
+            try:
+                self._durations.extend(durations[done : done + take])
+            except BufferError:
+                self._durations = _unshared(self._durations, *durations[done : done + take])
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
             first = used + done * used_step
@@ -476,3 +488,13 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
+
+
+def _unshared(column: array, *values: float) -> array:
+    """`column` copied with `values` appended: the growing columns' way past a view of theirs that outlives
+    its use (a finished frame a sampling profiler still holds, as dask workers sample their tasks), which makes
+    the array refuse to grow (BufferError). The copy is what the column goes on as; the old one is left to the
+    view."""
+    out = array(column.typecode, column)
+    out.extend(values)
+    return out
