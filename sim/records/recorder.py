@@ -491,10 +491,10 @@ class Recorder:
 
 
 def _unshared(column: array, *values: float) -> array:
-    """`column` copied with `values` appended: the growing columns' way past a view of theirs that outlives
-    its use (a finished frame a sampling profiler still holds, as dask workers sample their tasks), which makes
-    the array refuse to grow (BufferError). The copy is what the column goes on as; the old one is left to the
-    view."""
+    """`column` copied with `values` appended: how a growing column gets past a view of it that outlives
+    its use (a finished frame that a sampling profiler still holds, as dask workers sample their tasks),
+    which makes the array refuse to grow (BufferError). The column goes on as the copy; the old one is left
+    to the view."""
     out = array(column.typecode, column)
     out.extend(values)
     return out
