@@ -232,7 +232,7 @@ def test_plan_on_a_dask_cluster_gives_the_plan_of_one_process(scenario: Path, tm
     local = runner.invoke(app, [*args, "--jobs", "1", "--out", str(tmp_path / "local")])
     assert local.exit_code == 0, local.output
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://", dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, protocol="tcp://", dashboard_address=None
     ) as cluster:
         remote = runner.invoke(
             app, [*args, "--jobs", "2", "--executor", "dask", "--address", cluster.scheduler_address,

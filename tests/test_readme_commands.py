@@ -234,7 +234,7 @@ def test_the_readme_dask_commands_run_on_a_local_cluster(repo_like: Path) -> Non
     commands = [c for c in readme_commands() if COVERED.get(c) == DASK]
     assert sorted(commands) == sorted(c for c, how in COVERED.items() if how == DASK)
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://", dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, protocol="tcp://", dashboard_address=None
     ) as cluster:
         for command in commands:
             args = reduced(filled(variants(command)[0]), REDUCED.get(command, []))
