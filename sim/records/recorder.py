@@ -37,27 +37,21 @@ from sim.core.step import QuietSteps, StepPlan
 from sim.records.columns import (
     CHUNK_ROWS,
     FINISHED,
-    REQ_STORED_FLOATS,
-    REQ_STORED_INTS,
     STATE_CODE,
-    STATES,
-    STEP_INT_COLUMNS,
     STEP_STORED_INTS,
     WAITING_INDEX,
 )
 from sim.records.int_rows import IntRows
 from sim.records.overload import BacklogTrend, requests_backlog_trend
+from sim.records.request_rows import RequestRow, RequestRows
 from sim.records.sinks import MemorySink, RecordSink
+from sim.records.step_rows import steps_frame, unshared
 from sim.records.window_quantiles import stall_windows, window_quantiles
 
 BATCH, DECODE, KV_USED, KV_ALLOCATED = (
     STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
 )
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
-
-# A recorded request row: stored floats, stored ints, state code, reject reason.
-_RequestRow = tuple[list[float], tuple[int, ...], int, "str | None", tuple[int, ...]]
-
 
 class Recorder:
     """Collects request and step records during a run, in flat typed buffers (no per-record objects), and
@@ -84,7 +78,7 @@ class Recorder:
         # requests
         self._active: dict[int, Request] = {}  # id(request) -> request, arrived and not recorded
         self._active_ids: list[tuple[int, int]] = []  # heap of (request id, id(request)), lazily pruned
-        self._held: list[tuple[int, int, _RequestRow]] = []  # heap of recorded rows waiting for their turn
+        self._held: list[tuple[int, int, RequestRow]] = []  # heap of recorded rows waiting for their turn
         self._held_seq = 0
         self._last_id: int | None = None  # the id of the latest row handed on
         self._unsorted = False
@@ -120,11 +114,11 @@ class Recorder:
         try:
             self._ends.append(end)
         except BufferError:
-            self._ends = _unshared(self._ends, end)
+            self._ends = unshared(self._ends, end)
         try:
             self._durations.append(duration)
         except BufferError:
-            self._durations = _unshared(self._durations, duration)
+            self._durations = unshared(self._durations, duration)
         kv = plan.kv
         if kv.capacity != self._capacity:
             self._capacity = self._step_capacity[index] = kv.capacity
@@ -164,11 +158,11 @@ class Recorder:
             try:
                 self._ends.extend(ends[done : done + take])
             except BufferError:
-                self._ends = _unshared(self._ends, *ends[done : done + take])
+                self._ends = unshared(self._ends, *ends[done : done + take])
             try:
                 self._durations.extend(durations[done : done + take])
             except BufferError:
-                self._durations = _unshared(self._durations, *durations[done : done + take])
+                self._durations = unshared(self._durations, *durations[done : done + take])
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
             first = used + done * used_step
@@ -200,33 +194,10 @@ class Recorder:
 
     def _steps_chunk(self) -> pl.DataFrame:
         """The steps not yet handed on, as a frame (with their global step numbers)."""
-        first = self._flushed_steps
-        n = len(self._step_compute)
-        lo = first - self._win_start
-        ends = np.frombuffer(self._ends, dtype=np.float64, count=n, offset=lo * 8)
-        start = np.empty_like(ends)
-        if n:
-            start[0] = self._prev_end
-            start[1:] = ends[:-1]
-        for step, t in self._step_starts.items():
-            start[step - first] = t
-        cols: dict[str, object] = {
-            "start": start,
-            "duration": np.frombuffer(self._durations, np.float64, count=n, offset=lo * 8).copy(),
-        }
-        stored = dict(zip(STEP_STORED_INTS, self._step_ints.columns(), strict=True))
-        capacity = np.empty(n, np.int64)
-        changes = list(self._step_capacity.items())
-        for i, (step, cap) in enumerate(changes):
-            capacity[max(step - first, 0) : changes[i + 1][0] - first if i + 1 < len(changes) else n] = cap
-        stored["kv_capacity"] = capacity
-        for name in STEP_INT_COLUMNS:
-            cols[name] = (
-                stored[name] if name != "compute_bound" else np.frombuffer(self._step_compute, np.uint8)
-            )
-        cols["waiting"] = stored["waiting"]
-        frame = pl.DataFrame(cols).with_columns(pl.col("compute_bound").cast(pl.Boolean))
-        return frame.with_row_index("step", offset=first)
+        return steps_frame(
+            self._flushed_steps, self._win_start, self._prev_end, self._ends, self._durations,
+            self._step_starts, self._step_capacity, self._step_ints, self._step_compute,
+        )  # fmt: skip
 
     def _flush_steps(self) -> None:
         n = len(self._step_compute)
@@ -376,85 +347,23 @@ class Recorder:
             rid, _, row = heapq.heappop(held)
             self._append_request(rid, row)
 
-    def _append_request(self, rid: int, row: _RequestRow) -> None:
+    def _append_request(self, rid: int, row: RequestRow) -> None:
         if self._last_id is not None and rid < self._last_id:
             self._unsorted = True
         self._last_id = rid
-        floats, ints, state, reason, extras = row
-        self._req_floats.extend(floats)
-        if extras:
-            self._req_extra.extend(extras)
-        self._req_ids.append(rid)
-        self._req_ints.extend(ints)
-        if reason is not None:
-            self._req_reason[len(self._req_state)] = reason
-        self._req_state.append(state)
-        if len(self._req_state) >= self.chunk_rows:
+        self._rows.append(rid, row)
+        if len(self._rows) >= self.chunk_rows:
             self._flush_requests()
 
     def _new_request_chunk(self) -> None:
-        self._req_ids = array("q")
-        self._req_ints = IntRows(len(REQ_STORED_INTS))
-        self._req_floats = array("d")
-        self._req_state = bytearray()
-        self._req_reason: dict[int, str] = {}  # row -> reject reason, for the rows that have one
-        self._req_extra = array("q")  # the rows' EXTRA_COLUMNS, row after row
+        self._rows = RequestRows(self.EXTRA_COLUMNS)
 
     def _flush_requests(self) -> None:
-        if not self._req_state and self._request_chunks:
+        if not self._rows and self._request_chunks:
             return
-        self.sink.write("requests", self._requests_chunk())
+        self.sink.write("requests", self._rows.frame())
         self._request_chunks += 1
         self._new_request_chunk()
-
-    def _requests_chunk(self) -> pl.DataFrame:
-        f = np.frombuffer(self._req_floats, dtype=np.float64).reshape(-1, len(REQ_STORED_FLOATS)).T
-        arrival, scheduled, first, last, finished, p50, p99, itl_max = f
-        i = dict(zip(REQ_STORED_INTS, self._req_ints.columns(), strict=True))
-        generated, n = i["num_generated"], i["n"]
-        gaps = generated - 1
-        has_gaps = gaps > 0
-        nan = np.full(len(gaps), np.nan)
-        ttft = first - arrival
-        e2e = finished - arrival  # NaN unless finished
-        emitted = generated * n
-        cols: dict[str, object] = {
-            "id": np.frombuffer(self._req_ids, dtype=np.int64),
-            "prompt_len": i["prompt_len"],
-            "output_len": i["output_len"],
-            "max_tokens": i["max_tokens"],
-            "n": n,
-            "generated_tokens": emitted,
-            "preemptions": i["preemptions"],
-            "prefix_group": i["prefix_group"],
-            "prefix_hit_tokens": i["prefix_hit_tokens"],
-            "prefix_query_tokens": i["prefix_query_tokens"],
-            "arrival": arrival,
-            "scheduled_at": scheduled,
-            "first_token_at": first,
-            "finished_at": finished,
-            "queue_wait": scheduled - arrival,
-            "ttft": ttft,
-            "e2e": e2e,
-            "tpot": np.divide(e2e - ttft, gaps, out=nan.copy(), where=has_gaps),
-            "itl_mean": np.divide(last - first, gaps, out=nan.copy(), where=has_gaps),
-            "itl_p50": p50,
-            "itl_p99": p99,
-            "itl_max": itl_max,
-            "normalized_latency": np.divide(e2e, emitted, out=nan.copy(), where=emitted != 0),
-        }
-        cols["state"] = pl.Series([STATES[c] for c in self._req_state], dtype=pl.Categorical)
-        reasons = self._req_reason
-        cols["reject_reason"] = pl.Series(
-            [reasons.get(r) for r in range(len(self._req_state))], dtype=pl.String
-        )
-        frame = pl.DataFrame(cols).with_columns(pl.col(pl.Float64).fill_nan(None))
-        if self.EXTRA_COLUMNS:
-            names, rows = self.EXTRA_COLUMNS, frame.height
-            shape = (rows, len(names))
-            extra = np.frombuffer(self._req_extra, np.int64, count=rows * len(names)).reshape(shape).T
-            frame = frame.with_columns(pl.Series(name, extra[j].copy()) for j, name in enumerate(names))
-        return frame
 
     # --- the end -----------------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -489,12 +398,3 @@ class Recorder:
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
 
-
-def _unshared(column: array, *values: float) -> array:
-    """`column` copied with `values` appended: how a growing column gets past a view of it that outlives
-    its use (a finished frame that a sampling profiler still holds, as dask workers sample their tasks),
-    which makes the array refuse to grow (BufferError). The column goes on as the copy; the old one is left
-    to the view."""
-    out = array(column.typecode, column)
-    out.extend(values)
-    return out
