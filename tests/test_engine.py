@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from sim.config.policies import ContinuousConfig, StaticConfig
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
-from sim.engine.replica import ClosedLoopSource, Horizon, simulate
+from sim.engine.closed_loop import ClosedLoopSource
+from sim.engine.horizon import Horizon
+from sim.engine.replica import simulate
 from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.engine.schedulers.static import StaticScheduler
 from sim.records.summary import Slo, summarize

@@ -26,7 +26,9 @@ from sim.core.step import StepPlan
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.memory import KvBudget
 from sim.cost.roofline import CostModel
-from sim.engine.replica import ClosedLoopSource, Horizon, simulate
+from sim.engine.closed_loop import ClosedLoopSource
+from sim.engine.horizon import Horizon
+from sim.engine.replica import simulate
 from sim.engine.schedulers.base import Scheduler
 from sim.engine.schedulers.continuous import ContinuousScheduler
 from sim.engine.schedulers.static import StaticScheduler

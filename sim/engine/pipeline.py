@@ -49,9 +49,11 @@ class PipelinedReplica(Protocol):
     env: Any  # sim.engine.replica.Environment (its `jump` and `at`)
     scheduler: Scheduler
     recorder: Recorder
-    arrivals_open: bool
-    in_system: int
-    _wakeup: simpy.Event
+
+    @property
+    def drained(self) -> bool: ...
+
+    def idle(self) -> Iterator[simpy.Event]: ...
 
     def _finished(self, finished: list[Request]) -> None: ...
 
@@ -102,14 +104,9 @@ class Pipeline:
                     batches.append((plan, now, done, bound))
                     continue
             if not batches:  # idle, as `Replica.run`
-                if not replica.arrivals_open and replica.in_system == 0:
+                if replica.drained:
                     return
-                replica._wakeup = env.event()
-                wake = sched.wake_at(env.now)
-                if wake is None:
-                    yield replica._wakeup
-                else:
-                    yield replica._wakeup | env.timeout(max(wake - env.now, 0.0))
+                yield from replica.idle()
                 continue
             plan, start, done, bound = batches.popleft()  # block until the oldest batch is out
             if not env.jump(done):

@@ -26,33 +26,14 @@ from simpy.core import NORMAL
 
 from sim.core.request import Request
 from sim.core.step import StepPlan
+from sim.engine.closed_loop import ClosedLoopSource, ClosedLoopUsers
+from sim.engine.horizon import Horizon
 from sim.engine.pipeline import attach, deliver
 from sim.engine.schedulers.base import Scheduler
 from sim.records.columns import FINISHED, IN_FLIGHT, QUEUE_FULL, REJECTED
 from sim.records.recorder import Recorder
 
 StepTime = Callable[[np.ndarray, np.ndarray], tuple[float, bool]]
-
-
-@dataclass(slots=True)
-class ClosedLoopSource:
-    """N users, each sending its next request a think time after its previous one finished.
-
-    `new_request(now, user)` makes user `user`'s next request (users are numbered 0 .. users - 1).
-    """
-
-    users: int
-    think_time: Callable[[], float]
-    new_request: Callable[[float, int], Request]
-    ramp_s: float = 0.0
-
-
-@dataclass(slots=True)
-class Horizon:
-    duration_s: float | None = None  # arrivals stop here; the run stops here unless `drain`
-    max_requests: int | None = None  # arrivals stop after this many
-    drain: bool = False  # keep serving after the last arrival until every admitted request ends
-    max_waiting: int | None = None  # admission control: reject arrivals when this many already wait
 
 
 @dataclass(slots=True)
@@ -218,6 +199,21 @@ class Replica:
             if on_finish is not None:
                 on_finish(req)
 
+    @property
+    def drained(self) -> bool:
+        """No more arrivals can come and no request is in the system: the run is over."""
+        return not self.arrivals_open and self.in_system == 0
+
+    def idle(self) -> Iterator[simpy.Event]:
+        """Sleep until an arrival wakes the replica (`submit`) or the scheduler's own timer is due."""
+        env = self.env
+        self._wakeup = env.event()
+        wake = self.scheduler.wake_at(env.now)
+        if wake is None:
+            yield self._wakeup
+        else:
+            yield self._wakeup | env.timeout(max(wake - env.now, 0.0))
+
     def run(self) -> Iterator[simpy.Event]:
         if self.pipeline is not None:
             yield from self.pipeline.run(self)
@@ -227,14 +223,9 @@ class Replica:
         while True:
             plan = sched.schedule(env.now)
             if plan is None:
-                if not self.arrivals_open and self.in_system == 0:
+                if self.drained:
                     return
-                self._wakeup = env.event()
-                wake = sched.wake_at(env.now)
-                if wake is None:
-                    yield self._wakeup
-                else:
-                    yield self._wakeup | env.timeout(max(wake - env.now, 0.0))
+                yield from self.idle()
                 continue
             start = env.now
             seconds, compute_bound = timer(plan)
@@ -358,54 +349,3 @@ def simulate(
         recorder.request(req, IN_FLIGHT)
     trend = recorder.backlog_trend(rate_steps)
     return RunOutput(recorder, end_time, trend is not None and trend.overloaded)
-
-
-class ClosedLoopUsers:
-    """Closed-loop users on `env`: each sends a request (`submit`), and a think time after it ends (`ended`)
-    its next one, until the horizon's duration or request count, when `close` is called."""
-
-    def __init__(
-        self,
-        env: simpy.Environment,
-        source: ClosedLoopSource,
-        horizon: Horizon,
-        submit: Callable[[Request], None],
-        close: Callable[[], None],
-    ) -> None:
-        self.env, self.source, self.horizon = env, source, horizon
-        self.submit, self.close = submit, close
-        self.sent = 0
-        self.user_of: dict[int, int] = {}  # request id -> the user who sent it, while it is in the system
-
-    def start(self) -> None:
-        """The users' first requests (spread over `ramp_s`) and the close at the horizon's duration."""
-        env, source = self.env, self.source
-        if self.horizon.duration_s is not None:
-            env.process(self._close_at_horizon())
-        for user in range(source.users):
-            delay = source.ramp_s * user / source.users if source.ramp_s else 0.0
-            env.process(self._send_at(user, delay))
-
-    def ended(self, req: Request) -> None:
-        """`req` ended (finished or rejected): its user sends its next request after a think time."""
-        self.env.process(self._send_at(self.user_of.pop(req.id), self.source.think_time()))
-
-    def _close_at_horizon(self) -> Iterator[simpy.Event]:
-        assert self.horizon.duration_s is not None
-        yield self.env.timeout(self.horizon.duration_s)
-        self.close()
-
-    def _send_at(self, user: int, delay: float) -> Iterator[simpy.Event]:
-        h, env = self.horizon, self.env
-        if delay > 0:
-            yield env.timeout(delay)
-        if h.max_requests is not None and self.sent >= h.max_requests:
-            return
-        if h.duration_s is not None and env.now >= h.duration_s:
-            return
-        self.sent += 1
-        req = self.source.new_request(env.now, user)
-        self.user_of[req.id] = user
-        self.submit(req)
-        if h.max_requests is not None and self.sent >= h.max_requests:
-            self.close()

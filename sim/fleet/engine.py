@@ -26,9 +26,11 @@ import simpy
 from sim.catalog.links import Link
 from sim.core.request import Request
 from sim.core.step import StepPlan
+from sim.engine.closed_loop import ClosedLoopSource, ClosedLoopUsers
+from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun
 from sim.engine.lora_records import LoraRecorder
-from sim.engine.replica import ClosedLoopSource, ClosedLoopUsers, Environment, Horizon, Replica, StepTime
+from sim.engine.replica import Environment, Replica, StepTime
 from sim.engine.schedulers.base import Scheduler
 from sim.fleet.routing import NO_ADAPTERS, ReplicaReport, Router, Snapshot
 from sim.records.columns import CHUNK_ROWS, FINISHED, IN_FLIGHT

@@ -29,9 +29,10 @@ from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.parallel import group_placement, wrap_step_time
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
+from sim.engine.closed_loop import ClosedLoopSource
+from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
-from sim.engine.replica import ClosedLoopSource, Horizon
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.fleet.decode import PagedDecode, decode_scheduler
 from sim.fleet.engine import Fleet, FleetOutput, Member, ReplicaSpec, fleet_overloaded, seeded

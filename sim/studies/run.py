@@ -22,9 +22,11 @@ from sim.core.request import Request
 from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
+from sim.engine.closed_loop import ClosedLoopSource
+from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_recorder, lora_summary
-from sim.engine.replica import ClosedLoopSource, Horizon, simulate
+from sim.engine.replica import simulate
 from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
 from sim.engine.speculative import speculative_setup
