@@ -99,7 +99,7 @@ def test_plan_page_charts_render_in_headless_chromium(tmp_path: Path) -> None:
     import polars as pl
 
     from sim.report.plan import front_chart, plan_page
-    from sim.studies.plan import PlanResult, pareto
+    from sim.studies.plan_result import PlanResult, pareto
 
     browser = find_browser()
     rows = pl.DataFrame({

@@ -14,7 +14,7 @@ from sim.catalog.gpus import get_gpu
 from sim.cli import app
 from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
-from sim.studies import plan, plan_options, plan_space
+from sim.studies import plan, plan_options, plan_result, plan_space
 
 runner = CliRunner()
 SCENARIO = """
@@ -137,13 +137,13 @@ def test_pareto_front_by_hand_and_chart_spec_valid() -> None:
         "gpus": [1, 2, 2, 3, 4], "ttft_p99": [0.9, 0.5, 0.7, 0.6, 0.2], "tpot_p99": [0.01] * 5,
         "goodput_per_s": [1.0] * 5, "meets_slo": [True, True, True, True, False],
     })  # fmt: skip
-    front = plan.pareto(rows)
+    front = plan_result.pareto(rows)
     # d costs more than b and is slower; e misses the SLO: the front is a, b.
     assert front["config"].to_list() == ["a", "b"]
     front_chart(rows, front).to_dict(validate=True)
 
 
-def _result_of(rule: str, extra: dict | None = None) -> tuple[plan.PlanResult, Any]:
+def _result_of(rule: str, extra: dict | None = None) -> tuple[plan_result.PlanResult, Any]:
     import polars as pl
 
     rows = pl.DataFrame({
@@ -152,7 +152,7 @@ def _result_of(rule: str, extra: dict | None = None) -> tuple[plan.PlanResult, A
         "meets_slo": [True, True, False], "mode": ["colocated"] * 3, "gpu": ["A100-80GB"] * 3, "tp": [1] * 3,
         "knobs": ["{}"] * 3, "counts": [[1], [2], [3]], **(extra or {}),
     })  # fmt: skip
-    result = plan.PlanResult(
+    result = plan_result.PlanResult(
         20.0, 0.9, 3, 0, 0, rows=rows.to_dicts(), best=rows.row(0, named=True), rule=rule,
         slo={"ttft_s": 0.5, "tpot_s": 0.03, "e2e_s": None},
     )  # fmt: skip
@@ -163,7 +163,7 @@ def _page_of(rule: str, front_rows: int, extra: dict | None = None) -> tuple[str
     from sim.report.plan import front_chart, plan_page
 
     result, rows = _result_of(rule, extra)
-    front = plan.pareto(rows).head(front_rows)
+    front = plan_result.pareto(rows).head(front_rows)
     return plan_page(result, rows, front, "plan.toml"), front_chart(rows, front).to_dict()
 
 

@@ -15,8 +15,8 @@ from sim.report.page import Section, chart_spec, render_page
 from sim.report.plan_deploy import launch_plan
 from sim.report.plan_front import comparison, comparison_sentences, throughput_section
 from sim.report.plan_rates import sustained_block, sustained_sentences
-from sim.studies.plan import PlanResult, pareto
 from sim.studies.plan_placements import PLACEMENT_COLUMNS
+from sim.studies.plan_result import PlanResult, pareto
 from sim.studies.plan_verdict import CONFIDENCE
 
 SLO_NAMES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.studies.plan import PlanResult
+from sim.studies.plan_result import PlanResult
 
 
 def sustained_block(result: PlanResult) -> dict[str, Any]:
