@@ -13,7 +13,7 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     # requests within every [slo] bound at `rate`; throughput: one policy's finished requests per second at
     # `rate` (a fixed offered rate, tail included), throughput_ratio: the first's over the second's
     params = { "workload.lora.adapters" = 2000 }   # the sweep point a figure at one rate is read at
-    base_params = { "workload.lora.adapters" = 5 } # throughput_ratio: the second policy's point (default params)
+    base_params = { "workload.lora.adapters" = 5 } # throughput_ratio: the second's point (default: params)
     low = 1.7                          # the paper's value, or its range low..high
     high = 2.7
     tolerance = 0.25                   # the simulated value may be this share outside low..high

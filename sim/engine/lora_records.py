@@ -27,7 +27,10 @@ class LoraRecorder(Recorder):
     EXTRA_COLUMNS = ("adapter",)
 
     def __init__(
-        self, timer: LoraStepTime | SLoraStepTime, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS
+        self,
+        timer: LoraStepTime | SLoraStepTime,
+        sink: RecordSink | None = None,
+        chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         self._timer = timer
         self._lora_ints = array("q")

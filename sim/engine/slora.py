@@ -1,4 +1,4 @@
-"""S-LoRA's adapters at run time: the pool cells each takes, and a step's time with its LoRA kernels and loads.
+"""S-LoRA's adapters at run time: the pool cells each takes, and a step's time with its kernels and loads.
 
 The scheduler (sim/engine/schedulers/slora.py) decides which adapters are resident and which it loaded
 before a step; this module costs them:
@@ -11,7 +11,8 @@ before a step; this module costs them:
   link's start-up latency per adapter (the GPU's PCIe, sim/catalog/links.toml).
 - Kernels. S-LoRA's MBGMM (prefill, Triton `lora_get_qkvo_fwd_shrink/expand`) and MBGMV (decode,
   `dispatch_bgmv`) kernels run a shrink and an expand per adapted module and layer over the whole batch,
-  each row at its adapter's rank, reading each distinct adapter's weights once (`lora_unordered_batch_infer.py`).
+  each row at its adapter's rank, reading each distinct adapter's weights once
+  (`slora/models/peft/lora_unordered_batch_infer.py`).
   `LoraCost` costs them unpacked, on the adapters' modules, at the adapters' largest rank (with one rank, as
   in S-LoRA's setting S1, exactly that rank).
 """
@@ -85,10 +86,11 @@ def setup_slora(
 ) -> SLoraRun:  # fmt: skip
     """Give `scheduler` its adapters' cells and build the step time that costs them."""
     modules = list(ATTENTION_MODULES) if workload is None else workload.target_modules
-    if any(m not in ATTENTION_MODULES for m in modules):
+    others = [m for m in modules if m not in ATTENTION_MODULES]
+    if others:
         raise SimError(
             "workload.lora.target_modules: S-LoRA's adapters adapt q_proj, k_proj, v_proj and o_proj only "
-            f"(its adapter layers hold those four), not {', '.join(m for m in modules if m not in ATTENTION_MODULES)}"
+            f"(its adapter layers hold those four), not {', '.join(others)}"
         )
     ranks = workload.ranks if workload is not None else (8,)
     size = {r: adapter_bytes(model, r, modules, tp) for r in ranks}
@@ -102,6 +104,6 @@ def setup_slora(
 
     lora = LoraCost(model, gpu, tp, max(ranks), cost, modules, packed=False)
     timer = SLoraStepTime(cost, lora, load_s)
-    return SLoraRun(
-        timer, workload, max(size.values()), max(cells.values()), scheduler.pool.capacity, kv_blocks, kv_blocks
-    )
+    largest = max(ranks)
+    pool = scheduler.pool.capacity
+    return SLoraRun(timer, workload, size[largest], cells[largest], pool, kv_blocks, kv_blocks)

@@ -4,7 +4,8 @@ Each `NAME.paper.toml` names a scenario beside it; that scenario's sweep runs (w
 its own `[sweep.capacity]` rule when a cell reads capacities), and every cell is read from the sweep:
 capacities (their order or a ratio), and at one rate mean batch sizes, speed-ups (one policy's latency
 statistic over another's), SLO attainments and throughputs (finished requests per second at a fixed offered
-rate, or a ratio of two, at sweep points chosen by their `sweep.params`), each the mean over replications. A cell passes when the simulated value lies
+rate, or a ratio of two, at sweep points chosen by their `sweep.params`), each the mean over replications.
+A cell passes when the simulated value lies
 within `tolerance` of the paper's value (or range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the
 reduced form CI runs: a shorter horizon, fewer bisection rounds, and every tolerance doubled.
 """
@@ -78,7 +79,7 @@ def point_mean(
     if rows.height == 0:
         at = "".join(f", {k} = {v!r}" for k, v in (params or {}).items())
         raise SimError(
-            f"no sweep point for policy {policy!r} at rate {rate:g}{at}: add it to sweep.rates (or sweep.params)"
+            f"no sweep point for policy {policy!r} at rate {rate:g}{at}: add it to sweep.rates (or .params)"
         )
     values = [v for v in rows[column].to_list() if v is not None]
     return float(np.mean(values)) if values else None
@@ -101,9 +102,9 @@ def rate_column(cell: Cell) -> str:
 def _rate_value(cell: Cell, sweep: SweepResult) -> float | None:
     assert cell.rate is not None
     points = [cell.params, cell.params if cell.base_params is None else cell.base_params]
-    figures = [
-        point_mean(sweep, p, cell.rate, rate_column(cell), at) for p, at in zip(cell.policies, points, strict=False)
-    ]
+    column = rate_column(cell)
+    pairs = zip(cell.policies, points, strict=False)
+    figures = [point_mean(sweep, p, cell.rate, column, at) for p, at in pairs]
     if None in figures:
         return None
     if len(figures) == 1:  # batch_size, attainment
@@ -173,7 +174,8 @@ def paper_files(folder: Path, only: list[str] | None = None) -> list[Path]:
         names = {p.name.removesuffix(".paper.toml"): p for p in found}
         unknown = [n for n in only if n not in names]
         if unknown:
-            raise SimError(f"--only: no comparison {unknown[0][:60]!r} in {folder} (one of {', '.join(names)})")
+            known = ", ".join(names)
+            raise SimError(f"--only: no comparison {unknown[0][:60]!r} in {folder} (one of {known})")
         found = [names[n] for n in dict.fromkeys(only)]
     return found
 

@@ -24,10 +24,10 @@ from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_recorder, lora_summary
-from sim.engine.slora import SLoraRun, setup_slora
 from sim.engine.replica import ClosedLoopSource, Horizon, simulate
 from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
+from sim.engine.slora import SLoraRun, setup_slora
 from sim.engine.speculative import speculative_setup
 from sim.io.errors import SimError
 from sim.io.outputs import differences, path_component, replace_folder
@@ -215,15 +215,16 @@ def _lora_run(scenario: Scenario, config: Any, cost: CostModel, source: str) -> 
 
 
 def _slora_run(
-    scenario: Scenario, policy: str, config: Any, cost: CostModel, scheduler: Any, budget: KvBudget, source: str
-) -> SLoraRun:
+    scenario: Scenario, policy: str, config: Any, cost: CostModel, scheduler: Any, budget: KvBudget,
+    source: str,
+) -> SLoraRun:  # fmt: skip
     """The LoRA parts of an `slora` run: its pool within the replica's KV memory, its adapters' cells."""
     kv = replica_kv_memory(scenario.model, cost.model, cost.gpu, source)
     if scheduler.pool.capacity > budget.num_tokens:
         raise SimError(
-            f"{source}: policies.{policy}.max_total_token_num: {scheduler.pool.capacity:,} cells, more than the "
-            f"{budget.num_tokens:,} tokens of KV this replica has (raise model.gpu_memory_utilization or "
-            f"lower it)"
+            f"{source}: policies.{policy}.max_total_token_num: {scheduler.pool.capacity:,} cells, more "
+            f"than the {budget.num_tokens:,} tokens of KV this replica has (raise "
+            f"model.gpu_memory_utilization or lower it)"
         )
     try:
         return setup_slora(cost.model, cost.gpu, scenario.model.tp, cost, kv.kv_bytes_per_token, config,

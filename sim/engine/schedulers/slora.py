@@ -95,7 +95,7 @@ class SLoraScheduler:
     # --- admission (req_queue.py) ---------------------------------------------------------------------
 
     def _admit(self) -> list[Request]:
-        """`generate_new_batch`: the queue's head requests that fit, FCFS, stopping at the first that does not."""
+        """`generate_new_batch`: the queue's head requests that fit, FCFS, up to the first that does not."""
         limit = self.cfg.running_max_req_size
         if len(self.running) >= limit or not self.waiting:
             return []
@@ -111,8 +111,9 @@ class SLoraScheduler:
             if req.adapter >= 0 and req.adapter not in adapters:
                 adapters.add(req.adapter)
                 adapter_cells += self.pool.adapter_cells(req.adapter)
-            order = np.argsort(-np.asarray(left), kind="stable")
-            peak = (np.asarray(left)[order] * np.arange(1, len(left) + 1) + np.cumsum(np.asarray(lengths)[order]))
+            remaining = np.asarray(left)
+            order = np.argsort(-remaining, kind="stable")
+            peak = remaining[order] * np.arange(1, len(left) + 1) + np.cumsum(np.asarray(lengths)[order])
             fits = int(peak.max()) < self.pool.capacity - adapter_cells and len(left) <= limit
             if not fits or tokens + req.prompt_len > self.batch_max_tokens:
                 break
