@@ -20,6 +20,7 @@ before a step; this module costs them:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,7 @@ class SLoraStepTime:
     """The base model's step time, plus the LoRA kernels over the step's distinct adapters, plus the loads
     the scheduler made before it. `last` holds the latest step's residency for the records."""
 
-    def __init__(self, cost: CostModel, lora: LoraCost, load_s: dict[int, float] | Any) -> None:
+    def __init__(self, cost: CostModel, lora: LoraCost, load_s: Callable[[int], float]) -> None:
         self.cost, self.lora, self.load_s = cost, lora, load_s
         self.last = Residency()
 
