@@ -197,3 +197,35 @@ def test_sarathi_serve_capacity_table_reduced_form(tmp_path: Path, name: str) ->
     assert verdicts["capacity order"].passed
     assert comparison.sweep.capacity is not None
     assert f"p99 itl ≤ {SARATHI_BOUNDS[name]} s" in comparison.sweep.capacity["criterion"]
+
+
+def test_a_throughput_is_read_at_its_rate_and_sweep_point() -> None:
+    """A throughput cell reads one policy's finished requests per second at the sweep point its `params`
+    name; a throughput_ratio divides it by the second policy's at `base_params`."""
+    points = pl.DataFrame({
+        "policy": ["a", "a", "a"], "rate": [10.0, 10.0, 10.0], "requests_per_s": [8.0, 7.6, 9.9],
+        "params": ['{"workload.lora.adapters":5}', '{"workload.lora.adapters":2000}', None],
+    })  # fmt: skip
+    sweep: Any = SimpleNamespace(capacity=None, points=points)
+    at = {"workload.lora.adapters": 2000}
+    one = judge(cell(figure="throughput", policies=["a"], rate=10.0, params=at, low=7.6), sweep)
+    assert one.passed and one.value == pytest.approx(7.6)
+    trend = cell(figure="throughput_ratio", policies=["a", "a"], rate=10.0, params=at,
+                 base_params={"workload.lora.adapters": 5}, low=0.95)  # fmt: skip
+    assert judge(trend, sweep).value == pytest.approx(7.6 / 8.0)
+    with pytest.raises(SimError, match="workload.lora.adapters = 100"):
+        judge(cell(figure="throughput", policies=["a"], rate=10.0, low=7.6,
+                   params={"workload.lora.adapters": 100}), sweep)  # fmt: skip
+    with pytest.raises(ValueError, match="base_params: only a throughput_ratio"):
+        cell(figure="throughput", policies=["a"], rate=10.0, low=7.6, base_params=at)
+
+
+def test_slora_throughput_against_adapters_reduced_form(tmp_path: Path) -> None:
+    """S-LoRA's measured throughput with 5 to 2,000 adapters at 10 req/s: the S-LoRA policy keeps it nearly
+    flat (the trend cell), and the 1,000 and 2,000 cells are stated gaps of engine speed."""
+    comparison = run_comparison(PAPERS / "slora-s1.paper.toml", tmp_path / "slora-s1", 1, True, None)
+    assert comparison.sweep.capacity is None
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    verdicts = {v.cell.name: v for v in comparison.verdicts}
+    assert verdicts["S-LoRA throughput, 2,000 over 5 adapters"].passed
+    assert verdicts["S-LoRA throughput, 5 adapters"].value == pytest.approx(8.046, rel=0.25)

@@ -75,6 +75,9 @@ def papers(
     jobs: int = typer.Option(2, "--jobs", min=1, max=1024, help="Parallel runs (1: in-process)."),
     quick: bool = typer.Option(False, "--quick", help="Reduced form: shorter runs, tolerances doubled."),
     out: Path | None = out_option("Output folder (default: reports/papers)."),
+    only: list[str] | None = typer.Option(
+        None, "--only", help="Run only this comparison (NAME of NAME.paper.toml); repeat for several."
+    ),
 ) -> None:
     """Reproduce the published comparisons: per cell the paper's figure, the simulator's, the ratio, the
     tolerance, and a page (OUT/index.html) of the simulated curves over the published points; exits 1 when a
@@ -86,7 +89,7 @@ def papers(
 
     out = out or Path("reports/papers")
     with exit_on_terminate():
-        comparisons = run_papers(folder, out, jobs, quick)
+        comparisons = run_papers(folder, out, jobs, quick, only=only)
         page = write_papers_page(comparisons, out, quick)
     print_papers(comparisons)
     typer.echo(f"report page: {page}")

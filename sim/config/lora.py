@@ -109,13 +109,19 @@ class LoraConfig(_Config):
 def check_lora(scenario: Any, configs: dict[str, BaseModel], source: str) -> None:
     """A workload that names adapters needs LoRA on every policy (vLLM refuses a LoRA request without
     --enable-lora), within the slots' rank; LoRA is modelled for the vllm policies, on one replica or in a
-    colocated fleet whose groups all serve adapters or none."""
+    colocated fleet whose groups all serve adapters or none, and for slora (sim/engine/slora.py) on one
+    replica."""
     wl: LoraWorkload | None = scenario.workload.lora
     for name, config in configs.items():
         lora = getattr(config, "lora", None)
         kind = scenario.policies[name]["scheduler"]
+        if kind == "slora":  # S-LoRA serves any adapter from its pool (sim/engine/slora.py)
+            if scenario.cluster is not None:
+                raise SimError(f"{source}: policies.{name}.scheduler: slora is modelled on one replica, "
+                               f"not with [cluster]")  # fmt: skip
+            continue
         if wl is not None and lora is None:
-            hint = "add lora = { max_loras = ... }" if hasattr(config, "lora") else "use vllm or sarathi"
+            hint = "add lora = { max_loras = ... }" if hasattr(config, "lora") else "use vllm, sarathi, slora"
             raise SimError(
                 f"{source}: policies.{name}.lora: the workload names LoRA adapters (workload.lora) but this "
                 f"{kind} policy does not serve them; {hint}"

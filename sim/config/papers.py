@@ -5,11 +5,15 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     paper = "Kwon et al., SOSP'23"
     [[cells]]
     name = "vLLM / Orca (Oracle), capacity"
-    figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio, speedup
+    figure = "capacity_ratio"          # or capacity_order, batch_size, batch_ratio, speedup, attainment,
+                                       # throughput, throughput_ratio
     policies = ["vllm", "orca-oracle"] # numerator, denominator (capacity_order: lowest first)
     # speedup: the first policy's latency over the second's at `rate` (policies = [baseline, faster]),
     # the latency being `metric`'s `stat` (e2e p50 by default); attainment: one policy's share of finished
-    # requests within every [slo] bound at `rate`
+    # requests within every [slo] bound at `rate`; throughput: one policy's finished requests per second at
+    # `rate` (a fixed offered rate, tail included), throughput_ratio: the first's over the second's
+    params = { "workload.lora.adapters" = 2000 }   # the sweep point a figure at one rate is read at
+    base_params = { "workload.lora.adapters" = 5 } # throughput_ratio: the second's point (default: params)
     low = 1.7                          # the paper's value, or its range low..high
     high = 2.7
     tolerance = 0.25                   # the simulated value may be this share outside low..high
@@ -29,9 +33,13 @@ from sim.config.scenario import read_toml
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 
-Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment"]
-RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment")  # read at one sweep rate
-SINGLE = ("batch_size", "attainment")  # one policy's figure
+Figure = Literal[
+    "capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment", "throughput",
+    "throughput_ratio",
+]  # fmt: skip
+RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment", "throughput", "throughput_ratio")
+SINGLE = ("batch_size", "attainment", "throughput")  # one policy's figure
+Param = int | float | str | bool
 
 
 class Cell(BaseModel):
@@ -44,6 +52,12 @@ class Cell(BaseModel):
     rate: float | None = Field(None, gt=0, description="The sweep rate a batch or speedup figure is read at.")
     metric: Metric = Field("e2e", description="speedup: the latency compared.")
     stat: Stat = Field("p50", description="speedup: the statistic of `metric` compared.")
+    params: dict[str, Param] = Field(
+        default_factory=dict, description="The sweep.params values of the point a figure is read at."
+    )
+    base_params: dict[str, Param] | None = Field(
+        None, description="throughput_ratio: the second policy's point (default: params)."
+    )
     tolerance: float = Field(0.25, ge=0)
     source: str
     known_gap: str | None = None
@@ -62,6 +76,8 @@ class Cell(BaseModel):
             raise ValueError(f"high ({self.high:g}) is below low ({self.low:g})")
         if self.figure in RATE_FIGURES and self.rate is None:
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
+        if self.base_params is not None and self.figure != "throughput_ratio":
+            raise ValueError("base_params: only a throughput_ratio compares two sweep points")
         return self
 
 

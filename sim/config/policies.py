@@ -144,6 +144,37 @@ class VllmV0Config(EngineChoice):
     )
 
 
+class SLoraConfig(EngineChoice):
+    """Knobs of the `slora` policy (engine/schedulers/slora.py), named as S-LoRA's server flags
+    (S-LoRA/S-LoRA, slora/server/api_server.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_total_token_num: int | None = Field(
+        None, ge=1, description="cells of the unified pool, one token's K and V each (default: the KV budget)"
+    )
+    batch_max_tokens: int | None = Field(
+        None, ge=1, description="prompt tokens per prefill step (default: max(pool / 6, 3,072), as S-LoRA's)"
+    )
+    running_max_req_size: int = Field(1000, ge=1, description="most requests running at once")
+    max_wait_tokens: int = Field(10, ge=1, description="decode steps between two admission attempts")
+    max_new_tokens: Literal["max_tokens", "output"] = Field(
+        "max_tokens",
+        description="what the router reserves output cells for: max_tokens, or each request's own output "
+        "length (S-LoRA's benchmark sends max_new_tokens = the output length, with ignore_eos)",
+    )
+    prefetch: bool = Field(
+        False, description="load the adapters of queued requests during decode steps, off the step's time"
+    )
+    host_link: str | None = Field(None, description="host-to-GPU link (default: the GPU's PCIe)")
+
+    @model_validator(mode="after")
+    def _engine_alone(self) -> SLoraConfig:
+        if self.engine != DEFAULT_ENGINE:
+            raise ValueError(f"engine: a profile ({self.engine!r}) is not modelled with LoRA; only "
+                             f"{DEFAULT_ENGINE!r} is")  # fmt: skip
+        return self
+
+
 # The knobs of each scheduling policy, by the name a `[policies.NAME]` table gives as `scheduler`; the
 # policies themselves: sim.engine.schedulers.
 POLICIES: dict[str, type[BaseModel]] = {
@@ -153,4 +184,5 @@ POLICIES: dict[str, type[BaseModel]] = {
     "vllm": VllmConfig,
     "sarathi": SarathiConfig,
     "vllm-v0": VllmV0Config,
+    "slora": SLoraConfig,
 }

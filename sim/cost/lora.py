@@ -85,18 +85,26 @@ def lora_memory(kv: KvMemory, model: ModelSpec, config: LoraConfig) -> KvMemory:
 
 
 class LoraCost:
-    """Seconds of a step's LoRA kernels (shrink and expand per LoRA layer, over the whole batch)."""
+    """Seconds of a step's LoRA kernels (shrink and expand per LoRA layer, over the whole batch).
 
-    def __init__(self, model: ModelSpec, gpu: Gpu, tp: int, max_lora_rank: int, cost: CostModel) -> None:
+    vLLM's: every LoRA-capable module at the slots' rank, q/k/v and gate/up packed into one kernel each.
+    `modules` (the adapters' own, at their rank) and `packed = False` (a shrink and an expand per module)
+    cost S-LoRA's MBGMM/MBGMV kernels, which gather each row's adapter from the pool."""
 
+    def __init__(
+        self, model: ModelSpec, gpu: Gpu, tp: int, max_lora_rank: int, cost: CostModel,
+        modules: Iterable[str] | None = None, packed: bool = True,
+    ) -> None:  # fmt: skip
         shapes = module_shapes(model)
-        widths = [per_gpu_widths(model, n, s, tp) for n, s in shapes.items()]
+        names = list(shapes) if modules is None else list(modules)
+        widths = [per_gpu_widths(model, n, shapes[n], tp) for n in names]
         layers, r = model.num_layers, max_lora_rank
         self.flops_token = 2.0 * layers * r * sum(a + b for a, b in widths)  # shrink + expand FLOPs
         # activations: shrink reads x; expand reads the r-wide buffer and reads and writes y
         self.act_bytes_token = LORA_BYTES * layers * sum(a + r + 2 * b for a, b in widths)
-        self.slot_bytes = slot_bytes(model, r, tp)
-        self.kernels = 2 * layers * sum(1 for group in PACKED if any(m in shapes for m in group))
+        self.slot_bytes = slot_bytes(model, r, tp) if modules is None else adapter_bytes(model, r, names, tp)
+        groups = sum(1 for group in PACKED if any(m in names for m in group)) if packed else len(names)
+        self.kernels = 2 * layers * groups
         self.fixed_s = KernelCalibration.load().graph_kernel_fixed_s  # sim/catalog/kernel_calibration.toml
         cal = cost.cal
         self.flop_rate = gpu.flops_16bit * min(cal.compute_eff_prefill, cal.compute_eff_decode)

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from sim.engine.lora import LoraRun, LoraStepTime
+from sim.engine.slora import SLoraRun, SLoraStepTime
 from sim.records.columns import CHUNK_ROWS
 from sim.records.recorder import Recorder
 from sim.records.sinks import RecordSink
@@ -26,7 +27,10 @@ class LoraRecorder(Recorder):
     EXTRA_COLUMNS = ("adapter",)
 
     def __init__(
-        self, timer: LoraStepTime, sink: RecordSink | None = None, chunk_rows: int = CHUNK_ROWS
+        self,
+        timer: LoraStepTime | SLoraStepTime,
+        sink: RecordSink | None = None,
+        chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         self._timer = timer
         self._lora_ints = array("q")
@@ -56,12 +60,12 @@ class LoraRecorder(Recorder):
         self._lora_load = array("d")
 
 
-def lora_recorder(run: LoraRun, sink: RecordSink | None = None) -> Any:
+def lora_recorder(run: LoraRun | SLoraRun, sink: RecordSink | None = None) -> Any:
     """A recorder that keeps the LoRA columns of `run`'s steps and requests."""
     return LoraRecorder(run.step_time, sink)
 
 
-def lora_summary(run: LoraRun, steps: pl.DataFrame | pl.LazyFrame) -> dict[str, Any]:
+def lora_summary(run: LoraRun | SLoraRun, steps: pl.DataFrame | pl.LazyFrame) -> dict[str, Any]:
     """The summary's `lora` block."""
     s = steps.lazy().select(
         pl.len().alias("count"),

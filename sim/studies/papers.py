@@ -2,14 +2,17 @@
 
 Each `NAME.paper.toml` names a scenario beside it; that scenario's sweep runs (with `--find-capacity` under
 its own `[sweep.capacity]` rule when a cell reads capacities), and every cell is read from the sweep:
-capacities (their order or a ratio), and at one rate mean batch sizes and speed-ups (one policy's latency
-statistic over another's), each the mean over replications. A cell passes when the simulated value lies
+capacities (their order or a ratio), and at one rate mean batch sizes, speed-ups (one policy's latency
+statistic over another's), SLO attainments and throughputs (finished requests per second at a fixed offered
+rate, or a ratio of two, at sweep points chosen by their `sweep.params`), each the mean over replications.
+A cell passes when the simulated value lies
 within `tolerance` of the paper's value (or range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the
 reduced form CI runs: a shorter horizon, fewer bisection rounds, and every tolerance doubled.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,30 +67,51 @@ def _capacities(sweep: SweepResult) -> dict[str, float | None]:
     return {c["policy"]: c["capacity"] for c in sweep.capacity["capacities"] if not c["params"]}
 
 
-def point_mean(sweep: SweepResult, policy: str, rate: float, column: str) -> float | None:
-    """A sweep column's mean over the replications of one policy at one rate (None: no run has it)."""
+def point_mean(
+    sweep: SweepResult, policy: str, rate: float, column: str, params: dict[str, Any] | None = None
+) -> float | None:
+    """A sweep column's mean over the replications of one policy at one rate, at the sweep point whose
+    `sweep.params` values include `params` (None: no run has it)."""
     rows = sweep.points.filter((pl.col("policy") == policy) & (pl.col("rate") == rate))
+    if params:
+        keep = [_has_params(p, params) for p in rows["params"].to_list()]
+        rows = rows.filter(pl.Series(keep, dtype=pl.Boolean))
     if rows.height == 0:
-        raise SimError(f"no sweep point for policy {policy!r} at rate {rate:g}: add it to sweep.rates")
+        at = "".join(f", {k} = {v!r}" for k, v in (params or {}).items())
+        raise SimError(
+            f"no sweep point for policy {policy!r} at rate {rate:g}{at}: add it to sweep.rates (or .params)"
+        )
     values = [v for v in rows[column].to_list() if v is not None]
     return float(np.mean(values)) if values else None
+
+
+def _has_params(point: str | None, params: dict[str, Any]) -> bool:
+    values = json.loads(point) if point else {}
+    return all(k in values and values[k] == v for k, v in params.items())
 
 
 def rate_column(cell: Cell) -> str:
     """The sweep column a figure read at one rate comes from."""
     if cell.figure.startswith("batch"):
         return "mean_batch_size"
+    if cell.figure.startswith("throughput"):
+        return "requests_per_s"
     return "slo_attainment" if cell.figure == "attainment" else f"{cell.metric}_{cell.stat}"
 
 
 def _rate_value(cell: Cell, sweep: SweepResult) -> float | None:
     assert cell.rate is not None
-    figures = [point_mean(sweep, p, cell.rate, rate_column(cell)) for p in cell.policies]
+    points = [cell.params, cell.params if cell.base_params is None else cell.base_params]
+    column = rate_column(cell)
+    pairs = zip(cell.policies, points, strict=False)
+    figures = [point_mean(sweep, p, cell.rate, column, at) for p, at in pairs]
     if None in figures:
         return None
     if len(figures) == 1:  # batch_size, attainment
         return figures[0]
-    num, den = figures  # batch_ratio: the first's batch over the second's; speedup: baseline over faster
+    # batch_ratio: the first's batch over the second's; speedup: baseline over faster; throughput_ratio: the
+    # first's finished requests per second over the second's (at `base_params`)
+    num, den = figures
     return None if not den else num / den  # type: ignore[operator]
 
 
@@ -139,22 +163,31 @@ def run_comparison(path: Path, out: Path, jobs: int, quick: bool, console: Conso
     return Comparison(path, paper, sweep, [judge(c, sweep, widen) for c in paper.cells])
 
 
-def paper_files(folder: Path) -> list[Path]:
+def paper_files(folder: Path, only: list[str] | None = None) -> list[Path]:
+    """The comparisons of `folder`, or those named in `only` (NAME of NAME.paper.toml)."""
     if not folder.is_dir():
         raise SimError(f"{folder}: no such folder of paper comparisons")
     found = sorted(folder.glob("*.paper.toml"))
     if not found:
         raise SimError(f"{folder}: no *.paper.toml files")
+    if only:
+        names = {p.name.removesuffix(".paper.toml"): p for p in found}
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            known = ", ".join(names)
+            raise SimError(f"--only: no comparison {unknown[0][:60]!r} in {folder} (one of {known})")
+        found = [names[n] for n in dict.fromkeys(only)]
     return found
 
 
 def run_papers(
-    folder: Path, out: Path, jobs: int = 2, quick: bool = False, console: Console | None = None
-) -> list[Comparison]:
-    """Every comparison in `folder`, each swept into `out/<name>/`."""
+    folder: Path, out: Path, jobs: int = 2, quick: bool = False, console: Console | None = None,
+    only: list[str] | None = None,
+) -> list[Comparison]:  # fmt: skip
+    """Every comparison in `folder` (or those `only` names), each swept into `out/<name>/`."""
     return [
         run_comparison(p, out / p.name.removesuffix(".paper.toml"), jobs, quick, console)
-        for p in paper_files(folder)
+        for p in paper_files(folder, only)
     ]
 
 

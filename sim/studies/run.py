@@ -29,6 +29,7 @@ from sim.engine.lora_records import lora_recorder, lora_summary
 from sim.engine.replica import simulate
 from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
+from sim.engine.slora import SLoraRun, setup_slora
 from sim.engine.speculative import speculative_setup
 from sim.io.errors import SimError
 from sim.io.outputs import differences, path_component, replace_folder
@@ -154,11 +155,15 @@ def run_policy(
     spec = speculative_setup(scenario, config, cost, budget, run_seed, base_dir, source)
     if spec is not None and spec.budget is not None:
         budget, info = spec.budget, {**info, **spec.replica_info()}
-    lora = _lora_run(scenario, config, cost, source) if getattr(config, "lora", None) is not None else None
-    if lora is not None and scenario.model.num_kv_blocks is None:  # the LoRA slots take KV memory
+    lora: LoraRun | SLoraRun | None = None
+    if getattr(config, "lora", None) is not None:
+        lora = _lora_run(scenario, config, cost, source)
+    if isinstance(lora, LoraRun) and scenario.model.num_kv_blocks is None:  # the LoRA slots take KV memory
         budget = KvBudget(lora.blocks_with, budget.block_size, budget.max_model_len)
         info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
     scheduler = load_all()[kind].build(config, budget)
+    if kind == "slora":  # S-LoRA's adapters share the KV pool (sim/engine/slora.py)
+        lora = _slora_run(scenario, policy, config, cost, scheduler, budget, source)
     sink = ParquetSink(records) if records is not None else None
     step_time, recorder = cost.step_time, Recorder(sink)
     if spec is not None:
@@ -209,6 +214,25 @@ def _lora_run(scenario: Scenario, config: Any, cost: CostModel, source: str) -> 
         return setup_lora(cost.model, cost.gpu, m.tp, cost, kv, config.lora, scenario.workload.lora)[0]
     except SimError as err:
         raise SimError(f"{source}: model: {err}") from None
+
+
+def _slora_run(
+    scenario: Scenario, policy: str, config: Any, cost: CostModel, scheduler: Any, budget: KvBudget,
+    source: str,
+) -> SLoraRun:  # fmt: skip
+    """The LoRA parts of an `slora` run: its pool within the replica's KV memory, its adapters' cells."""
+    kv = replica_kv_memory(scenario.model, cost.model, cost.gpu, source)
+    if scheduler.pool.capacity > budget.num_tokens:
+        raise SimError(
+            f"{source}: policies.{policy}.max_total_token_num: {scheduler.pool.capacity:,} cells, more "
+            f"than the {budget.num_tokens:,} tokens of KV this replica has (raise "
+            f"model.gpu_memory_utilization or lower it)"
+        )
+    try:
+        return setup_slora(cost.model, cost.gpu, scenario.model.tp, cost, kv.kv_bytes_per_token, config,
+                           scenario.workload.lora, scheduler, budget.num_blocks)  # fmt: skip
+    except SimError as err:
+        raise SimError(f"{source}: {err}") from None
 
 
 def _run_fleet(
