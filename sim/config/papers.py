@@ -15,6 +15,13 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     tolerance = 0.25                   # the simulated value may be this share outside low..high
     source = "§6.2, text"              # where the paper states it (an image: say so and how it was read)
     known_gap = "..."                  # set when the cell is known to miss, with the reason (docs/papers.md)
+
+Two figures run nothing: they read the step costs a policy of the scenario pays (its model, GPU, TP and
+engine), in milliseconds. `step_time`: a `phase = "prompt"` step of `batch` prompts of `prompt` tokens each,
+or the mean `phase = "token"` step of `batch` sequences over the `output - 1` decode steps after such a prompt
+(contexts `prompt` to `prompt + output - 2`). `request_time`: one request served alone, `prompt` tokens in and
+`output` out: its `metric` is `ttft` (the prompt step), `tpot` (the mean token step, TBT) or `e2e` (TTFT plus
+`output - 1` token steps).
 """
 
 from __future__ import annotations
@@ -29,9 +36,14 @@ from sim.config.scenario import read_toml
 from sim.config.validation import format_validation_error
 from sim.io.errors import SimError
 
-Figure = Literal["capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment"]
+Figure = Literal[
+    "capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment", "step_time",
+    "request_time",
+]  # fmt: skip
 RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment")  # read at one sweep rate
-SINGLE = ("batch_size", "attainment")  # one policy's figure
+STEP_FIGURES = ("step_time", "request_time")  # read from the step costs: no sweep
+SINGLE = ("batch_size", "attainment", *STEP_FIGURES)  # one policy's figure
+REQUEST_METRICS = ("ttft", "tpot", "e2e")  # request_time's metrics
 
 
 class Cell(BaseModel):
@@ -44,6 +56,10 @@ class Cell(BaseModel):
     rate: float | None = Field(None, gt=0, description="The sweep rate a batch or speedup figure is read at.")
     metric: Metric = Field("e2e", description="speedup: the latency compared.")
     stat: Stat = Field("p50", description="speedup: the statistic of `metric` compared.")
+    phase: Literal["prompt", "token"] | None = Field(None, description="step_time: which step is timed.")
+    batch: int = Field(1, ge=1, le=4096, description="step_time: prompts or sequences in the step.")
+    prompt: int | None = Field(None, ge=1, le=1_000_000, description="step, request: prompt tokens.")
+    output: int | None = Field(None, ge=2, le=1_000_000, description="token step, request: output.")
     tolerance: float = Field(0.25, ge=0)
     source: str
     known_gap: str | None = None
@@ -62,7 +78,25 @@ class Cell(BaseModel):
             raise ValueError(f"high ({self.high:g}) is below low ({self.low:g})")
         if self.figure in RATE_FIGURES and self.rate is None:
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
+        if self.figure in STEP_FIGURES:
+            self._step_shape()
         return self
+
+    def _step_shape(self) -> None:
+        if self.rate is not None:
+            raise ValueError(f"rate: {self.figure} is read from the step costs, at no rate")
+        if self.prompt is None:
+            raise ValueError(f"prompt: {self.figure} needs the prompt's tokens")
+        if self.figure == "step_time" and self.phase is None:
+            raise ValueError('phase: step_time times a "prompt" or a "token" step')
+        if (self.figure == "request_time" or self.phase == "token") and self.output is None:
+            what = "request_time" if self.figure == "request_time" else "a token step"
+            raise ValueError(f"output: {what} needs the output tokens (the decode steps follow from it)")
+        if self.figure == "request_time":
+            if self.metric not in REQUEST_METRICS:
+                raise ValueError(f"metric: request_time reads one of {', '.join(REQUEST_METRICS)}")
+            if self.batch != 1 or self.phase is not None:
+                raise ValueError("batch, phase: request_time is one request served alone (batch 1, no phase)")
 
 
 class PaperFile(BaseModel):
@@ -74,6 +108,10 @@ class PaperFile(BaseModel):
     def needs_capacity(self) -> bool:
         """Whether a cell reads capacities (then the sweep runs `--find-capacity`)."""
         return any(c.figure.startswith("capacity") for c in self.cells)
+
+    def needs_sweep(self) -> bool:
+        """Whether a cell reads the sweep (step-cost cells alone run nothing)."""
+        return any(c.figure not in STEP_FIGURES for c in self.cells)
 
 
 def load_paper(path: Path) -> PaperFile:
