@@ -1,5 +1,5 @@
-"""`sim papers`' step-cost cells (`step_time`, `request_time`): read from the policy's cost model, run nothing;
-and Splitwise's comparisons, which hold only such cells."""
+"""`sim papers`' step-cost cells (`step_time`, `request_time`): read from the policy's cost model, they run
+nothing; and Splitwise's comparisons, which hold only such cells."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_request_alone_is_its_prompt_step_then_output_minus_one_token_steps() 
         ({"figure": "step_time", "prompt": 512}, "phase: step_time times"),
         ({"figure": "step_time", "phase": "token", "prompt": 512}, "output: a token step needs"),
         ({"figure": "request_time", "metric": "e2e", "prompt": 512}, "output: request_time needs"),
-        ({"figure": "request_time", "metric": "itl", "prompt": 512, "output": 8}, "metric: request_time reads"),
+        ({"figure": "request_time", "metric": "itl", "prompt": 512, "output": 8}, "metric: request_time"),
         ({"figure": "request_time", "prompt": 512, "output": 8, "batch": 2}, "batch, phase: request_time"),
         ({"figure": "step_time", "phase": "prompt", "prompt": 512, "rate": 1.0}, "rate: step_time is read"),
         ({"figure": "step_time", "phase": "prompt"}, "prompt: step_time needs"),
@@ -84,3 +84,32 @@ def test_splitwise_measured_steps_reduced_form(tmp_path: Path, name: str) -> Non
     assert len(comparison.verdicts) == len(load_paper(PAPERS / f"{name}.paper.toml").cells) == 20
     page = write_papers_page([comparison], tmp_path, quick=True, png=False).read_text()
     assert 'data-chart="c0-cells"' in page
+
+
+def test_a_cell_on_another_gpu_and_its_ratio_to_a_third() -> None:
+    ttft = cell(figure="request_time", metric="ttft", prompt=1020, output=129)
+    on_h100 = ttft.model_copy(update={"gpu": "H100-SXM"})
+    ratio = on_h100.model_copy(update={"over_gpu": "A100-80GB"})
+    a100, h100, h100_over_a100 = step_values([ttft, on_h100, ratio], A100)
+    assert h100 < a100 and h100_over_a100 == pytest.approx(h100 / a100)
+    with pytest.raises(SimError, match="gpu 'B200-X'.*model.gpu"):
+        step_values([ttft.model_copy(update={"gpu": "B200-X"})], A100)
+
+
+def test_only_a_step_cost_cell_reads_another_gpu() -> None:
+    with pytest.raises(ValueError, match="gpu, over_gpu: only step_time and request_time cells"):
+        cell(figure="batch_size", rate=1.0, gpu="H100-SXM")
+
+
+def test_splitwise_table_iv_reduced_form(tmp_path: Path) -> None:
+    """Table IV: every TTFT and every H100 / A100 ratio matches within 25%; TBT and E2E are stated gaps."""
+    comparison = run_comparison(PAPERS / "splitwise-table4.paper.toml", tmp_path / "t4", 1, True, None)
+    assert comparison.sweep is None
+    assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    for verdict in comparison.verdicts:
+        if "TTFT" in verdict.cell.name or verdict.cell.over_gpu is not None:
+            assert verdict.value is not None and verdict.ratio is not None
+            assert 0.75 <= verdict.ratio <= 1.25, (verdict.cell.name, verdict.shown)
+        else:
+            assert verdict.cell.known_gap is not None, verdict.cell.name
+    assert sum(v.cell.over_gpu is not None for v in comparison.verdicts) == 6

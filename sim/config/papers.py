@@ -21,7 +21,8 @@ engine), in milliseconds. `step_time`: a `phase = "prompt"` step of `batch` prom
 or the mean `phase = "token"` step of `batch` sequences over the `output - 1` decode steps after such a prompt
 (contexts `prompt` to `prompt + output - 2`). `request_time`: one request served alone, `prompt` tokens in and
 `output` out: its `metric` is `ttft` (the prompt step), `tpot` (the mean token step, TBT) or `e2e` (TTFT plus
-`output - 1` token steps).
+`output - 1` token steps). Either may name a `gpu` in place of the scenario's `model.gpu`, and an `over_gpu`:
+the figure is then its ratio to the same figure on that GPU.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Cell(BaseModel):
     batch: int = Field(1, ge=1, le=4096, description="step_time: prompts or sequences in the step.")
     prompt: int | None = Field(None, ge=1, le=1_000_000, description="step, request: prompt tokens.")
     output: int | None = Field(None, ge=2, le=1_000_000, description="token step, request: output.")
+    gpu: str | None = Field(None, description="step, request: the GPU in place of the scenario's model.gpu.")
+    over_gpu: str | None = Field(None, description="step, request: over the same figure on this GPU.")
     tolerance: float = Field(0.25, ge=0)
     source: str
     known_gap: str | None = None
@@ -80,6 +83,8 @@ class Cell(BaseModel):
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
         if self.figure in STEP_FIGURES:
             self._step_shape()
+        elif self.gpu is not None or self.over_gpu is not None:
+            raise ValueError(f"gpu, over_gpu: only {' and '.join(STEP_FIGURES)} cells read another GPU")
         return self
 
     def _step_shape(self) -> None:

@@ -3,7 +3,8 @@ as a run charges them (`build_cost_and_memory` with the policy's engine), in mil
 
 A token step is timed as the mean over the decode steps after a prompt: the step that emits a request's
 k-th token (k = 2 … output) holds `prompt + k - 2` cached tokens per sequence. A request served alone has its
-prompt step as TTFT, the mean token step as TBT (TPOT), and TTFT + (output − 1) × TBT as E2E.
+prompt step as TTFT, the mean token step as TBT (TPOT), and TTFT + (output − 1) × TBT as E2E. A cell's `gpu`
+replaces the scenario's `model.gpu`; with `over_gpu` the figure is over the same one on that GPU.
 """
 
 from __future__ import annotations
@@ -56,13 +57,21 @@ def policy_cost(scenario: Scenario, policy: str, source: str) -> CostModel:
 
 
 def step_values(cells: list[Cell], scenario_path: Path) -> list[float]:
-    """Each step-cost cell's figure, in order, one cost model per policy."""
-    scenario = load_scenario(scenario_path)
-    costs: dict[str, CostModel] = {}
+    """Each step-cost cell's figure, in order, one cost model per policy and GPU."""
+    costs: dict[tuple[str, str | None], CostModel] = {}
+
+    def cost_on(cell: Cell, gpu: str | None) -> CostModel:
+        (policy,) = cell.policies
+        if (policy, gpu) not in costs:
+            scenario = load_scenario(scenario_path, None if gpu is None else [f"model.gpu={gpu}"])
+            where = f"{scenario_path}, cell {cell.name!r}" + ("" if gpu is None else f" (gpu {gpu!r})")
+            costs[policy, gpu] = policy_cost(scenario, policy, where)
+        return costs[policy, gpu]
+
     values: list[float] = []
     for cell in cells:
-        (policy,) = cell.policies
-        if policy not in costs:
-            costs[policy] = policy_cost(scenario, policy, f"{scenario_path}, cell {cell.name!r}")
-        values.append(step_value(cell, costs[policy]))
+        value = step_value(cell, cost_on(cell, cell.gpu))
+        if cell.over_gpu is not None:
+            value /= step_value(cell, cost_on(cell, cell.over_gpu))
+        values.append(value)
     return values
