@@ -96,9 +96,11 @@ def test_a_cell_on_another_gpu_and_its_ratio_to_a_third() -> None:
         step_values([ttft.model_copy(update={"gpu": "B200-X"})], A100)
 
 
-def test_only_a_step_cost_cell_reads_another_gpu() -> None:
-    with pytest.raises(ValueError, match="gpu, over_gpu: only step_time and request_time cells"):
+def test_only_a_step_cost_cell_takes_step_keys() -> None:
+    with pytest.raises(ValueError, match="gpu: only step_time and request_time cells read step costs"):
         cell(figure="batch_size", rate=1.0, gpu="H100-SXM")
+    with pytest.raises(ValueError, match="prompt, batch: only step_time"):
+        cell(figure="attainment", rate=1.0, prompt=512, batch=4)
 
 
 def test_splitwise_table_iv_reduced_form(tmp_path: Path) -> None:

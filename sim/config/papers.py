@@ -45,6 +45,7 @@ RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment")  # read at
 STEP_FIGURES = ("step_time", "request_time")  # read from the step costs: no sweep
 SINGLE = ("batch_size", "attainment", *STEP_FIGURES)  # one policy's figure
 REQUEST_METRICS = ("ttft", "tpot", "e2e")  # request_time's metrics
+STEP_KEYS = ("phase", "prompt", "output", "gpu", "over_gpu")  # step-cost cells' keys (and batch)
 
 
 class Cell(BaseModel):
@@ -83,8 +84,11 @@ class Cell(BaseModel):
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
         if self.figure in STEP_FIGURES:
             self._step_shape()
-        elif self.gpu is not None or self.over_gpu is not None:
-            raise ValueError(f"gpu, over_gpu: only {' and '.join(STEP_FIGURES)} cells read another GPU")
+        else:
+            given = [k for k in STEP_KEYS if getattr(self, k) is not None]
+            if given or self.batch != 1:
+                keys = ", ".join(given + (["batch"] if self.batch != 1 else []))
+                raise ValueError(f"{keys}: only {' and '.join(STEP_FIGURES)} cells read step costs")
         return self
 
     def _step_shape(self) -> None:
