@@ -19,6 +19,14 @@ simulator must come. `sim papers` (sim/studies/papers.py) runs the scenario each
     tolerance = 0.25                   # the simulated value may be this share outside low..high
     source = "§6.2, text"              # where the paper states it (an image: say so and how it was read)
     known_gap = "..."                  # set when the cell is known to miss, with the reason (docs/papers.md)
+
+Two figures run nothing: they read the step costs a policy of the scenario pays (its model, GPU, TP and
+engine), in milliseconds. `step_time`: a `phase = "prompt"` step of `batch` prompts of `prompt` tokens each,
+or the mean `phase = "token"` step of `batch` sequences over the `output - 1` decode steps after such a prompt
+(contexts `prompt` to `prompt + output - 2`). `request_time`: one request served alone, `prompt` tokens in and
+`output` out: its `metric` is `ttft` (the prompt step), `tpot` (the mean token step, TBT) or `e2e` (TTFT plus
+`output - 1` token steps). Either may name a `gpu` in place of the scenario's `model.gpu`, and an `over_gpu`:
+the figure is then its ratio to the same figure on that GPU.
 """
 
 from __future__ import annotations
@@ -35,10 +43,13 @@ from sim.io.errors import SimError
 
 Figure = Literal[
     "capacity_order", "capacity_ratio", "batch_size", "batch_ratio", "speedup", "attainment", "throughput",
-    "throughput_ratio",
+    "throughput_ratio", "step_time", "request_time",
 ]  # fmt: skip
 RATE_FIGURES = ("batch_size", "batch_ratio", "speedup", "attainment", "throughput", "throughput_ratio")
-SINGLE = ("batch_size", "attainment", "throughput")  # one policy's figure
+STEP_FIGURES = ("step_time", "request_time")  # read from the step costs: no sweep
+SINGLE = ("batch_size", "attainment", "throughput", *STEP_FIGURES)  # one policy's figure
+REQUEST_METRICS = ("ttft", "tpot", "e2e")  # request_time's metrics
+STEP_KEYS = ("phase", "prompt", "output", "gpu", "over_gpu")  # step-cost cells' keys (and batch)
 Param = int | float | str | bool
 
 
@@ -58,6 +69,12 @@ class Cell(BaseModel):
     base_params: dict[str, Param] | None = Field(
         None, description="throughput_ratio: the second policy's point (default: params)."
     )
+    phase: Literal["prompt", "token"] | None = Field(None, description="step_time: which step is timed.")
+    batch: int = Field(1, ge=1, le=4096, description="step_time: prompts or sequences in the step.")
+    prompt: int | None = Field(None, ge=1, le=1_000_000, description="step, request: prompt tokens.")
+    output: int | None = Field(None, ge=2, le=1_000_000, description="token step, request: output.")
+    gpu: str | None = Field(None, description="step, request: the GPU in place of the scenario's model.gpu.")
+    over_gpu: str | None = Field(None, description="step, request: over the same figure on this GPU.")
     tolerance: float = Field(0.25, ge=0)
     source: str
     known_gap: str | None = None
@@ -78,7 +95,30 @@ class Cell(BaseModel):
             raise ValueError(f"rate: {self.figure} is read at one sweep rate")
         if self.base_params is not None and self.figure != "throughput_ratio":
             raise ValueError("base_params: only a throughput_ratio compares two sweep points")
+        if self.figure in STEP_FIGURES:
+            self._step_shape()
+        else:
+            given = [k for k in STEP_KEYS if getattr(self, k) is not None]
+            if given or self.batch != 1:
+                keys = ", ".join(given + (["batch"] if self.batch != 1 else []))
+                raise ValueError(f"{keys}: only {' and '.join(STEP_FIGURES)} cells read step costs")
         return self
+
+    def _step_shape(self) -> None:
+        if self.rate is not None:
+            raise ValueError(f"rate: {self.figure} is read from the step costs, at no rate")
+        if self.prompt is None:
+            raise ValueError(f"prompt: {self.figure} needs the prompt's tokens")
+        if self.figure == "step_time" and self.phase is None:
+            raise ValueError('phase: step_time times a "prompt" or a "token" step')
+        if (self.figure == "request_time" or self.phase == "token") and self.output is None:
+            what = "request_time" if self.figure == "request_time" else "a token step"
+            raise ValueError(f"output: {what} needs the output tokens (the decode steps follow from it)")
+        if self.figure == "request_time":
+            if self.metric not in REQUEST_METRICS:
+                raise ValueError(f"metric: request_time reads one of {', '.join(REQUEST_METRICS)}")
+            if self.batch != 1 or self.phase is not None:
+                raise ValueError("batch, phase: request_time is one request served alone (batch 1, no phase)")
 
 
 class PaperFile(BaseModel):
@@ -90,6 +130,10 @@ class PaperFile(BaseModel):
     def needs_capacity(self) -> bool:
         """Whether a cell reads capacities (then the sweep runs `--find-capacity`)."""
         return any(c.figure.startswith("capacity") for c in self.cells)
+
+    def needs_sweep(self) -> bool:
+        """Whether a cell reads the sweep (step-cost cells alone run nothing)."""
+        return any(c.figure not in STEP_FIGURES for c in self.cells)
 
 
 def load_paper(path: Path) -> PaperFile:

@@ -61,7 +61,9 @@ def curve_frames(comparison: Comparison, figure: str) -> tuple[pl.DataFrame, pl.
     """The simulated curve (series, rate, value) of every `figure` cell's policies at every swept rate,
     and the published points (series, rate, value) on it."""
     cells = [v.cell for v in comparison.verdicts if v.cell.figure == figure]
-    points = comparison.sweep.points
+    sweep = comparison.sweep
+    assert sweep is not None  # a figure read at one rate is read from the sweep
+    points = sweep.points
     curve: list[dict[str, Any]] = []
     published: list[dict[str, Any]] = []
     for cell in cells:
@@ -71,7 +73,7 @@ def curve_frames(comparison: Comparison, figure: str) -> tuple[pl.DataFrame, pl.
         series = cell.policies[0] if single else f"{cell.policies[1]} over {cell.policies[0]}"
         swept = [set(points.filter(pl.col("policy") == p)["rate"].to_list()) for p in cell.policies]
         for rate in sorted(set.intersection(*swept)):  # the capacity search's rates are some policies' only
-            values = [point_mean(comparison.sweep, p, rate, column) for p in cell.policies]
+            values = [point_mean(sweep, p, rate, column) for p in cell.policies]
             if None in values or (figure == "speedup" and not values[1]):
                 continue
             value = values[0] if single else values[0] / values[1]  # type: ignore[operator]

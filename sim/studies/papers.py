@@ -5,9 +5,10 @@ its own `[sweep.capacity]` rule when a cell reads capacities), and every cell is
 capacities (their order or a ratio), and at one rate mean batch sizes, speed-ups (one policy's latency
 statistic over another's), SLO attainments and throughputs (finished requests per second at a fixed offered
 rate, or a ratio of two, at sweep points chosen by their `sweep.params`), each the mean over replications.
-A cell passes when the simulated value lies
-within `tolerance` of the paper's value (or range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the
-reduced form CI runs: a shorter horizon, fewer bisection rounds, and every tolerance doubled.
+Step-cost cells read the step times a policy pays (sim/studies/paper_steps.py); a comparison of those alone
+runs no sweep. A cell passes when the simulated value lies within `tolerance` of the paper's value (or
+range): `low·(1 − tol) ≤ value ≤ high·(1 + tol)`. `quick` is the reduced form CI runs: a shorter horizon,
+fewer bisection rounds, and every tolerance doubled.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import numpy as np
 import polars as pl
 from rich.console import Console
 
-from sim.config.papers import Cell, PaperFile, load_paper
+from sim.config.papers import STEP_FIGURES, Cell, PaperFile, load_paper
 from sim.config.scenario import read_toml
 from sim.io.errors import SimError
+from sim.studies.paper_steps import step_values
 from sim.studies.sweep import SweepResult, run_sweep
 
 QUICK_DURATION_S = 120.0  # the quick form's horizon, for scenarios that run longer
@@ -50,7 +52,7 @@ class Verdict:
 class Comparison:
     path: Path
     paper: PaperFile
-    sweep: SweepResult
+    sweep: SweepResult | None  # None: step-cost cells alone, nothing swept
     verdicts: list[Verdict]
 
 
@@ -136,6 +138,12 @@ def judge(cell: Cell, sweep: SweepResult, widen: float = 1.0) -> Verdict:
     if value is None:
         missing = "no capacity found" if cell.figure.startswith("capacity") else "no finished requests"
         return Verdict(cell, None, missing, None, tol, False)
+    return judge_value(cell, value, widen)
+
+
+def judge_value(cell: Cell, value: float, widen: float = 1.0) -> Verdict:
+    """A figure's verdict against the paper's value or range, its tolerance scaled by `widen`."""
+    tol = cell.tolerance * widen
     assert cell.low is not None
     low, high = cell.low, cell.high if cell.high is not None else cell.low
     ratio = value / low if value < low else value / high if value > high else 1.0
@@ -156,11 +164,23 @@ def run_comparison(path: Path, out: Path, jobs: int, quick: bool, console: Conso
     paper = load_paper(path)
     scenario = path.parent / paper.scenario
     overrides = quick_overrides(scenario) if quick else ()
-    sweep = run_sweep(
-        scenario, overrides, jobs, force=True, find_capacity=paper.needs_capacity(), out=out, console=console
-    )
+    sweep = None
+    if paper.needs_sweep():
+        sweep = run_sweep(
+            scenario, overrides, jobs, force=True, find_capacity=paper.needs_capacity(), out=out,
+            console=console,
+        )  # fmt: skip
     widen = 2.0 if quick else 1.0
-    return Comparison(path, paper, sweep, [judge(c, sweep, widen) for c in paper.cells])
+    stepped = [c for c in paper.cells if c.figure in STEP_FIGURES]
+    step_figures = iter(step_values(stepped, scenario) if stepped else [])
+    verdicts = []
+    for cell in paper.cells:
+        if cell.figure in STEP_FIGURES:
+            verdicts.append(judge_value(cell, next(step_figures), widen))
+        else:
+            assert sweep is not None  # a cell outside STEP_FIGURES makes the comparison sweep
+            verdicts.append(judge(cell, sweep, widen))
+    return Comparison(path, paper, sweep, verdicts)
 
 
 def paper_files(folder: Path, only: list[str] | None = None) -> list[Path]:
