@@ -159,6 +159,16 @@ def test_resume_skips_finished_points_and_force_redoes_them(tmp_path: Path) -> N
         sweep.run_sweep(path, ["horizon.duration_s=5"], jobs=1, out=tmp_path)
 
 
+def test_points_of_another_simulator_are_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an upgrade or a new calibration the kept points would mix two cost models: refused, named."""
+    path = write(tmp_path)
+    sweep.run_sweep(path, jobs=1, out=tmp_path)
+    monkeypatch.setattr(sweep, "simulator_fingerprint", lambda: "another simulator")
+    with pytest.raises(SimError, match="another version of the simulator.*--force"):
+        sweep.run_sweep(path, jobs=1, out=tmp_path)
+    assert sweep.run_sweep(path, jobs=1, force=True, out=tmp_path).ran == 8
+
+
 def test_a_failing_point_leaves_finished_points_and_no_partial_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,6 +49,7 @@ from sim.config.scenario import Scenario, apply_overrides, parse_override, read_
 from sim.config.sweep import SweepConfig, parse_sweep
 from sim.cost.parallel import group_placement
 from sim.io.errors import SimError
+from sim.io.fingerprint import simulator_fingerprint
 from sim.io.outputs import atomic_write, path_component, remove_leftovers, writing
 from sim.records import stats
 from sim.records.capacity_rules import meets_rules
@@ -78,7 +79,8 @@ class SweepResult:
 
 
 def fingerprint(raw: dict[str, Any]) -> str:
-    body = {k: v for k, v in raw.items() if k != "sweep"}
+    """What a sweep's points depend on: the scenario but its `[sweep]` table, and the simulator itself."""
+    body = {k: v for k, v in raw.items() if k != "sweep"} | {"simulator": simulator_fingerprint()}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -92,8 +94,8 @@ def _check_manifest(sweep_dir: Path, points_dir: Path, raw: dict[str, Any], forc
         old_fp = json.loads(manifest.read_text()).get("fingerprint")
         if old_fp != fp:
             raise SimError(
-                f"{points_dir}: these points were made from a different scenario; "
-                "re-run with --force to redo them (or give another --out)"
+                f"{points_dir}: these points were made from a different scenario or by another version of "
+                "the simulator; re-run with --force to redo them (or give another --out)"
             )
     text = json.dumps({"fingerprint": fp, "scenario": raw}, indent=2, sort_keys=True, default=str)
     atomic_write(manifest, lambda p: Path(p).write_text(text + "\n"))
