@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.scenario import load_scenario, validate_scenario
-from sim.studies import plan, plan_space
+from sim.studies import plan, plan_options, plan_space
 from sim.studies.plan_verdict import replication_seed
 from sim.studies.points import apply_rate
 
@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--skip-plan", action="store_true", help="only the brute force")
     args = ap.parse_args()
-    gpus, tps, _, modes = plan_space.grid_options(args.gpus, args.tp, "", "", args.modes)
+    gpus, tps, _, modes = plan_options.grid_options(args.gpus, args.tp, "", "", args.modes)
     gpus = gpus or [load_scenario(args.scenario, args.sets).model.gpu]
     found = brute_force(
         args.scenario, args.rate, gpus, tps, args.max_gpus, modes, args.rule, args.attainment, args.seeds,

@@ -4,6 +4,9 @@ read the targets right. Nothing here is timed."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -193,3 +196,16 @@ def test_deepseek_published_runs_the_sources_ep_degrees_with_deepep_and_eplb() -
     ll = ds.deepep_rows()
     assert [r["ep"] for r in ll] == [16, 32, 64, 128, 256]
     assert all(0.7 < r["dispatch_ratio"] < 1.1 and 0.7 < r["combine_ratio"] < 1.1 for r in ll)
+
+
+def test_plan_brute_force_runs_as_documented() -> None:
+    """The script's command line reaches its answer (its grid options come from sim.studies.plan_options)."""
+    args = ["scenarios/convoy.toml", "--rate", "1", "--gpus", "H100-SXM", "--tp", "1", "--max-gpus", "1",
+            "--seeds", "1", "--duration", "5", "--modes", "colocated", "--rule", "p99",
+            "--skip-plan"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "plan_brute_force.py"), *args], capture_output=True, text=True,
+        cwd=BENCH.parent, env={**os.environ, "PYTHONPATH": str(BENCH.parent)}, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["brute_force"]["config"] == "1x H100-SXM TP1"

@@ -166,7 +166,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
         "x", "x", 1, {}, one * s.flops_charged,
         one * ((s.tokens - (c == 1).sum()) / s.tokens),
         one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
-        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.model.vocab_size, cm.allreduces, cm.ring_s_per_token,
+        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.model.vocab_size, one * cm.allreduce_seconds(s.tokens),
         *([np.zeros(0, np.int64)] * 6), 0.0,
     )  # fmt: skip
     assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)
@@ -188,6 +188,7 @@ def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:
     fitted = held(dict.fromkeys(HELD, 0.5))
     assert fitted["compute_eff_prefill"] == fitted["compute_eff_decode"] == kernel.gemm_compute_eff
     assert fitted["kv_bandwidth_eff"] == kernel.kv_bandwidth_eff and fitted["per_row_overhead_s"] == 0.0
+    assert cal.allreduce_scale == fitted["allreduce_scale"] == 1.0  # the measured all-reduces as they are
 
 
 def test_the_sampler_costs_each_row_its_vocabulary() -> None:

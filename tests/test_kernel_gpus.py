@@ -18,7 +18,7 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.kernel_gpus import custom_allreduce_fit, kernel_gpu_params, nccl_fit
 from sim.catalog.models import load_model
 from sim.cli import app
-from sim.config.calibration import KernelCalibration
+from sim.config.calibration import Calibration, KernelCalibration
 from sim.cost.allreduce import (
     CUSTOM_ALLREDUCE_MAX_BYTES,
     aic_allreduce_table,
@@ -29,6 +29,7 @@ from sim.cost.attention_check import attention_table
 from sim.cost.gemm_fit import PROFILED, fit_gemm, gemm_data, leave_one_gpu_out, predict_gemm
 from sim.cost.graph_fit import steps_table
 from sim.cost.kernel_model import KernelCostModel
+from sim.cost.roofline import CostModel
 from sim.studies import kernels as studies_kernels
 from sim.studies.aiconfigurator_profiles import import_aiconfigurator
 from sim.studies.kernel_profiles import import_vidur
@@ -170,21 +171,29 @@ def test_prefill_all_reduce_is_nccl_and_decode_is_vllms_custom_kernel() -> None:
     lat, bw = nccl_fit(g, 8)  # type: ignore[misc]
     big = 4096 * spec.hidden_size * 2
     assert big > CUSTOM_ALLREDUCE_MAX_BYTES
-    assert cost.allreduce_seconds(big) == pytest.approx(lat + 2 * 7 / 8 * big / bw)
+    assert cost.allreduce.seconds(big) == pytest.approx(lat + 2 * 7 / 8 * big / bw)
     small = 64 * spec.hidden_size * 2  # 1 MiB: two-shot on 8 GPUs
     clat, cbw = custom_allreduce_fit(g, 8)  # type: ignore[misc]
-    assert cost.allreduce_seconds(small) == pytest.approx(clat + 2 * 7 / 8 * small / cbw)
+    assert cost.allreduce.seconds(small) == pytest.approx(clat + 2 * 7 / 8 * small / cbw)
     tiny = 8 * spec.hidden_size * 2  # 128 KiB: one-shot, every peer's buffer read
-    assert cost.allreduce_seconds(tiny) == pytest.approx(clat + 7 * tiny / cbw)
-    assert cost.allreduce_seconds(tiny) == pytest.approx(float(custom_seconds(tiny, 8, clat, cbw)))
+    assert cost.allreduce.seconds(tiny) == pytest.approx(clat + 7 * tiny / cbw)
+    assert cost.allreduce.seconds(tiny) == pytest.approx(float(custom_seconds(tiny, 8, clat, cbw)))
     assert nccl_fit(get_gpu("L4"), 2) is None  # PCIe without a profile: the prior formula
     l4 = KernelCostModel(spec, get_gpu("L4"), 2, calibration=KernelCalibration.load(gpu=get_gpu("L4")))
-    assert l4.allreduce_seconds(small) == pytest.approx(
+    assert l4.allreduce.seconds(small) == pytest.approx(
         l4.cal.allreduce_latency_pcie_s + small / (get_gpu("L4").interconnect_bandwidth * 0.7)
     )
     assert custom_allreduce_fit(get_gpu("H200"), 8) != custom_allreduce_fit(g, 8)  # its own node's table
     ar = {k.name: k for k in cost.step(np.array([4096]), np.array([0])).kernels}["allreduce"]
-    assert ar.seconds == pytest.approx(2 * spec.num_layers * cost.allreduce_seconds(big))
+    assert ar.seconds == pytest.approx(2 * spec.num_layers * cost.allreduce.seconds(big))
+    # The engine's roofline charges the same all-reduces (one pricing), times allreduce_scale.
+    engine = CostModel(spec, g, 8)
+    assert engine.step(np.array([4096]), np.array([0])).allreduce_s == pytest.approx(ar.seconds)
+    assert engine.step(np.array([1] * 8), np.array([1000] * 8)).allreduce_s == pytest.approx(
+        2 * spec.num_layers * cost.allreduce.seconds(tiny)
+    )
+    doubled = CostModel(spec, g, 8, calibration=replace(Calibration(), allreduce_scale=2.0))
+    assert doubled.step(np.array([4096]), np.array([0])).allreduce_s == pytest.approx(2 * ar.seconds)
 
 
 def test_import_vidur_converts_gemms_elementwise_and_single_node_allreduce(tmp_path: Path) -> None:

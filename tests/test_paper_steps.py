@@ -14,7 +14,7 @@ from sim.config.scenario import load_scenario
 from sim.io.errors import SimError
 from sim.report.papers_page import write_papers_page
 from sim.studies.paper_steps import policy_cost, step_value, step_values
-from sim.studies.papers import run_comparison, unexpected
+from sim.studies.papers import judge_value, run_comparison, unexpected
 
 PAPERS = Path(__file__).parent.parent / "scenarios" / "papers"
 A100 = PAPERS / "splitwise-a100.toml"
@@ -72,15 +72,20 @@ def test_a_step_cell_names_a_policy_of_its_scenario() -> None:
 
 @pytest.mark.parametrize("name", ["splitwise-a100", "splitwise-h100"])
 def test_splitwise_measured_steps_reduced_form(tmp_path: Path, name: str) -> None:
-    """Step-cost cells alone: nothing is swept, every miss is a stated gap, and the prompt steps of 1,024 and
-    2,048 tokens (the ones the measured engine's floor and its long-prompt growth leave alone) match."""
+    """Step-cost cells alone: nothing is swept, and every miss, in the quick form and the full one, is a
+    stated gap. The prompt steps of 1,024 and 2,048 tokens (the ones the measured engine's floor and its
+    long-prompt growth leave alone) are below the measured engine's, by its TP-8 prompt step's gap to
+    today's vLLM (docs/papers.md): 0.59-0.77 of it, not the 0.83-0.99 that a fitted all-reduce, overcharging
+    TP 8, gave."""
     comparison = run_comparison(PAPERS / f"{name}.paper.toml", tmp_path / name, 1, True, None)
     assert comparison.sweep is None and not (tmp_path / name).exists()
     assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
+    full = [judge_value(v.cell, v.value) for v in comparison.verdicts if v.value is not None]
+    assert not [v.cell.name for v in full if v.status == "DIFFERS"]
     verdicts = {v.cell.name: v for v in comparison.verdicts}
     for tokens in (1024, 2048):
         verdict = verdicts[f"prompt step, 1 x {tokens} tokens (ms)"]
-        assert verdict.value == pytest.approx(verdict.cell.low, rel=0.25)
+        assert verdict.value is not None and 0.55 <= verdict.value / verdict.cell.low <= 0.8, verdict.shown
     assert len(comparison.verdicts) == len(load_paper(PAPERS / f"{name}.paper.toml").cells) == 20
     page = write_papers_page([comparison], tmp_path, quick=True, png=False).read_text()
     assert 'data-chart="c0-cells"' in page
@@ -104,14 +109,21 @@ def test_only_a_step_cost_cell_takes_step_keys() -> None:
 
 
 def test_splitwise_table_iv_reduced_form(tmp_path: Path) -> None:
-    """Table IV: every TTFT and every H100 / A100 ratio matches within 25%; TBT and E2E are stated gaps."""
+    """Table IV: every H100 / A100 ratio matches within 25%. Every TTFT is below the table's, within 0.5-1.0
+    of it; the three that miss 25% (the full form's tolerance) are stated gaps of the measured engine's TP-8
+    prompt step (docs/papers.md). TBT and E2E are stated gaps."""
     comparison = run_comparison(PAPERS / "splitwise-table4.paper.toml", tmp_path / "t4", 1, True, None)
     assert comparison.sweep is None
     assert not unexpected([comparison]), [(v.cell.name, v.shown) for v in unexpected([comparison])]
     for verdict in comparison.verdicts:
-        if "TTFT" in verdict.cell.name or verdict.cell.over_gpu is not None:
-            assert verdict.value is not None and verdict.ratio is not None
+        assert verdict.value is not None and verdict.ratio is not None
+        if verdict.cell.over_gpu is not None:
             assert 0.75 <= verdict.ratio <= 1.25, (verdict.cell.name, verdict.shown)
+        elif "TTFT" in verdict.cell.name:
+            assert 0.5 <= verdict.ratio < 1.0, (verdict.cell.name, verdict.shown)
         else:
             assert verdict.cell.known_gap is not None, verdict.cell.name
+    full = [judge_value(v.cell, v.value) for v in comparison.verdicts if v.value is not None]
+    assert not [v.cell.name for v in full if v.status == "DIFFERS"]
+    assert sum("TTFT" in v.cell.name and v.cell.over_gpu is None and v.passed for v in full) == 1
     assert sum(v.cell.over_gpu is not None for v in comparison.verdicts) == 6

@@ -301,7 +301,7 @@ def test_two_batch_overlap_hides_up_to_the_smaller_of_communication_and_compute(
         comm = ds.num_moe_layers * (tbo.dispatch_s + tbo.combine_s)
         assert tbo.overlap_s == pytest.approx([min(comm, compute)])
         assert tbo.seconds == pytest.approx(compute + comm - min(comm, compute))
-        assert tbo.seconds >= max(comm, compute) and plain.overlap_s == []
+        assert tbo.seconds >= max(comm, compute) * (1 - 1e-12) and plain.overlap_s == []
     # decode at a small batch: the second micro-batch reads the weights again and the overlap does not pay
     c, q = _rows(64, 2000)
     small = [ParallelCost(base, ds, H100, Placement(dp=16, ep=16, two_batch_overlap=t)).breakdown(c, q)

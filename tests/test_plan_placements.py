@@ -112,7 +112,7 @@ def test_theory_prunes_placements_by_their_slowest_stage(
     `theory`, tallied under pp=2; the bound is the one `work_bounds` gives from the placement's slowest
     stage, which is below the bound from the sum of its stages (one batch in flight)."""
     path = _scenario(tmp_path, DENSE)
-    rate = 8.0
+    rate = 12.0
     _, (cands, _, _), removed = _grid(path, [4], L4_NODES, rate=rate, max_gpus=64)
     assert removed["theory"]["pp=2"] == removed["theory"]["configurations"] > 0
     sc = load_scenario(path)

@@ -106,3 +106,19 @@ def test_a_run_key_changes_with_what_the_run_depends_on() -> None:
     ):
         assert plan_runs.run_key("run", other) != plan_runs.run_key("run", task)
     assert plan_runs.run_key("capacity", task) != plan_runs.run_key("run", task)
+    # 1 and 1.0 validate alike, so they key alike; 1.5 does not.
+    whole = plan.PlanTask({"seed": 1}, "a.toml", ".", "vllm", {"cluster.replicas": 2.0, "x": [1.0]})
+    assert plan_runs.run_key("run", whole) == plan_runs.run_key(
+        "run", plan.PlanTask({"seed": 1}, "a.toml", ".", "vllm", {"cluster.replicas": 2, "x": [1]})
+    )
+    half = plan.PlanTask({"seed": 1}, "a.toml", ".", "vllm", {"cluster.replicas": 2.5})
+    assert plan_runs.run_key("run", half) != plan_runs.run_key("run", task)
+
+
+def test_a_run_made_by_another_simulator_is_not_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's kept runs are keyed by the simulator's code and data too: after an upgrade or a new
+    calibration, a run is made again rather than read back with the old figures."""
+    task = plan.PlanTask({"seed": 1}, "a.toml", ".", "vllm", {})
+    before = plan_runs.run_key("run", task)
+    monkeypatch.setattr(plan_runs, "simulator_fingerprint", lambda: "another simulator")
+    assert plan_runs.run_key("run", task) != before

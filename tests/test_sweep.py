@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from rich.console import Console
 from test_manifest import TINY
 from typer.testing import CliRunner
 
@@ -157,6 +159,19 @@ def test_resume_skips_finished_points_and_force_redoes_them(tmp_path: Path) -> N
     assert len(point_files(tmp_path)) == 8  # --force drops points no longer in the grid
     with pytest.raises(SimError, match="different scenario.*--force"):
         sweep.run_sweep(path, ["horizon.duration_s=5"], jobs=1, out=tmp_path)
+
+
+def test_points_of_another_simulator_are_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an upgrade or a new calibration the kept points would mix two cost models: they are redone,
+    with a note, and the next run of the same simulator reads them back."""
+    path = write(tmp_path)
+    sweep.run_sweep(path, jobs=1, out=tmp_path)
+    monkeypatch.setattr(sweep, "simulator_fingerprint", lambda: "another simulator")
+    screen = Console(file=io.StringIO(), width=200)
+    again = sweep.run_sweep(path, jobs=1, out=tmp_path, console=screen)
+    assert (again.ran, again.resumed) == (8, 0)
+    assert "made by another version of the simulator: redoing them" in screen.file.getvalue()  # type: ignore[attr-defined]
+    assert sweep.run_sweep(path, jobs=1, out=tmp_path).resumed == 8
 
 
 def test_a_failing_point_leaves_finished_points_and_no_partial_file(

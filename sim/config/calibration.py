@@ -16,9 +16,12 @@ from sim.io.errors import SimError
 
 def calibration_range(key: str) -> tuple[float, float]:
     """The values a calibration parameter may take: efficiencies (`*_eff*`, fractions of a peak) in
-    [0.001, 1], overheads and latencies (seconds) in [0, 1], token and column counts in [0, 1e5]."""
+    [0.001, 1], overheads and latencies (seconds) in [0, 1], token and column counts in [0, 1e5], scales of a
+    measured cost (`*_scale`) in [0.001, 100]."""
     if key.endswith(("_tokens", "_cols")):  # GEMM tile-fill constants, in tokens or output columns
         return (0.0, 1e5)
+    if key.endswith("_scale"):
+        return (1e-3, 100.0)
     return (1e-3, 1.0) if "_eff" in key else (0.0, 1.0)
 
 
@@ -68,14 +71,13 @@ class Calibration:
 
     compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
     compute_eff_decode: float = 0.7483
-    bandwidth_eff: float = 0.7748  # weight reads (GEMM/GEMV)
+    bandwidth_eff: float = 0.7761  # weight reads (GEMM/GEMV)
     kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
-    step_overhead_s: float = 0.0002636
-    layer_overhead_s: float = 1.301e-05
+    step_overhead_s: float = 1e-05
+    layer_overhead_s: float = 2.127e-05
     per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
-    sampler_s_per_entry: float = 3.034e-10  # logits processing and sampling, per row and vocabulary entry
-    allreduce_eff: float = 0.2668
-    allreduce_latency_s: float = 2.683e-06
+    sampler_s_per_entry: float = 2.912e-10  # logits processing and sampling, per row and vocabulary entry
+    allreduce_scale: float = 1.0  # held: the measured all-reduces (sim/cost/allreduce_pricing.py) as they are
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:

@@ -20,8 +20,8 @@ attn_compute_eff) + attn_query_head_s per (prefill query x head), KV bytes read 
 kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost. MoE layers run a fused expert GEMM
 pair over the experts the step touches. Norms, rotary embedding and activations are memory-bound element-wise
 kernels, each kind at its own bandwidth and fixed cost. Under TP, two all-reduces per layer: NCCL as measured
-above vLLM's custom all-reduce size, the custom all-reduce as measured below it (`allreduce_seconds`,
-sim/cost/allreduce.py).
+above vLLM's custom all-reduce size, the custom all-reduce as measured below it
+(sim/cost/allreduce_pricing.py, the roofline's pricing too).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
@@ -43,16 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.catalog.gpus import Gpu
-from sim.catalog.kernel_gpus import custom_allreduce_fit, nccl_fit
 from sim.catalog.model import ModelSpec
 from sim.config.calibration import KernelCalibration
-from sim.cost.allreduce import (
-    CUSTOM_ALLREDUCE_DEGREES,
-    CUSTOM_ALLREDUCE_MAX_BYTES,
-    custom_seconds,
-    nccl_seconds,
-    ring_bytes,
-)
 from sim.cost.kernels import (
     ACT_BYTES,
     ELEMENTWISE_KERNELS,
@@ -114,11 +106,7 @@ class KernelCostModel(StepModel):
         self.elem_fixed = L * (sum(n * getattr(cal, f"elementwise_{k}_fixed_s") for k, n in kinds)
                                + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
         self.elem_kernels = ELEMENTWISE_KERNELS * L
-        self.pcie = "pcie" in gpu.interconnect.lower()
-        self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
-        self.nccl = nccl_fit(gpu, tp) if tp > 1 else None
-        self.custom = custom_allreduce_fit(gpu, tp) if tp > 1 else None
-        self.custom_ar = tp in CUSTOM_ALLREDUCE_DEGREES and (not self.pcie or tp == 2)  # as vLLM enables it
+        self.price_allreduce(cal)
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 
@@ -202,23 +190,9 @@ class KernelCostModel(StepModel):
         out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
         out.append(self._gemm(self.head, rows))
         if self.allreduces:
-            ar = self.allreduces * self.allreduce_seconds(self.ar_bytes_token * tokens)
+            ar = self.allreduce_seconds(tokens)
             out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
         return out
-
-    def allreduce_seconds(self, nbytes: float) -> float:
-        """One all-reduce of `nbytes` over the `tp` GPUs (sim.cost.allreduce): vLLM's custom all-reduce up to
-        its 8 MiB (NVLink, or 2 GPUs on PCIe) as measured in a CUDA graph, NCCL as measured above it; without
-        a profile of the node at that degree, the in-step latency plus the link at allreduce_bandwidth_eff."""
-        cal, tp = self.cal, self.tp
-        link = self.gpu.interconnect_bandwidth * cal.allreduce_bandwidth_eff
-        small = self.custom_ar and nbytes <= CUSTOM_ALLREDUCE_MAX_BYTES
-        if small and self.custom is not None:
-            return float(custom_seconds(nbytes, tp, *self.custom, not self.pcie))
-        if self.nccl is not None and not small:
-            return float(nccl_seconds(nbytes, tp, *self.nccl))
-        latency = cal.allreduce_latency_pcie_s if self.pcie else cal.allreduce_latency_s
-        return latency + float(ring_bytes(nbytes, tp)) / link
 
     def _linear_time(self, tokens: int) -> float:
         """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""

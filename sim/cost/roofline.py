@@ -1,13 +1,14 @@
 """Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads; the pricing of
 `sim.cost.step_model.StepModel` under the calibrated parameter set (`Calibration`), the step as one kernel.
+The all-reduces are the measured ones the kernel model charges (sim/cost/allreduce_pricing.py).
 
 Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
 (GEMMs and paged attention are separate kernels with different achieved bandwidth).
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
 (prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
-attention sums, the ring bytes and the max of compute and memory are the kernel model's own definitions
-(`sim.cost.kernels`, `sim.cost.allreduce`).
+attention sums, the all-reduce pricing and the max of compute and memory are the kernel model's own
+definitions (`sim.cost.kernels`, `sim.cost.allreduce_pricing`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import numpy as np
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
-from sim.config.calibration import Calibration
-from sim.cost.allreduce import ring_bytes
-from sim.cost.kernels import ACT_BYTES, LayerSums, kernel_seconds, step_arrays
+from sim.config.calibration import Calibration, KernelCalibration
+from sim.cost.kernels import LayerSums, kernel_seconds, step_arrays
 from sim.cost.step_model import StepModel, expected_distinct_experts
 
 
@@ -49,18 +49,17 @@ class StepCost:
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
-    cal, peak, hbm, layers, vocab, allreduces, ring_s, flops, share, weight_bytes, kv_bytes, tokens, rows
+    cal, peak, hbm, layers, vocab, allreduce_s, flops, share, weight_bytes, kv_bytes, rows
 ):
     """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
     `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
 
-    `share` is the prefill share of the tokens, `ring_s` the all-reduce seconds per token at
-    allreduce_eff = 1 over the step's `allreduces` all-reduces."""
+    `share` is the prefill share of the tokens, `allreduce_s` the step's all-reduces as measured
+    (`StepModel.allreduce_seconds`), charged times `allreduce_scale`."""
     eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
     compute = flops / (peak * eff)
     memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
-    extra = allreduces * cal.allreduce_latency_s + tokens * ring_s / cal.allreduce_eff
-    extra = overhead_seconds(cal, layers, vocab, rows, extra)
+    extra = overhead_seconds(cal, layers, vocab, rows, allreduce_s * cal.allreduce_scale)
     return kernel_seconds(compute, memory, 1.0, 1.0, extra), compute > memory
 
 
@@ -105,8 +104,7 @@ class CostModel(StepModel):
             self.lin_cost_tok *= lin_k
             self.head_cost_row *= head_k
             self.attn_cost_pair *= attn_k
-        ring = ring_bytes(m.hidden_size * ACT_BYTES, tp)
-        self.ring_s_per_token = self.allreduces * ring / gpu.interconnect_bandwidth  # at allreduce_eff = 1
+        self.price_allreduce(KernelCalibration.load())
 
     def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
@@ -132,8 +130,8 @@ class CostModel(StepModel):
         weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
-            self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduces,
-            self.ring_s_per_token, flops, prefill / t, weight_bytes, kv_bytes, t, rows,
+            self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduce_seconds(t),
+            flops, prefill / t, weight_bytes, kv_bytes, rows,
         )  # fmt: skip
         return seconds, bool(compute_bound)
 
@@ -159,9 +157,7 @@ class CostModel(StepModel):
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
         )
-        allreduce_s = (
-            self.allreduces * cal.allreduce_latency_s + self.ring_s_per_token * tokens / cal.allreduce_eff
-        )
+        allreduce_s = self.allreduce_seconds(tokens) * cal.allreduce_scale
         overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
         seconds, compute_bound = self._seconds(int(tokens), rows, sums)
         return StepCost(
@@ -203,8 +199,8 @@ class CostModel(StepModel):
         speed = self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
         kv_speed = self.hbm * cal.kv_bandwidth_eff
-        extra = self.allreduces * cal.allreduce_latency_s + t * self.ring_s_per_token / cal.allreduce_eff
-        extra = overhead_seconds(cal, m.num_layers, m.vocab_size, rows, extra)
+        allreduce_s = self.allreduce_seconds(t) * cal.allreduce_scale
+        extra = overhead_seconds(cal, m.num_layers, m.vocab_size, rows, allreduce_s)
 
         def seconds(ctx: int) -> tuple[float, bool]:
             q = float(ctx) + half

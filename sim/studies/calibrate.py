@@ -8,7 +8,7 @@ through, was scheduled in, and finished in. Step time is then a cheap vectorised
 
     max(FLOPs / (peak · eff(prefill share)),
         weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
-    + [TP > 1] (2L · allreduce_latency_s + tokens · ring bytes / (link · allreduce_eff))
+    + [TP > 1] allreduce_scale · (2L all-reduces of tokens · hidden · 2 bytes, as measured per GPU)
     + step_overhead_s + L · layer_overhead_s + rows · (per_row_overhead_s + vocabulary · sampler_s_per_entry)
 
 and a request's TTFT / E2E are sums of its steps' re-costed durations (its wait before admission scaled with
@@ -63,15 +63,19 @@ from sim.studies.validate import (
 #   0.66 and its rows to +40%;
 # - the per-row overhead, at zero: vLLM prepares a step's rows on the host while the previous step runs on
 #   the GPU (asynchronous scheduling), so host work per row is not on the step's critical path; left free,
-#   it traded against the KV term (0 to 13 µs a row across the folds).
+#   it traded against the KV term (0 to 13 µs a row across the folds);
+# - the all-reduce scale, at one: the all-reduces are priced from each GPU's measured tables
+#   (sim/cost/allreduce_pricing.py); left free, it absorbs what the TP rows miss elsewhere (docs/fidelity.md).
 def held_values() -> dict[str, float]:
-    """The HELD parameters' values: the kernel profile's efficiencies, no per-row host cost."""
+    """The HELD parameters' values: the kernel profile's efficiencies, no per-row host cost, the measured
+    all-reduces as they are."""
     kernel = KernelCalibration.load()
     return {
         "compute_eff_prefill": kernel.gemm_compute_eff,
         "compute_eff_decode": kernel.gemm_compute_eff,
         "kv_bandwidth_eff": kernel.kv_bandwidth_eff,
         "per_row_overhead_s": 0.0,
+        "allreduce_scale": 1.0,
     }
 
 
@@ -81,8 +85,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_eff": (0.4, 0.95),
     "step_overhead_s": (1e-5, 1e-2),  # a GPU-side gap between steps (the host's work overlaps the step)
     "layer_overhead_s": (1e-7, 2e-4),
-    "allreduce_eff": (0.2, 1.0),
-    "allreduce_latency_s": (1e-7, 1e-4),
     "sampler_s_per_entry": (1e-12, 1e-8),  # per row and vocabulary entry: passes over the logits
     FRONTEND_KEY: (1e-4, 0.05),  # not a cost-model knob: added to every request's TTFT and E2E
 }
@@ -290,7 +292,8 @@ def run_calibration(
         "Held, not fitted: "
         + ", ".join(f"{n} = {cal[n]:.4g}" for n in HELD)
         + " (compute: the H200 kernel profile's 16-bit GEMM efficiency; KV: its decode-attention efficiency,"
-        " kernel_calibration.toml; per row: host work overlapped by asynchronous scheduling)",
+        " kernel_calibration.toml; per row: host work overlapped by asynchronous scheduling; all-reduce: the"
+        " measured tables, sim/cost/allreduce_pricing.py)",
     ]
     text = calibration_toml(cal, header)
     if write is None:

@@ -48,8 +48,7 @@ class Trace:
     hbm_bandwidth: float
     layers: int
     vocab: int  # vocabulary entries per row (the sampler's term)
-    allreduces: int  # all-reduces per step (0 without TP)
-    ring_s_per_token: float  # all-reduce seconds per token over the step's all-reduces, allreduce_eff = 1
+    allreduce_s: np.ndarray  # the step's all-reduces as measured (allreduce_scale = 1; 0 without TP)
     wait_step: np.ndarray  # step in flight at arrival (-1: none)
     wait_frac: np.ndarray  # its remaining fraction at arrival
     first_step: np.ndarray
@@ -68,14 +67,15 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     cost, budget, _ = build_cost_and_memory(scenario)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed, Path.cwd())
-    terms: list[tuple[float, float, float, float, int, int]] = []
+    terms: list[tuple[float, float, float, float, int, int, float]] = []
 
     def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         s = cost.step(new_tokens, context)
         prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
         share = prefill / s.tokens if s.tokens else 0.0
         flops = s.flops_charged
-        terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows))
+        ar = cost.allreduce_seconds(s.tokens)
+        terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows, ar))
         return s.seconds, s.compute_s > s.memory_s
 
     h = scenario.horizon
@@ -83,7 +83,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         scheduler, step_time, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s)
     )
     steps = out.recorder.steps_frame()
-    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 6)
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 7)
     start = steps["start"].to_numpy()
     dur = steps["duration"].to_numpy()
     end = start + dur
@@ -110,8 +110,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
         layers=cost.model.num_layers,
         vocab=cost.model.vocab_size,
-        allreduces=cost.allreduces,
-        ring_s_per_token=cost.ring_s_per_token,
+        allreduce_s=t[:, 6],
         wait_step=np.where(busy, wait, -1),
         wait_frac=frac,
         first_step=first,
@@ -125,8 +124,8 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
 def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`)."""
     seconds, _ = roofline_seconds(
-        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduces, tr.ring_s_per_token,
-        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.tokens, tr.rows,
+        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduce_s,
+        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows,
     )  # fmt: skip
     return np.where(tr.tokens > 0, seconds, 0.0)
 

@@ -17,19 +17,31 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
+from sim.io.fingerprint import simulator_fingerprint
 from sim.io.outputs import atomic_write, remove_leftovers
 
 RUN_FORMAT = 1  # bump when a run's figures change meaning: older files are then not read back
 
 
 def run_key(kind: str, task: Any) -> str:
-    """The file name of one run: a hash of what the run depends on."""
+    """The file name of one run: a hash of what the run depends on, the simulator's code and data included."""
     body = {
         "format": RUN_FORMAT, "kind": kind, "raw": task.raw, "policy": task.policy,
-        "overrides": task.overrides, "base_dir": task.base_dir,
+        "overrides": task.overrides, "base_dir": task.base_dir, "simulator": simulator_fingerprint(),
     }  # fmt: skip
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    text = json.dumps(_integral(body), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _integral(value: Any) -> Any:
+    """`value` with every whole float as an int, so that `1` and `1.0` (which validate alike) key alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_integral(v) for v in value]
+    return value
 
 
 def _normal(value: Any) -> Any:

@@ -49,6 +49,7 @@ from sim.config.scenario import Scenario, apply_overrides, parse_override, read_
 from sim.config.sweep import SweepConfig, parse_sweep
 from sim.cost.parallel import group_placement
 from sim.io.errors import SimError
+from sim.io.fingerprint import simulator_fingerprint
 from sim.io.outputs import atomic_write, path_component, remove_leftovers, writing
 from sim.records import stats
 from sim.records.capacity_rules import meets_rules
@@ -78,25 +79,36 @@ class SweepResult:
 
 
 def fingerprint(raw: dict[str, Any]) -> str:
+    """What a sweep's points depend on in the scenario: all of it but its `[sweep]` table."""
     body = {k: v for k, v in raw.items() if k != "sweep"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _check_manifest(sweep_dir: Path, points_dir: Path, raw: dict[str, Any], force: bool) -> None:
+def _check_manifest(sweep_dir: Path, points_dir: Path, raw: dict[str, Any], force: bool) -> str | None:
+    """Keep the points of this scenario made by this simulator; refuse another scenario's; drop the points
+    another version of the simulator (its code or data: a new calibration) made. Returns a note then."""
     manifest = sweep_dir / "manifest.json"
-    fp = fingerprint(raw)
-    if force:
-        for old in points_dir.glob("*.parquet"):
-            old.unlink()
-    elif manifest.exists() and any(points_dir.glob("*.parquet")):
-        old_fp = json.loads(manifest.read_text()).get("fingerprint")
-        if old_fp != fp:
+    fp, simulator = fingerprint(raw), simulator_fingerprint()
+    note = None
+    if not force and manifest.exists() and any(points_dir.glob("*.parquet")):
+        old = json.loads(manifest.read_text())
+        if old.get("fingerprint") != fp:
             raise SimError(
                 f"{points_dir}: these points were made from a different scenario; "
                 "re-run with --force to redo them (or give another --out)"
             )
-    text = json.dumps({"fingerprint": fp, "scenario": raw}, indent=2, sort_keys=True, default=str)
+        if old.get("simulator") != simulator:
+            force = True
+            note = (
+                f"{points_dir}: the points there were made by another version of the simulator: redoing them"
+            )
+    if force:
+        for old_point in points_dir.glob("*.parquet"):
+            old_point.unlink()
+    body = {"fingerprint": fp, "simulator": simulator, "scenario": raw}
+    text = json.dumps(body, indent=2, sort_keys=True, default=str)
     atomic_write(manifest, lambda p: Path(p).write_text(text + "\n"))
+    return note
 
 
 class _Runner:
@@ -197,8 +209,10 @@ def run_sweep(
     with writing(points_dir):
         points_dir.mkdir(parents=True, exist_ok=True)
     remove_leftovers(points_dir)  # point files a killed sweep was writing
-    _check_manifest(sweep_dir, points_dir, raw, force)
+    note = _check_manifest(sweep_dir, points_dir, raw, force)
     console = console or Console()
+    if note is not None:
+        console.print(f"note: {note}")
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not console.is_terminal,
