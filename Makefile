@@ -25,11 +25,11 @@ run: $(STAMP)
 	$(BIN)/sim report reports/convoy
 
 # Lint, the layers' import contracts (pyproject.toml, docs/architecture.md), then the tests, one worker per
-# core (pytest-xdist).
+# core, at most 8 (pytest-xdist).
 test: $(STAMP)
 	$(BIN)/ruff check sim tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/pytest -n auto
+	$(BIN)/pytest -n auto --maxprocesses 8
 
 # Engine and vllm-policy speed in process, the sweep's speed-up, then whole `sim run` processes against both
 # floors at 20k, 100k and 200k requests: the bare SimPy loop (benchmarks/floor.py) and each run's own steps and
