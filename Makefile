@@ -49,8 +49,8 @@ validate: $(STAMP)
 	$(BIN)/sim validate ground-truth --scale 0.25 --jobs 2 --out reports/fidelity
 
 # The published comparisons in scenarios/papers/: per cell the paper's figure, the simulator's, their ratio
-# and the tolerance, and reports/papers/index.html (docs/papers.md); about a minute and a half on 2 cores. `sim papers
-# --quick` is the reduced form.
+# and the tolerance, and reports/papers/index.html (docs/papers.md); about a minute and a half on 2 cores.
+# `sim papers --quick` is the reduced form.
 papers: $(STAMP)
 	$(BIN)/sim papers --jobs 2
 
