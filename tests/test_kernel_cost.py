@@ -210,6 +210,23 @@ def test_sim_step_json_and_table() -> None:
     assert out["kernel_seconds"] == pytest.approx(kernels)
     res = CliRunner().invoke(app, ["step", "llama-2-70b", "--gpu", "A100", "--tp", "2", "--prefill", "4096"])
     assert res.exit_code == 0 and "allreduce" in res.output and "mlp_up" in res.output
+    assert out["allreduce_rule"] is None  # no tensor parallelism
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tp", "batch", "rule"),
+    [("H100", 8, "1", "custom"), ("H100", 8, "4096", "nccl"), ("L4", 4, "8", "prior")],
+)
+def test_sim_step_names_the_all_reduce_rule(gpu: str, tp: int, batch: str, rule: str) -> None:
+    """vLLM's custom kernel for a decode step's small messages, NCCL for a large prefill's, and on a GPU
+    without a measured table the prior, said in a note."""
+    shape = ["--prefill", batch] if batch == "4096" else ["--batch", batch, "--context", "100"]
+    args = ["step", "llama-3.1-8b", "--gpu", gpu, "--tp", str(tp), *shape, "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["allreduce_rule"] == rule
+    assert any("priced by the prior" in n for n in out["notes"]) == (rule == "prior")
 
 
 def test_sim_step_bad_input_is_one_line() -> None:

@@ -144,6 +144,15 @@ def step_summary(
     (`sim step --json`): `seconds` is the engine's, `kernel_seconds` the kernel profiles'."""
     s = cost.step(new_tokens, context)
     r = engine.step(new_tokens, context)
+    pricing = cost.allreduce if cost.allreduces else None
+    rule = pricing.source(cost.ar_bytes_token * s.tokens) if pricing is not None else None
+    notes = [n for n in (cost.note,) if n]
+    if rule == "prior":
+        notes.append(
+            f"all-reduce: no measured table covers {cost.gpu.name} at TP {cost.tp} for this message size: "
+            "priced by the prior (a latency plus the ring bytes at a share of the link; "
+            "sim/cost/allreduce_pricing.py)"
+        )
     return {
         "model": cost.model.name,
         "gpu": cost.gpu.name,
@@ -165,6 +174,7 @@ def step_summary(
         "gpu_s": s.gpu_s,
         "host_s": s.host_s,
         "allreduce_s": s.allreduce_s,
+        "allreduce_rule": rule,  # custom (vLLM's kernel), nccl, prior, or None without TP
         "flops": s.flops,
         "weight_bytes": s.weight_bytes,
         "kv_read_bytes": s.kv_read_bytes,
@@ -179,5 +189,5 @@ def step_summary(
             }
             for k in s.kernels
         ],  # fmt: skip
-        "notes": [n for n in (cost.note,) if n],
+        "notes": notes,
     }
