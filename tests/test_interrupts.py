@@ -135,3 +135,30 @@ def test_an_interrupted_sweep_leaves_no_process_and_resumes_to_identical_files(
     else:
         sweep.run_sweep(scenario, jobs=2, executor="dask", address=address, out=out)
     assert sweep_files(out) == uninterrupted
+
+
+def test_stopping_a_pool_leaves_no_manager_thread_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `stop_workers` the pool's manager thread has ended, so the interpreter's exit hook cannot write
+    to its wake-up pipe while that thread closes it (Python 3.11 prints the EBADF as a traceback). The
+    thread is made slow to close its pipe, as on a loaded machine."""
+    import concurrent.futures.process as cfp
+    import multiprocessing
+    import time
+
+    from sim.studies.executor import stop_workers
+
+    closing = cfp._ExecutorManagerThread.join_executor_internals
+
+    def slow_close(self: object) -> None:
+        time.sleep(0.5)
+        closing(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cfp._ExecutorManagerThread, "join_executor_internals", slow_close)
+    pool = cfp.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("forkserver"))
+    futures = [pool.submit(time.sleep, 30) for _ in range(4)]
+    while not any(f.running() for f in futures):
+        time.sleep(0.01)
+    manager = pool._executor_manager_thread
+    assert manager is not None
+    stop_workers(pool)
+    assert not manager.is_alive()

@@ -79,6 +79,7 @@ def stop_workers(pool: ProcessPoolExecutor, grace_s: float = 2.0) -> None:
     every worker is terminated (killed if it has not stopped within `grace_s`), so that none outlives the
     command, however long its current task would have run."""
     workers = list((getattr(pool, "_processes", None) or {}).values())  # no public handle before 3.14
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
         worker.terminate()
@@ -87,6 +88,11 @@ def stop_workers(pool: ProcessPoolExecutor, grace_s: float = 2.0) -> None:
         if worker.is_alive():
             worker.kill()
             worker.join(grace_s)
+    # The pool's manager thread sees its workers gone and closes its wake-up pipe; waiting for it here
+    # keeps the interpreter's exit hook from writing to that pipe while it closes (an EBADF traceback
+    # printed as the command exits).
+    if manager is not None and manager.is_alive():
+        manager.join(grace_s)
 
 
 def execute(
