@@ -142,7 +142,7 @@ def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.sampled_from(["llama-2-7b", "mixtral-8x7b", "gemma-2-9b", "llama-4-scout-fp8"]),
+    st.sampled_from(["llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-2-9b", "llama-4-scout-fp8"]),
     st.integers(1, 4),
     st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), min_size=1, max_size=40),
 )
@@ -160,6 +160,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     sums = (int(c.sum()), int((c == 1).sum()), int(c @ q), int(c @ c), int(q.sum()), int((c + q).max()))
     totals = cm.step_time_totals(c.size, *sums)
     assert totals is None or totals == (seconds, bound)
+    assert cm.totals_timer()(c.size, *sums) == totals  # the engine's form, its constants computed once
     s = cm.step(c, q)
     one = np.ones(1)
     tr = Trace(

@@ -214,3 +214,36 @@ class CostModel(StepModel):
             return 0.5 * (compute + memory + abs(compute - memory)) + extra, bool(compute > memory)
 
         return seconds, self.window if ns else math.inf
+
+    def totals_timer(self) -> Callable[[int, int, int, int, int, int, int], tuple[float, bool] | None]:
+        """`step_time_totals` with every term that does not depend on the step computed once: the same
+        operations in the same order, so the same seconds. For a model with routed experts or sliding
+        layers, `step_time_totals` itself. The engine's step time from a plan's integer sums."""
+        m, cal = self.model, self.cal
+        if m.num_experts or self.sliding_layers:
+            return self.step_time_totals
+        full = self.full_layers
+        lin, head, attn = self.lin_cost_tok, self.head_cost_row, self.attn_cost_pair
+        peak, eff_p, eff_d = self.peak_flops, cal.compute_eff_prefill, cal.compute_eff_decode
+        weights_s = self.static_weight_bytes / (self.hbm * cal.bandwidth_eff)
+        kv_speed = self.hbm * cal.kv_bandwidth_eff
+        kv_layer, kv_token = self.kv_layer_bytes, self.kv_token_bytes
+        step_s, layers_s = cal.step_overhead_s, m.num_layers * cal.layer_overhead_s
+        per_row = cal.per_row_overhead_s + m.vocab_size * cal.sampler_s_per_entry
+        scale, allreduce = cal.allreduce_scale, self.allreduce_seconds
+
+        def seconds(
+            rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
+        ) -> tuple[float, bool]:
+            if rows <= 0 or tokens <= 0:
+                return 0.0, False
+            t = float(tokens)
+            pairs = full * (float(cq) + 0.5 * (float(cc) + t))
+            share = (t - float(ones)) / t
+            eff = share * eff_p + (1.0 - share) * eff_d
+            compute = (lin * t + head * rows + attn * pairs) / (peak * eff)
+            memory = weights_s + (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
+            extra = allreduce(t) * scale + step_s + layers_s + rows * per_row
+            return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+
+        return seconds

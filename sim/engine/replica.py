@@ -121,7 +121,9 @@ class Replica:
         plan_time = getattr(step_time, "plan_time", None)  # reads the whole plan (LoRA, speculative decoding)
         if plan_time is not None:
             return plan_time  # type: ignore[no-any-return]
-        totals_time = getattr(getattr(step_time, "__self__", None), "step_time_totals", None)
+        cost = getattr(step_time, "__self__", None)
+        totals_timer = getattr(cost, "totals_timer", None)  # the same seconds, its constants computed once
+        totals_time = totals_timer() if totals_timer is not None else getattr(cost, "step_time_totals", None)
 
         def timer(plan: StepPlan) -> tuple[float, bool]:
             if totals_time is not None and (totals := getattr(plan, "totals", None)) is not None:
