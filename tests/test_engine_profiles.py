@@ -123,6 +123,8 @@ def test_mixed_steps_pay_both_parts_and_totals_agree_with_rows() -> None:
     assert seconds > cost.step_time(c[:1], q[:1])[0]
     totals = cost.step_time_totals(4, 403, 3, 1500, 160003, 1500, 701)
     assert totals is not None and totals[0] == pytest.approx(seconds, rel=1e-12)
+    # The engine's timer of a plan's sums is the profile's, not the roofline's it derives from.
+    assert cost.totals_timer()(4, 403, 3, 1500, 160003, 1500, 701) == totals
     # A prefill chunk on cached tokens: the sums cannot split the context, so the rows decide.
     assert cost.step_time_totals(2, 257, 1, 256 * 512 + 300, 256 * 256 + 1, 812, 769) is None
 

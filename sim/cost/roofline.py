@@ -218,9 +218,12 @@ class CostModel(StepModel):
     def totals_timer(self) -> Callable[[int, int, int, int, int, int, int], tuple[float, bool] | None]:
         """`step_time_totals` with every term that does not depend on the step computed once: the same
         operations in the same order, so the same seconds. For a model with routed experts or sliding
-        layers, `step_time_totals` itself. The engine's step time from a plan's integer sums."""
+        layers, or a subclass that prices steps its own way (an engine profile), `step_time_totals` itself.
+        The engine's step time from a plan's integer sums."""
         m, cal = self.model, self.cal
-        if m.num_experts or self.sliding_layers:
+        kind = type(self)
+        own = kind.step_time_totals is StepModel.step_time_totals and kind._seconds is CostModel._seconds
+        if m.num_experts or self.sliding_layers or not own:
             return self.step_time_totals
         full = self.full_layers
         lin, head, attn = self.lin_cost_tok, self.head_cost_row, self.attn_cost_pair
