@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, fields
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -130,3 +131,9 @@ class KernelCalibration:
         if gpu is not None and path is None:
             table |= kernel_gpu_params(gpu)[0]
         return cls(**table)
+
+
+@cache
+def shipped_kernel_calibration() -> KernelCalibration:
+    """`KernelCalibration.load()`, read once: sim/catalog/kernel_calibration.toml as shipped."""
+    return KernelCalibration.load()

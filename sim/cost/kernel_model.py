@@ -77,8 +77,9 @@ class KernelCostModel(StepModel):
         calibration: KernelCalibration | None = None,
         weight_group_size: int | None = None,
     ) -> None:
-        super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size)
-        self.cal = cal = calibration or KernelCalibration()
+        cal = calibration or KernelCalibration()
+        super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size, cal)
+        self.cal = cal
         self.quant = model.serving_quant(self.weight_dtype, weight_group_size)
         m = model
         L = m.num_layers
@@ -106,7 +107,6 @@ class KernelCostModel(StepModel):
         self.elem_fixed = L * (sum(n * getattr(cal, f"elementwise_{k}_fixed_s") for k, n in kinds)
                                + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
         self.elem_kernels = ELEMENTWISE_KERNELS * L
-        self.price_allreduce(cal)
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 

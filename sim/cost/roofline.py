@@ -22,7 +22,7 @@ import numpy as np
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
-from sim.config.calibration import Calibration, KernelCalibration
+from sim.config.calibration import Calibration
 from sim.cost.kernels import LayerSums, kernel_seconds, step_arrays
 from sim.cost.step_model import StepModel, expected_distinct_experts
 
@@ -104,7 +104,6 @@ class CostModel(StepModel):
             self.lin_cost_tok *= lin_k
             self.head_cost_row *= head_k
             self.attn_cost_pair *= attn_k
-        self.price_allreduce(KernelCalibration.load())
 
     def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
@@ -233,7 +232,7 @@ class CostModel(StepModel):
         kv_layer, kv_token = self.kv_layer_bytes, self.kv_token_bytes
         step_s, layers_s = cal.step_overhead_s, m.num_layers * cal.layer_overhead_s
         per_row = cal.per_row_overhead_s + m.vocab_size * cal.sampler_s_per_entry
-        scale, allreduce = cal.allreduce_scale, self.allreduce_seconds
+        scale, allreduce = cal.allreduce_scale, (self.allreduce_seconds if self.allreduces else None)
 
         def seconds(
             rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
@@ -246,7 +245,7 @@ class CostModel(StepModel):
             eff = share * eff_p + (1.0 - share) * eff_d
             compute = (lin * t + head * rows + attn * pairs) / (peak * eff)
             memory = weights_s + (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
-            extra = allreduce(t) * scale + step_s + layers_s + rows * per_row
+            extra = (allreduce(t) * scale if allreduce else 0.0) + step_s + layers_s + rows * per_row
             return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
 
         return seconds

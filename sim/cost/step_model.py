@@ -17,7 +17,7 @@ from sim.catalog.dtypes import normalize_dtype
 from sim.catalog.gpus import Gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import matmul_rate
-from sim.config.calibration import KernelCalibration
+from sim.config.calibration import KernelCalibration, shipped_kernel_calibration
 from sim.cost.allreduce_pricing import AllreducePricing
 from sim.cost.kernels import ACT_BYTES, LayerSums, layer_sums, step_arrays, totals_layer_sums
 from sim.io.errors import SimError
@@ -41,6 +41,7 @@ class StepModel:
         weight_dtype: str | None = None,
         kv_dtype: str | None = None,
         weight_group_size: int | None = None,
+        allreduce_prior: KernelCalibration | None = None,
     ) -> None:
         if tp < 1:
             raise SimError(f"tensor parallel degree must be >= 1, got {tp}")
@@ -64,22 +65,18 @@ class StepModel:
         self.attn_flops_pair = m.attn_flops_per_pair / tp
         self.allreduces = 2 * m.num_layers if tp > 1 else 0
         self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
-        self.allreduce: AllreducePricing | None = None
-
-    def price_allreduce(self, cal: KernelCalibration) -> None:
-        """Price the step's all-reduces (sim.cost.allreduce_pricing), with `cal`'s prior where no measured fit
-        covers the GPU's node and degree."""
+        # The all-reduces' pricing (sim.cost.allreduce_pricing), with the prior of `allreduce_prior` (default:
+        # the shipped kernel_calibration.toml) where no measured fit covers the GPU's node and degree.
+        prior = allreduce_prior or shipped_kernel_calibration()
         self.allreduce = AllreducePricing(
-            self.gpu, self.tp, cal.allreduce_latency_s, cal.allreduce_latency_pcie_s,
-            cal.allreduce_bandwidth_eff,
-        )  # fmt: skip
+            gpu, tp, prior.allreduce_latency_s, prior.allreduce_latency_pcie_s, prior.allreduce_bandwidth_eff
+        )
 
     def allreduce_seconds(self, tokens: float) -> float:
         """The all-reduces of a step of `tokens` tokens: `allreduces` messages of tokens x hidden x 2 bytes
         each."""
         if not self.allreduces:
             return 0.0
-        assert self.allreduce is not None, "price_allreduce first"
         return self.allreduces * self.allreduce.seconds(self.ar_bytes_token * tokens)
 
     def touched(self, tokens: float) -> float:

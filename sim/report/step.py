@@ -144,8 +144,7 @@ def step_summary(
     (`sim step --json`): `seconds` is the engine's, `kernel_seconds` the kernel profiles'."""
     s = cost.step(new_tokens, context)
     r = engine.step(new_tokens, context)
-    pricing = cost.allreduce if cost.allreduces else None
-    rule = pricing.source(cost.ar_bytes_token * s.tokens) if pricing is not None else None
+    rule = cost.allreduce.source(cost.ar_bytes_token * s.tokens) if cost.allreduces else None
     notes = [n for n in (cost.note,) if n]
     if rule == "prior":
         notes.append(
