@@ -145,14 +145,15 @@ def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
     st.sampled_from(["llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-2-9b", "llama-4-scout-fp8"]),
     st.integers(1, 4),
     st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), min_size=1, max_size=40),
+    st.sampled_from(["H100", "A100-80GB"]),  # without and with a tile fill
 )
 def test_one_definition_behind_step_fast_paths_and_recosting(
-    name: str, tp: int, rows: list[tuple[int, int]]
+    name: str, tp: int, rows: list[tuple[int, int]], gpu: str
 ) -> None:
     """`step`, `step_time`, `step_time_totals` and the calibration's re-costing give the same seconds."""
     from sim.studies.calibration_trace import Trace, step_seconds
 
-    cm = CostModel(load_model(name), get_gpu("H100"), tp=tp)
+    cm = CostModel(load_model(name), get_gpu(gpu), tp=tp)
     c = np.array([r[0] for r in rows], np.int64)
     q = np.array([r[1] for r in rows], np.int64)
     seconds, bound = cm.step_time(c, q)
@@ -286,3 +287,21 @@ def test_both_parameter_sets_share_one_step_time_path() -> None:
     shapes = ("kv_layer_bytes", "kv_token_bytes", "expert_bytes_per_layer", "attn_flops_pair", "allreduces")
     for name in shapes:
         assert getattr(roof, name) == getattr(kern, name), name
+
+
+def test_the_roofline_fills_each_gpus_measured_gemm_tiles() -> None:
+    """A step's 16-bit GEMMs and LM head compute as M + the GPU's fitted `gemm_m_half_tokens` rows, in whole
+    rows (A100 93; the Hoppers' fit on its floor, none); quantized weights run other kernels and fill none."""
+    spec = load_model("yi-34b")
+    a100, h100 = CostModel(spec, get_gpu("A100-80GB"), 2), CostModel(spec, get_gpu("H100-SXM"), 2)
+    assert (a100.tile_fill_tokens, h100.tile_fill_tokens) == (93.0, 0.0)
+    s = a100.step(np.array([512]), np.array([0]))
+    pairs = s.flops_attention / a100.attn_flops_pair
+    filled = a100.lin_cost_tok * (512 + 93) + a100.head_cost_row * (1 + 93) + a100.attn_cost_pair * pairs
+    assert s.flops_charged == pytest.approx(filled, rel=1e-12)
+    assert s.compute_s == pytest.approx(filled / (a100.peak_flops * a100.cal.compute_eff_prefill), rel=1e-12)
+    assert a100.step_time(np.array([512]), np.array([0]))[0] == s.seconds
+    int4 = CostModel(
+        load_model("llama-3.1-70b"), get_gpu("A100-80GB"), weight_dtype="int4", weight_group_size=128
+    )
+    assert int4.tile_fill_tokens == 0.0

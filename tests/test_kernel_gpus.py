@@ -298,11 +298,13 @@ def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allre
                      "seconds": "2e-05"}]  # fmt: skip
     custom = list(csv.DictReader((base / "custom_allreduce.csv").open()))
     assert [(r["kernel"], r["degree"], r["elements"], float(r["seconds"])) for r in custom] == [
-        ("eager", "8", "1024", 2e-5), ("graph", "8", "1024", 5e-6)
+        ("eager", "8", "1024", 2e-5),
+        ("graph", "8", "1024", 5e-6),
     ]
     attn = list(csv.DictReader((base / "attention.csv").open()))  # llama-3.1-8b's heads at TP 1; bf16 KV
     assert [(r["phase"], r["q_len"], r["kv_len"], float(r["seconds"])) for r in attn] == [
-        ("prefill", "1024", "1024", 1e-4), ("decode", "1", "4096", 5e-5)
+        ("prefill", "1024", "1024", 1e-4),
+        ("decode", "1", "4096", 5e-5),
     ]
     nccl = list(csv.DictReader((base / "nccl_allreduce.csv").open()))
     assert [(r["degree"], r["elements"], float(r["seconds"])) for r in nccl] == [("4", "2048", 1e-5)]
@@ -311,9 +313,11 @@ def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allre
     assert "h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet" in sources
     assert "h100_sxm/comm/nccl/2.27.3/nccl_perf.parquet" in sources and "GPU h100_sxm" in sources
     # the package's own folder, its systems/ or its data folder alike
-    assert import_aiconfigurator(pkg / "systems" / "data", tmp_path / "again") and (
-        tmp_path / "again" / "b200" / "aiconfigurator" / "gemm.csv"
-    ).read_text() == (tmp_path / "out" / "b200" / "aiconfigurator" / "gemm.csv").read_text()
+    assert (
+        import_aiconfigurator(pkg / "systems" / "data", tmp_path / "again")
+        and (tmp_path / "again" / "b200" / "aiconfigurator" / "gemm.csv").read_text()
+        == (tmp_path / "out" / "b200" / "aiconfigurator" / "gemm.csv").read_text()
+    )
 
 
 def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -339,12 +343,14 @@ def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:
     """Yi-34B TP 2, 512-token chunks (Sarathi-Serve artifact, figure 9): +15.2 / +18.9 / +11.7% at 2K / 4K
     / 8K. The kernel model, each chunk re-reading the KV before it and paying the step's weights and fixed
     costs, with the A100's aiconfigurator fit: +15.3 / +18.9 / +19.9% (8.3 points over at 8K; with Vidur's
-    A100 fit +10.6 / +13.1 / +13.8%); the engine's roofline charges 1-2%."""
+    A100 fit +10.6 / +13.1 / +13.8%). The engine's roofline, its GEMMs filling the A100's tiles (93 tokens):
+    +12.5 / +15.5 / +16.5% (1-2% without)."""
     rows = chunking_table()
     assert [int(r["prompt"]) for r in rows] == [2047, 4095, 8191]
     gaps = [r["kernel_pct"] - r["measured_pct"] for r in rows]
     assert abs(gaps[0]) < 1 and abs(gaps[1]) < 1 and 0 < gaps[2] < 9 and abs(sum(gaps) / len(gaps)) < 4
-    assert all(r["roofline_pct"] < 3 for r in rows)
+    engine = [r["roofline_pct"] - r["measured_pct"] for r in rows]
+    assert abs(engine[0]) < 4 and abs(engine[1]) < 4 and 0 < engine[2] < 6 and abs(sum(engine) / 3) < 1
     spec, g = load_model("yi-34b"), get_gpu("A100-80GB")
     cost = KernelCostModel(spec, g, 2, calibration=KernelCalibration.load(gpu=g))
     second = cost.step_time(np.array([512]), np.array([512]))[0]

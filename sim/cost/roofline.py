@@ -5,6 +5,12 @@ The all-reduces are the measured ones the kernel model charges (sim/cost/allredu
 Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
 (GEMMs and paged attention are separate kernels with different achieved bandwidth).
 
+Compute time is the FLOPs at `compute_eff_*` of the peak, the linear layers' as the GPU's measured GEMMs
+fill their tiles: a step's 16-bit GEMMs over M tokens cost as M + `gemm_m_half_tokens` (the GPU's kernel
+fit, sim/catalog/kernel_gpus.toml, its own or by the transfer rule; the kernel model's `gemm_seconds` form).
+On the A100 that is 93 tokens, so a 512-token chunk computes 18% slower per token than a long prompt; the
+Hoppers' tiles fill at once.
+
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
 (prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
 attention sums, the all-reduce pricing and the max of compute and memory are the kernel model's own
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.catalog.gpus import Gpu
+from sim.catalog.kernel_gpus import kernel_gpu_params
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
 from sim.config.calibration import Calibration
@@ -104,6 +111,13 @@ class CostModel(StepModel):
             self.lin_cost_tok *= lin_k
             self.head_cost_row *= head_k
             self.attn_cost_pair *= attn_k
+        # The tiles the 16-bit GEMMs fill: every step's token GEMMs and its LM head charged
+        # `tile_fill_tokens` more rows (compute = 2 (M + m_half) K N / peak, the kernel model's GEMM). The fit
+        # is of 16-bit GEMMs; quantized formats run other kernels (Marlin's tiles are 16 rows), charged none.
+        # Charged in whole rows: a fit on its 0.01 floor (the Hoppers, the L40S) fills none.
+        fitted = round(kernel_gpu_params(gpu)[0].get("gemm_m_half_tokens", 0.0))
+        self.tile_fill_tokens = 0.0 if m.serving_quant(wd, gs).dtype else float(fitted)
+        self.fill_cost = (self.lin_cost_tok + self.head_cost_row) * self.tile_fill_tokens
 
     def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
@@ -125,7 +139,9 @@ class CostModel(StepModel):
         pairs, kv_tokens, prefill = self._over_layers(sums)
         t = float(tokens)
         m = self.model
-        flops = self.lin_cost_tok * t + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        flops = (
+            self.lin_cost_tok * t + self.head_cost_row * rows + self.fill_cost + self.attn_cost_pair * pairs
+        )
         weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
@@ -151,7 +167,12 @@ class CostModel(StepModel):
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        flops_cost = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.attn_cost_pair * pairs
+        flops_cost = (
+            self.lin_cost_tok * tokens
+            + self.head_cost_row * rows
+            + self.fill_cost
+            + self.attn_cost_pair * pairs
+        )
         compute_s = flops_cost / (self.peak_flops * eff)
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
@@ -191,7 +212,7 @@ class CostModel(StepModel):
         half = 0.5 * (float(rows) + t)
         full, ns = self.full_layers, self.sliding_layers
         share = (t - float(rows)) / t
-        head = self.lin_cost_tok * t + self.head_cost_row * rows
+        head = self.lin_cost_tok * t + self.head_cost_row * rows + self.fill_cost
         attn = self.attn_cost_pair
         weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
         kv_layer, kv_new = self.kv_layer_bytes, self.kv_token_bytes * t
@@ -225,7 +246,7 @@ class CostModel(StepModel):
         if m.num_experts or self.sliding_layers or not own:
             return self.step_time_totals
         full = self.full_layers
-        lin, head, attn = self.lin_cost_tok, self.head_cost_row, self.attn_cost_pair
+        lin, head, attn, fill = self.lin_cost_tok, self.head_cost_row, self.attn_cost_pair, self.fill_cost
         peak, eff_p, eff_d = self.peak_flops, cal.compute_eff_prefill, cal.compute_eff_decode
         weights_s = self.static_weight_bytes / (self.hbm * cal.bandwidth_eff)
         kv_speed = self.hbm * cal.kv_bandwidth_eff
@@ -243,7 +264,7 @@ class CostModel(StepModel):
             pairs = full * (float(cq) + 0.5 * (float(cc) + t))
             share = (t - float(ones)) / t
             eff = share * eff_p + (1.0 - share) * eff_d
-            compute = (lin * t + head * rows + attn * pairs) / (peak * eff)
+            compute = (lin * t + head * rows + fill + attn * pairs) / (peak * eff)
             memory = weights_s + (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
             extra = (allreduce(t) * scale if allreduce else 0.0) + step_s + layers_s + rows * per_row
             return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
