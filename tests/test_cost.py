@@ -305,3 +305,13 @@ def test_the_roofline_fills_each_gpus_measured_gemm_tiles() -> None:
         load_model("llama-3.1-70b"), get_gpu("A100-80GB"), weight_dtype="int4", weight_group_size=128
     )
     assert int4.tile_fill_tokens == 0.0
+
+
+def test_sim_step_shows_the_tile_fill_it_charged() -> None:
+    from sim.cost.kernel_model import KernelCostModel
+    from sim.report.step import step_summary
+
+    spec, g = load_model("yi-34b"), get_gpu("A100-80GB")
+    c, q = np.array([512]), np.array([0])
+    summary = step_summary(KernelCostModel(spec, g, 2), c, q, CostModel(spec, g, 2))
+    assert summary["engine"]["tile_fill_tokens"] == 93.0  # type: ignore[index]

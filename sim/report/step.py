@@ -124,7 +124,8 @@ def print_step(
     console.print(
         f"engine step: {float(summary['seconds']) * 1e3:.3f} ms (calibrated roofline, {e['bound']}-bound: "
         f"compute {e['compute_s'] * 1e3:.3f}, memory {e['memory_s'] * 1e3:.3f}, "
-        f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms)"
+        f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms; "
+        f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows)"
     )
     gpu_ms = float(summary["gpu_s"]) * 1e3  # type: ignore[arg-type]
     console.print(
@@ -167,6 +168,7 @@ def step_summary(
             "memory_s": r.memory_s,
             "allreduce_s": r.allreduce_s,
             "overhead_s": r.overhead_s,
+            "tile_fill_tokens": engine.tile_fill_tokens,  # rows the 16-bit GEMMs' tiles add (the GPU's fit)
         },
         "kernel_seconds": s.seconds,
         "bound": s.bound,
