@@ -1,7 +1,8 @@
 """A 10,000-request `sim run`, whole process, on this source tree and optionally on another, alternating.
 
 The scenario is bench_fleet.py's `vllm` one (ShareGPT-like requests on Llama-2-7B / A100-80GB, Poisson
-arrivals at `--rate`, 10.963 req/s: 70% of the policy's saturation there; the run drains). Each tree runs
+arrivals at `--rate`, 10.963 req/s, held fixed so that timings stay comparable: 70% of the policy's saturation
+when it was set, 74% of today's 14.9 req/s; the run drains). Each tree runs
 `python -m sim run SCENARIO --out TMP --force` as a child process, from its own root with its own
 PYTHONPATH, and the kernel's accounting of that child (`os.wait4`) gives its user + system CPU seconds and
 wall seconds: interpreter start, imports, the run, the records, the table and the exit all count. CPU time
