@@ -52,7 +52,8 @@ class StepCost:
     tokens: int
     rows: int
     experts_touched: float  # expected distinct routed experts per MoE layer
-    flops_charged: float = 0.0  # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8)
+    # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8, the GEMMs' tile fill)
+    flops_charged: float = 0.0
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
@@ -134,14 +135,18 @@ class CostModel(StepModel):
             kv_tokens += ns * s_ctx
         return pairs_all, kv_tokens, queries
 
+    def _flops_charged(self, tokens: float, rows: int, pairs: float) -> float:
+        """A step's FLOPs as charged at the peak, its GEMMs' tile fill included (the timers below inline the
+        same sum, in the same order)."""
+        linear = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.fill_cost
+        return linear + self.attn_cost_pair * pairs
+
     def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
         """The roofline's pricing of a step (`StepModel.step_time` and `step_time_totals` call it)."""
         pairs, kv_tokens, prefill = self._over_layers(sums)
         t = float(tokens)
         m = self.model
-        flops = (
-            self.lin_cost_tok * t + self.head_cost_row * rows + self.fill_cost + self.attn_cost_pair * pairs
-        )
+        flops = self._flops_charged(t, rows, pairs)
         weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
@@ -167,12 +172,7 @@ class CostModel(StepModel):
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        flops_cost = (
-            self.lin_cost_tok * tokens
-            + self.head_cost_row * rows
-            + self.fill_cost
-            + self.attn_cost_pair * pairs
-        )
+        flops_cost = self._flops_charged(tokens, rows, pairs)
         compute_s = flops_cost / (self.peak_flops * eff)
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
