@@ -121,6 +121,21 @@ class KernelCalibration:
     elementwise_rope_fixed_s: float = 3e-06
     elementwise_act_bandwidth_eff: float = 0.8688
     elementwise_act_fixed_s: float = 3e-06
+    # vLLM's fused-MoE kernel (sim.cost.kernels.fused_moe_seconds) for 16-bit and FP8 (W8A8) experts; these
+    # defaults are the H200's fit to aiconfigurator's table (sim.cost.moe_fit), each GPU's in
+    # kernel_gpus.toml.
+    moe_compute_eff: float = 0.7761  # large-M expert GEMMs, fraction of the 16-bit peak
+    moe_bandwidth_eff: float = 0.9351  # expert weight streaming, fraction of HBM peak
+    moe_m_half_tokens: float = 48.15  # tile fill per touched expert: rows charged beyond its tokens
+    moe_n_half_cols: float = 254.3  # narrow shards of the intermediate width: compute x (1 + this / I)
+    moe_overlap_loss: float = 0.2637  # share of the shorter of compute and memory not hidden
+    moe_fixed_s: float = 2.912e-05  # per MoE layer's kernel
+    moe_compute_eff_fp8: float = 0.357  # the same for FP8 experts, fraction of the FP8 peak
+    moe_bandwidth_eff_fp8: float = 0.7855
+    moe_m_half_tokens_fp8: float = 37.96
+    moe_n_half_cols_fp8: float = 284.5
+    moe_overlap_loss_fp8: float = 0.07762
+    moe_fixed_s_fp8: float = 3.637e-05
 
     @classmethod
     def load(cls, path: str | Path | None = None, gpu: Gpu | None = None) -> KernelCalibration:

@@ -17,11 +17,11 @@ stored dtype, group scales included) + 16-bit activations in and out; FP8 W8A8 r
 weight-only INT4/INT8 at a share of the 16-bit rate (dequantisation), as sim/catalog/quantisation.py defines
 for both cost models. Attention per layer is one kernel over every row: max(FLOPs / (16-bit peak ·
 attn_compute_eff) + attn_query_head_s per (prefill query x head), KV bytes read and written / (HBM ·
-kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost. MoE layers run a fused expert GEMM
-pair over the experts the step touches. Norms, rotary embedding and activations are memory-bound element-wise
-kernels, each kind at its own bandwidth and fixed cost. Under TP, two all-reduces per layer: NCCL as measured
-above vLLM's custom all-reduce size, the custom all-reduce as measured below it
-(sim/cost/allreduce_pricing.py, the roofline's pricing too).
+kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost. MoE layers run vLLM's fused-MoE
+kernel (fitted per GPU, sim.cost.moe_fit) over the experts the step touches, and each its router's GEMM.
+Norms, rotary embedding and activations are memory-bound element-wise kernels, each kind at its own
+bandwidth and fixed cost. Under TP, two all-reduces per layer: NCCL as measured above vLLM's custom all-reduce
+size, the custom all-reduce as measured below it (sim/cost/allreduce_pricing.py, the roofline's pricing too).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
@@ -54,9 +54,12 @@ from sim.cost.kernels import (
     StepCost,
     attention_seconds,
     elementwise_bytes,
+    fused_moe,
+    fused_moe_seconds,
     gemm_seconds,
     host_seconds,
     kernel_seconds,
+    moe_format,
     overlapped,
     step_arrays,
 )
@@ -123,11 +126,16 @@ class KernelCostModel(StepModel):
             Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
             Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
         ]
-        if m.dense_params:
-            dense = m.dense_params / L
+        # An MoE layer's router (hidden x experts, replicated on every GPU) is a GEMM of its own; the rest of
+        # the dense parameters (dense layers' MLPs, shared experts) spread over the layers as one MLP.
+        router = m.num_moe_layers * H * m.num_experts
+        wb = m.param_bytes("dense", wd, gs)
+        if router:
+            out.append(Gemm("router", m.num_moe_layers, H, m.num_experts, wb, "dense"))
+        if m.dense_params > router:
+            dense = (m.dense_params - router) / L
             gated = m.model_type != "opt"
             up = dense * (2 / 3 if gated else 1 / 2)
-            wb = m.param_bytes("dense", wd, gs)
             out.append(Gemm("mlp_up", L, H, up / H / tp, wb, "dense"))
             out.append(Gemm("mlp_down", L, (dense - up) / H / tp, H, wb, "dense"))
         return out
@@ -157,27 +165,38 @@ class KernelCostModel(StepModel):
         return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
 
     def _experts(self, tokens: float) -> Kernel | None:
-        """Routed experts of the MoE layers: each touched expert runs its own gate/up and down GEMMs over the
-        tokens routed to it (its bytes plus a fixed cost per expert kernel, as measured in moe.csv)."""
+        """Routed experts of the MoE layers: vLLM's fused-MoE kernel, one a layer, over the experts the step
+        touches (`sim.cost.kernels.fused_moe_seconds` at the GPU's fit for 16-bit or FP8 experts,
+        `moe_format`); other formats as two GEMMs per touched expert at the format's rate."""
         m = self.model
         if not m.num_moe_layers:
             return None
         touched = self.touched(tokens)
-        per_expert = tokens * m.experts_per_token / touched
+        pairs = tokens * m.experts_per_token
         inter = m.expert_params / (3 * m.hidden_size) / self.tp
-        wb, h = m.param_bytes("experts", self.weight_dtype), m.hidden_size
+        wb, h, layers = m.param_bytes("experts", self.weight_dtype), m.hidden_size, m.num_moe_layers
+        nbytes = touched * 3.0 * h * inter * wb + 2.0 * ACT_BYTES * pairs * h
+        flops = 6.0 * h * inter * pairs
+        fmt = moe_format(m, self.gpu, self.weight_dtype, self.group_size)
+        if fmt is not None:
+            p = fused_moe(vars(self.cal), fmt)
+            peak = self.gpu.flops_16bit if fmt == "bf16" else self.gpu.flops_fp8
+            t = fused_moe_seconds(pairs, touched, h, inter, wb, peak * p.moe_compute_eff,
+                                  self.hbm * p.moe_bandwidth_eff, p)  # fmt: skip
+            compute_bound = flops / (peak * p.moe_compute_eff) > nbytes / (self.hbm * p.moe_bandwidth_eff)
+            bound = "compute" if compute_bound else "memory"
+            return Kernel("moe_experts", layers, layers * t, bound, layers * flops, layers * nbytes)
+        per_expert = pairs / touched
         peak, fixed = self._peak("experts"), self.cal.graph_kernel_fixed_s
-        t = flops = nbytes = compute = 0.0
+        t = compute = 0.0
         for k, n in ((h, 2 * inter), (inter, h)):
             f = 2.0 * per_expert * k * n
             b = k * n * wb + ACT_BYTES * per_expert * (k + n)
             t += kernel_seconds(f, b, peak, self.gemm_bw, fixed)
-            flops, nbytes, compute = flops + f, nbytes + b, compute + f / peak - b / self.gemm_bw
-        layers = m.num_moe_layers
+            compute += f / peak - b / self.gemm_bw
         bound = "compute" if compute > 0 else "memory"
         count = int(round(2 * touched * layers))
-        return Kernel("moe_experts", count, layers * touched * t, bound, layers * touched * flops,
-                      layers * touched * nbytes)  # fmt: skip
+        return Kernel("moe_experts", count, layers * touched * t, bound, layers * flops, layers * nbytes)
 
     def linear_kernels(self, tokens: int, rows: int) -> list[Kernel]:
         """GEMMs, MoE experts, element-wise kernels, LM head and all-reduces of a step of `tokens` tokens."""

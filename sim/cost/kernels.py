@@ -3,10 +3,13 @@ step arithmetic both cost models share (the rows' attention sums, the max of com
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from sim.catalog.gpus import Gpu
+from sim.catalog.model import ModelSpec
 from sim.config.calibration import KernelCalibration
 
 ACT_BYTES = 2  # activations are 16-bit
@@ -77,6 +80,58 @@ def gemm_seconds(m, k, n, weight_bytes, flops_per_s, bytes_per_s, fixed_s, shape
     mem = (k * n * weight_bytes + ACT_BYTES * m * (k + n)) / bytes_per_s * narrow
     longer = 0.5 * (comp + mem + abs(comp - mem))
     return longer + shape.gemm_overlap_loss * (comp + mem - longer) + fixed_s
+
+
+@dataclass(frozen=True)
+class FusedMoe:
+    """One GPU's fused-MoE kernel parameters for one expert format (sim.cost.moe_fit)."""
+
+    moe_compute_eff: float
+    moe_bandwidth_eff: float
+    moe_m_half_tokens: float
+    moe_n_half_cols: float
+    moe_overlap_loss: float
+    moe_fixed_s: float
+
+
+def fused_moe(params: Mapping[str, float], fmt: str) -> FusedMoe:
+    """The parameters of format `fmt` ("bf16" or "fp8": names with `_fp8`) from a GPU's kernel parameters."""
+    tail = "" if fmt == "bf16" else f"_{fmt}"
+    return FusedMoe(**{name: params[f"{name}{tail}"] for name in FusedMoe.__dataclass_fields__})
+
+
+def moe_format(model: ModelSpec, gpu: Gpu, weight_dtype: str, group_size: int | None) -> str | None:
+    """The fused-MoE fit a model's routed experts run under: "bf16" for 16-bit experts, "fp8" for W8A8 FP8
+    experts on a GPU with FP8 tensor cores (the fit is of 128 x 128-block scales; per-tensor and per-channel
+    scales are taken to run alike), None for dense models and other formats."""
+    if not model.num_experts:
+        return None
+    q = model.serving_quant(weight_dtype, group_size)
+    if not q.dtype or q.kept_fraction("experts") >= 1.0:
+        return "bf16" if model.param_bytes("experts", weight_dtype, group_size) == 2 else None
+    dtype, activations, _ = q.format_of("experts")
+    return "fp8" if dtype == "fp8" and activations and gpu.flops_fp8 > 0 else None
+
+
+def fused_moe_flops(pairs, touched, hidden, inter, m_half, n_half):  # type: ignore[no-untyped-def]
+    """FLOPs a fused-MoE layer is charged at its kernel's large-M rate: `pairs` (token, expert) pairs through
+    the gated expert MLP (gate and up, H x 2I, then down, I x H: 6 H I FLOPs a pair) on `inter`-wide shards,
+    each of the `touched` experts' GEMMs filling `m_half` more rows of its tiles, narrow shards slowed by
+    (1 + n_half / inter): `gemm_seconds`' shape terms, per expert. Floats or numpy arrays alike."""
+    return 6.0 * hidden * inter * (pairs + touched * m_half) * (1.0 + n_half / inter)
+
+
+def fused_moe_seconds(pairs, touched, hidden, inter, weight_bytes, flops_per_s, bytes_per_s, shape):  # type: ignore[no-untyped-def]
+    """One fused-MoE layer (vLLM's fused experts, every touched expert's gate/up and down GEMMs in one
+    kernel): max(compute, memory) plus the share `shape.moe_overlap_loss` of the shorter, plus
+    `shape.moe_fixed_s`. Compute is `fused_moe_flops` at `flops_per_s`; memory the touched experts' weights
+    (3 H I each, `weight_bytes` a weight) and the pairs' 16-bit activations in and out at `bytes_per_s`.
+    Floats or numpy arrays alike (the fit, sim.cost.moe_fit, uses it too)."""
+    comp = fused_moe_flops(pairs, touched, hidden, inter, shape.moe_m_half_tokens, shape.moe_n_half_cols)
+    comp = comp / flops_per_s
+    mem = (touched * 3.0 * hidden * inter * weight_bytes + 2.0 * ACT_BYTES * pairs * hidden) / bytes_per_s
+    longer = 0.5 * (comp + mem + abs(comp - mem))
+    return longer + shape.moe_overlap_loss * (comp + mem - longer) + shape.moe_fixed_s
 
 
 def elementwise_bytes(hidden, qk_width, inter_width, gated):  # type: ignore[no-untyped-def]

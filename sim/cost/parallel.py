@@ -257,11 +257,17 @@ class ParallelCost:
 
     def _expert_seconds(self, routed_tokens: float) -> float:
         """Expert GEMMs of one MoE layer over `routed_tokens` (token x expert pairs) on one rank:
-        max(compute, weight reads) at the base model's rates."""
+        max(compute, weight reads) at the base model's rates, the compute as the base charges its fused-MoE
+        kernel (per pair, and the tiles each touched expert fills) where it has one."""
         m, b = self.model, self.base
-        flops = 2.0 * m.expert_params * routed_tokens / self.p.tp
         experts_here = self.p.physical_experts(m) / self.p.ep
         touched = min(experts_here, routed_tokens)
+        moe_tok = getattr(b, "moe_cost_tok", 0.0)
+        if moe_tok:
+            pair, fill = moe_tok / m.experts_per_token, b.moe_fill_expert
+            flops = (pair * routed_tokens + fill * touched) / m.num_moe_layers * b.tp / self.p.tp
+        else:
+            flops = 2.0 * m.expert_params * routed_tokens / self.p.tp
         nbytes = touched * b.expert_bytes_per_layer * b.tp / self.p.tp
         compute = flops / (b.peak_flops * b.cal.compute_eff_prefill)
         memory = nbytes / (b.hbm * b.cal.bandwidth_eff)
@@ -299,7 +305,15 @@ class ParallelCost:
         pp_send = send if p.pp > 1 and tokens > 0 else 0.0
         seconds = sum(stage_s) + (p.pp - 1) * pp_send
         return StepBreakdown(
-            seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound,
+            seconds,
+            stage_s,
+            rank_s,
+            pp_send,
+            dispatch,
+            combine,
+            expert_rank,
+            skew,
+            compute_bound,
             overlap if p.two_batch_overlap else [],
         )
 

@@ -30,7 +30,7 @@ from sim.catalog.kernel_gpus import kernel_gpu_params
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
 from sim.config.calibration import Calibration
-from sim.cost.kernels import LayerSums, kernel_seconds, step_arrays
+from sim.cost.kernels import LayerSums, fused_moe, fused_moe_flops, kernel_seconds, moe_format, step_arrays
 from sim.cost.step_model import StepModel, expected_distinct_experts
 
 
@@ -116,8 +116,27 @@ class CostModel(StepModel):
         # `tile_fill_tokens` more rows (compute = 2 (M + m_half) K N / peak, the kernel model's GEMM). The fit
         # is of 16-bit GEMMs; quantized formats run other kernels (Marlin's tiles are 16 rows), charged none.
         # Charged in whole rows: a fit on its 0.01 floor (the Hoppers, the L40S) fills none.
-        fitted = round(kernel_gpu_params(gpu)[0].get("gemm_m_half_tokens", 0.0))
+        params = kernel_gpu_params(gpu)[0]
+        fitted = round(params.get("gemm_m_half_tokens", 0.0))
         self.tile_fill_tokens = 0.0 if m.serving_quant(wd, gs).dtype else float(fitted)
+        # Routed experts run vLLM's fused-MoE kernel (the GPU's fit, sim.cost.kernels.fused_moe_flops): per
+        # (token, expert) pair at the kernel's large-M rate, narrow shards slowed, and each touched expert
+        # filling `moe_m_half_tokens` more rows. Charged at the roofline's rate, so scaled by the prefill
+        # efficiency over the kernel's. Formats with no fused-MoE fit keep the experts in the linear FLOPs.
+        self.moe_cost_tok = self.moe_fill_expert = 0.0
+        fmt = moe_format(m, gpu, self.weight_dtype, gs)
+        if fmt is not None:
+            fit = fused_moe(params, fmt)
+            fit_peak = gpu.flops_16bit if fmt == "bf16" else gpu.flops_fp8
+            rate = self.peak_flops / fit_peak  # the experts' FLOPs as charged at this model's peak
+            inter = m.expert_params / (3 * m.hidden_size) / tp
+            one = fused_moe_flops(1.0, 0.0, m.hidden_size, inter, 0.0, fit.moe_n_half_cols)
+            pair = m.num_moe_layers * one * rate
+            scale = self.cal.compute_eff_prefill / fit.moe_compute_eff
+            chosen = 2.0 * m.num_moe_layers * m.experts_per_token * m.expert_params / tp
+            self.lin_cost_tok -= chosen * rate
+            self.moe_cost_tok = pair * scale * m.experts_per_token
+            self.moe_fill_expert = pair * scale * fit.moe_m_half_tokens
         self.fill_cost = (self.lin_cost_tok + self.head_cost_row) * self.tile_fill_tokens
 
     def _weights(self, tokens: float) -> tuple[float, float]:
@@ -135,10 +154,12 @@ class CostModel(StepModel):
             kv_tokens += ns * s_ctx
         return pairs_all, kv_tokens, queries
 
-    def _flops_charged(self, tokens: float, rows: int, pairs: float) -> float:
-        """A step's FLOPs as charged at the peak, its GEMMs' tile fill included (the timers below inline the
-        same sum, in the same order)."""
+    def _flops_charged(self, tokens: float, rows: int, pairs: float, touched: float = 0.0) -> float:
+        """A step's FLOPs as charged at the peak, its GEMMs' tile fill and the fused-MoE kernel's (over
+        `touched` experts a layer) included (the timers below inline the same sum, in the same order)."""
         linear = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.fill_cost
+        if self.moe_cost_tok:
+            linear += self.moe_cost_tok * tokens + self.moe_fill_expert * touched
         return linear + self.attn_cost_pair * pairs
 
     def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
@@ -146,8 +167,8 @@ class CostModel(StepModel):
         pairs, kv_tokens, prefill = self._over_layers(sums)
         t = float(tokens)
         m = self.model
-        flops = self._flops_charged(t, rows, pairs)
-        weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
+        weight_bytes, touched = self._weights(t) if m.num_experts else (self.static_weight_bytes, 0.0)
+        flops = self._flops_charged(t, rows, pairs, touched)
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
             self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduce_seconds(t),
@@ -172,7 +193,7 @@ class CostModel(StepModel):
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        flops_cost = self._flops_charged(tokens, rows, pairs)
+        flops_cost = self._flops_charged(tokens, rows, pairs, touched)
         compute_s = flops_cost / (self.peak_flops * eff)
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
@@ -212,9 +233,11 @@ class CostModel(StepModel):
         half = 0.5 * (float(rows) + t)
         full, ns = self.full_layers, self.sliding_layers
         share = (t - float(rows)) / t
+        weight_bytes, touched = self._weights(t) if m.num_experts else (self.static_weight_bytes, 0.0)
         head = self.lin_cost_tok * t + self.head_cost_row * rows + self.fill_cost
+        if self.moe_cost_tok:
+            head += self.moe_cost_tok * t + self.moe_fill_expert * touched
         attn = self.attn_cost_pair
-        weight_bytes = self._weights(t)[0] if m.num_experts else self.static_weight_bytes
         kv_layer, kv_new = self.kv_layer_bytes, self.kv_token_bytes * t
         speed = self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)

@@ -53,6 +53,7 @@ BATCH, DECODE, KV_USED, KV_ALLOCATED = (
 )
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
 
+
 class Recorder:
     """Collects request and step records during a run, in flat typed buffers (no per-record objects), and
     hands them to `sink` in chunks of `chunk_rows` rows as the run goes (by default kept in memory).
@@ -397,4 +398,3 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
-

@@ -7,7 +7,10 @@ from pathlib import Path
 
 
 def print_kernels(
-    write: Path | None, import_vidur: Path | None, as_json: bool, command: str,
+    write: Path | None,
+    import_vidur: Path | None,
+    as_json: bool,
+    command: str,
     import_aiconfigurator: Path | None = None,
 ) -> dict[str, object]:
     from rich.console import Console
@@ -47,6 +50,20 @@ def print_kernels(
                 table.add_row(dataset, gpu, "others", "elementwise", op, "", f"{err:.1f}",
                               f"{rep['elementwise_own'][op]:.1f}")  # fmt: skip
     console.print(table)
+    table = Table(title="Fused-MoE layers (aiconfigurator's vLLM tables) of a GPU left out, predicted from "
+                  "its generation's GPUs with the format (else all the others) / own fit: median |error| %, "
+                  "over all layers and the worst shape")  # fmt: skip
+    for col in ("GPU", "format", "from", "held out", "worst shape", "own fit"):
+        table.add_column(col, justify="left" if col in ("GPU", "format", "from") else "right")
+    moe = result["moe_held_out"]
+    assert isinstance(moe, dict)
+    for key, rep in moe.items():
+        gpu, fmt = key.split()
+        held_out = rep.get("held_out", {})
+        worst = max((v for k, v in held_out.items() if k != "all"), default=float("nan"))
+        table.add_row(gpu, fmt, "+".join(rep["rule"]), f"{held_out.get('all', float('nan')):.1f}",
+                      f"{worst:.1f}", f"{rep['own']['all']:.1f}")  # fmt: skip
+    console.print(table)
     table = Table(title="All-reduce (aiconfigurator): latency + bytes moved / bandwidth per GPU, algorithm, "
                   "degree; custom: vLLM's kernel in a CUDA graph, <= 8 MiB; nccl: > 8 MiB")  # fmt: skip
     for col in ("GPU", "kind", "degree", "points", "latency µs", "GB/s", "median |err| %", "p90 %", "max %"):
@@ -68,8 +85,10 @@ def print_kernels(
         cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
         table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
     console.print(table)
-    table = Table(title="Attention: the kernel model (the H200 profile's attention parameters, in-step "
-                  "fixed cost) against aiconfigurator's vLLM kernels: median error %, all and >= 100 µs")
+    table = Table(
+        title="Attention: the kernel model (the H200 profile's attention parameters, in-step "
+        "fixed cost) against aiconfigurator's vLLM kernels: median error %, all and >= 100 µs"
+    )
     for col in ("GPU", "phase", "kernels", "median", "median |err|", ">= 100 µs", "median", "median |err|"):
         table.add_column(col, justify="left" if col in ("GPU", "phase") else "right")
     attention = result["attention"]

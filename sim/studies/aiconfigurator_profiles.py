@@ -17,6 +17,11 @@ Per GPU (`SYSTEMS`), from the newest vLLM version the package has for that syste
   system's default backend), bf16 KV, no sliding window, at the catalog models' head counts per GPU at TP
   1/2/4/8 with 128-wide heads, `ATTN_BATCHES` and `ATTN_LENGTHS`; decode attends over `step + 1` tokens
   (the tables step by 2^k - 1: the tokens cached before the new one).
+- `moe.csv` (dtype, kernel, hidden, inter, topk, experts, tp, tokens, seconds): vLLM's fused-MoE layer
+  (`moe/vllm/<v>/moe_perf.parquet`) with every expert on the GPU (`moe_ep_size` 1) and the intermediate
+  width split over `tp` (1/2/4/8), the gate balanced, bf16 and FP8 with 128 x 128 weight blocks, each
+  dtype's most used kernel on that system (Triton on the Hoppers and the L40S); a system without balanced
+  rows (the A100's table has only skewed gates) gets none.
 - `SOURCES.md`: package, version, each file read, system, runtime version and device name.
 Message sizes are elements (the package's convention: an all-reduce of T tokens of width H is T·H).
 """
@@ -211,6 +216,38 @@ def attention_rows(path: Path, root: Path, phase: str) -> tuple[list[list[object
     return rows, _source(df, path, root)
 
 
+MOE_DTYPES = {"bfloat16": "bf16", "fp8_block": "fp8_block"}  # the table's name -> moe.csv's
+MOE_TPS = (1, 2, 4, 8)
+
+
+def moe_rows(path: Path, root: Path) -> tuple[list[list[object]], Source] | None:
+    """The balanced, all-experts-local fused-MoE rows of one moe_perf.parquet (see the module's docstring),
+    or None when it has none."""
+    import polars as pl
+
+    df = _read(path, root)
+    need = {"moe_dtype", "kernel_source", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+            "moe_tp_size", "moe_ep_size", "distribution"}  # fmt: skip
+    if not need <= set(df.columns):
+        raise SimError(f"{path}: expected columns {sorted(need)}, found {df.columns}")
+    keep = (pl.col("moe_ep_size") == 1) & (pl.col("distribution") == "balanced")
+    df = df.filter(keep & pl.col("moe_dtype").is_in(list(MOE_DTYPES)) & pl.col("moe_tp_size").is_in(MOE_TPS))
+    rows: list[list[object]] = []
+    for dtype in sorted(MOE_DTYPES):
+        part = df.filter(pl.col("moe_dtype") == dtype)
+        if not part.height:
+            continue
+        counts = part.group_by("kernel_source").len().sort(["len", "kernel_source"], descending=[True, False])
+        kernel = str(counts["kernel_source"][0])
+        for r in part.filter(pl.col("kernel_source") == kernel).iter_rows(named=True):
+            shape = [int(r[c]) for c in ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")]
+            rows.append([MOE_DTYPES[dtype], kernel, *shape, int(r["num_tokens"]), r["latency"] * 1e-3])
+    if not rows:
+        return None
+    rows.sort(key=lambda c: tuple(c[:-1]))  # type: ignore[arg-type]
+    return rows, _source(df, path, root)
+
+
 def _sources_md(gpu: str, system: str, version: str, files: dict[str, Source]) -> str:
     lines = [
         f"# {gpu}: kernel tables from NVIDIA aiconfigurator",
@@ -229,8 +266,8 @@ def _sources_md(gpu: str, system: str, version: str, files: dict[str, Source]) -
 
 
 def import_aiconfigurator(source: Path, dest: Path) -> list[Path]:
-    """Write dest/<gpu>/aiconfigurator/{gemm,custom_allreduce,nccl_allreduce}.csv and SOURCES.md for every
-    system of `SYSTEMS` from the package folder `source`; returns the files written."""
+    """Write dest/<gpu>/aiconfigurator/{gemm,custom_allreduce,nccl_allreduce,attention,moe}.csv and
+    SOURCES.md for every system of `SYSTEMS` from the package folder `source`; returns the files written."""
     root = data_root(source)
     version = package_version(root)
     written: list[Path] = []
@@ -253,7 +290,14 @@ def import_aiconfigurator(source: Path, dest: Path) -> list[Path]:
         _write(out / "nccl_allreduce.csv", ["degree", "elements", "seconds"], nccl)
         sources = {"gemm.csv": gs, "custom_allreduce.csv": cs, "nccl_allreduce.csv": ns,
                    "attention.csv (prefill)": ps, "attention.csv (decode)": ds}  # fmt: skip
+        names = ["gemm.csv", "custom_allreduce.csv", "nccl_allreduce.csv", "attention.csv"]
+        moe_dir = base / "moe" / "vllm"
+        moe = moe_rows(_newest(moe_dir, "moe_perf.parquet"), root) if moe_dir.is_dir() else None
+        if moe is not None:
+            header = ["dtype", "kernel", "hidden", "inter", "topk", "experts", "tp", "tokens", "seconds"]
+            _write(out / "moe.csv", header, moe[0])
+            sources["moe.csv"] = moe[1]
+            names.append("moe.csv")
         (out / "SOURCES.md").write_text(_sources_md(gpu, system, version, sources))
-        names = ("gemm.csv", "custom_allreduce.csv", "nccl_allreduce.csv", "attention.csv", "SOURCES.md")
-        written += [out / n for n in names]
+        written += [out / n for n in (*names, "SOURCES.md")]
     return written

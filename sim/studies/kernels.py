@@ -27,6 +27,7 @@ from sim.cost.gemm_fit import (
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
+from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
 from sim.io.outputs import write_text
 from sim.io.tomltext import toml_value
@@ -54,19 +55,31 @@ def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
     set, element-wise from Vidur's profiles (own fit, else pooled)."""
     pooled_elem = fit_elementwise(list(PROFILED), root)
     assert pooled_elem is not None
+
+    def moe(folders: list[str]) -> dict[str, float]:
+        """Fused-MoE parameters per format over `folders`' tables, else their generation's, else all."""
+        out: dict[str, float] = {}
+        for fmt in FORMATS:
+            gens = {generation(f) for f in folders}
+            same = [f for f in PROFILED if generation(f) in gens]
+            p = fit_moe(folders, fmt, root) or fit_moe(same, fmt, root) or fit_moe(list(PROFILED), fmt, root)
+            assert p is not None
+            out |= suffixed(p, fmt)
+        return out
+
     gpus, fixed = {}, {}
     for folder, name in PROFILED.items():
         gemm = fit_gemm([folder], root)
         if SHIPPED[folder] == "aiconfigurator":  # timed in a CUDA graph: not the isolated kernel's fixed cost
             fixed[name] = gemm.pop("kernel_fixed_s")
-        gpus[name] = gemm | (fit_elementwise([folder], root) or pooled_elem)
+        gpus[name] = gemm | (fit_elementwise([folder], root) or pooled_elem) | moe([folder])
     base = KernelCalibration.load()
     gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
 
     def pool(folders: list[str]) -> dict[str, float]:
         gemm = fit_gemm(folders, root)
         del gemm["kernel_fixed_s"]
-        return gemm | pooled_elem
+        return gemm | pooled_elem | moe(folders)
 
     gens = sorted({g for f in PROFILED if (g := generation(f)) is not None}, key=int)
     by_gen = {g: pool([f for f in PROFILED if generation(f) == g]) for g in gens}
@@ -101,6 +114,9 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #   Element-wise parameters: fitted to Vidur's profiles (sim/catalog/profiles/{{h100,a100}}/elementwise.csv,
 #   microsoft/vidur, MIT, commit 7d47513; `sim kernels --import-vidur`), the pooled H100 + A100 fit for the
 #   other GPUs (aiconfigurator has no element-wise tables).
+#   Fused-MoE parameters (moe_*, sim.cost.moe_fit; `_fp8` for FP8 experts): fitted to aiconfigurator's vLLM
+#   fused-MoE tables (profiles/<gpu>/aiconfigurator/moe.csv: H200, H100-SXM, L40S, B200; every expert on the
+#   GPU, a balanced gate); the A100-80GB, with no such table, takes its generation's (the L40S's).
 #   H200 graph_kernel_fixed_s: fitted to the graphed decode steps of sim/catalog/profiles/h200/steps.csv
 #     (batch <= 128) with its other parameters (sim.cost.graph_fit); other GPUs keep
 #     kernel_calibration.toml's (fitted end to end on H100 vLLM runs).
@@ -144,7 +160,8 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     held = {ds: leave_one_gpu_out(dataset=ds) for ds in DATASETS}
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
             "allreduce_vidur": allreduce_table(), "attention": attention_table(),
-            "chunking": chunking_table(), "steps": steps_table(steps_cal)}  # fmt: skip
+            "chunking": chunking_table(), "steps": steps_table(steps_cal),
+            "moe_held_out": leave_one_moe_gpu_out()}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
