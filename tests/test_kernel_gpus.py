@@ -328,8 +328,16 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     res = CliRunner().invoke(app, ["kernels", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert set(out) == {"fits", "held_out", "allreduce", "allreduce_vidur", "attention", "chunking", "steps",
-                        "moe_held_out"}
+    assert set(out) == {
+        "fits",
+        "held_out",
+        "allreduce",
+        "allreduce_vidur",
+        "attention",
+        "chunking",
+        "steps",
+        "moe_held_out",
+    }
     assert set(out["held_out"]) == {"aiconfigurator", "profiles"}
     res = CliRunner().invoke(app, ["kernels", "--write", str(tmp_path / "k.toml")])
     assert res.exit_code == 0 and "left out" in res.output and "Sarathi" in res.output, res.output
