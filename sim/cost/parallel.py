@@ -239,10 +239,13 @@ class ParallelCost:
 
     def __init__(self, base: Any, model: ModelSpec, gpu: Gpu, p: Placement) -> None:
         self.base, self.model, self.gpu, self.p = base, model, gpu, p
-        # One attention rank's view: its routed experts are 1/dp of the stage's expert bytes per GPU.
+        # One attention rank's view: its routed experts are 1/dp of the stage's expert bytes per GPU, and of
+        # the experts whose tiles its fused-MoE kernel fills (the pairs its tokens route cost what they cost).
         self.rank_base = copy.copy(base)
         if p.dp > 1 and hasattr(base, "expert_bytes_per_layer"):
             self.rank_base.expert_bytes_per_layer = base.expert_bytes_per_layer / p.dp
+            if getattr(base, "moe_fill_expert", 0.0):
+                self.rank_base.moe_fill_expert = base.moe_fill_expert / p.dp
         self.layers = stage_layers(model.num_layers, p.pp)
         self.intra, self.inter = get_link(p.intra_node_link), get_link(p.inter_node_link)
         # Ranks are numbered stage-major (vLLM: TP innermost), so a replica over several nodes has at least
