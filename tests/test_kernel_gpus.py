@@ -285,13 +285,23 @@ def _fake_aiconfigurator(root: Path) -> Path:
                           "latency": 0.01 if version == "2.27.3" else 9.0}
                 for op, dt in (("all_reduce", "half"), ("all_reduce", "int8"), ("all_gather", "half"))
             ]).write_parquet(data / "comm" / "nccl" / version / "nccl_perf.parquet")  # fmt: skip
+        if system == "h100_sxm":  # fused MoE: kept (balanced, EP 1, bf16, TP 2), and four rows left out
+            moe = {"framework": "VLLM", "version": "0.24.0", "device": "x", "op_name": "moe",
+                   "kernel_source": "triton", "moe_dtype": "bfloat16", "num_tokens": 64, "hidden_size": 4096,
+                   "inter_size": 14336, "topk": 2, "num_experts": 8, "moe_tp_size": 2, "moe_ep_size": 1,
+                   "distribution": "balanced", "latency": 0.5}  # fmt: skip
+            (data / "moe" / "vllm" / "0.24.0").mkdir(parents=True)
+            pl.DataFrame([moe, moe | {"moe_ep_size": 2}, moe | {"distribution": "power_law_1.2"},
+                          moe | {"moe_dtype": "int4_wo"}, moe | {"moe_tp_size": 16}]).write_parquet(
+                data / "moe" / "vllm" / "0.24.0" / "moe_perf.parquet"
+            )  # fmt: skip
     return pkg
 
 
 def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allreduce(tmp_path: Path) -> None:
     pkg = _fake_aiconfigurator(tmp_path / "site")
     written = import_aiconfigurator(pkg, tmp_path / "out")
-    assert len(written) == 5 * 5
+    assert len(written) == 5 * 5 + 1  # moe.csv for the one system with a fused-MoE table
     base = tmp_path / "out" / "h100" / "aiconfigurator"
     gemm = list(csv.DictReader((base / "gemm.csv").open()))
     assert gemm == [{"model": "llama-3.1-8b", "tp": "1", "op": "qkv", "m": "1", "k": "4096", "n": "6144",
@@ -308,7 +318,12 @@ def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allre
     ]
     nccl = list(csv.DictReader((base / "nccl_allreduce.csv").open()))
     assert [(r["degree"], r["elements"], float(r["seconds"])) for r in nccl] == [("4", "2048", 1e-5)]
+    moe = list(csv.DictReader((base / "moe.csv").open()))
+    assert moe == [{"dtype": "bf16", "kernel": "triton", "hidden": "4096", "inter": "14336", "topk": "2",
+                    "experts": "8", "tp": "2", "tokens": "64", "seconds": "0.0005"}]  # fmt: skip
+    assert not (tmp_path / "out" / "h200" / "aiconfigurator" / "moe.csv").exists()
     sources = (base / "SOURCES.md").read_text()
+    assert "h100_sxm/moe/vllm/0.24.0/moe_perf.parquet" in sources
     assert "aiconfigurator-core` 9.9.9" in sources
     assert "h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet" in sources
     assert "h100_sxm/comm/nccl/2.27.3/nccl_perf.parquet" in sources and "GPU h100_sxm" in sources
