@@ -125,8 +125,10 @@ def predict_elementwise(p: Params, d: Data, gpu: str) -> np.ndarray:
 Predictor = Callable[[Params, Data, str], np.ndarray]
 
 
-def _solve(bounds: dict[str, tuple[float, float]], start: Params, predict: Predictor,
-           sets: Sequence[tuple[str, Data]]) -> Params:  # fmt: skip
+def solve(bounds: dict[str, tuple[float, float]], start: Params, predict: Predictor,
+          sets: Sequence[tuple[str, Data]]) -> Params:  # fmt: skip
+    """Soft-L1 least squares on log(predicted / measured) within `bounds` from `start`, each GPU of `sets`
+    weighing the same whatever its number of kernels."""
     names = list(bounds)
     lo, hi = np.log([bounds[n][0] for n in names]), np.log([bounds[n][1] for n in names])
     x0 = np.clip(np.log([start[n] for n in names]), lo + 1e-9, hi - 1e-9)
@@ -153,14 +155,14 @@ def fit_gemm(gpus: Sequence[str], root: Path | None = None, dataset: str | None 
     def predict(p: Params, d: Data, gpu: str) -> np.ndarray:
         return predict_gemm({"gemm_n_half_mem_cols": 0.0} | p, d, gpu)
 
-    p = _solve(bounds, start, predict, [(g, gemm_data(g, root, n)) for g, n in zip(gpus, names, strict=True)])
+    p = solve(bounds, start, predict, [(g, gemm_data(g, root, n)) for g, n in zip(gpus, names, strict=True)])
     return p | {"gemm_n_half_mem_cols": p.get("gemm_n_half_mem_cols", 0.0)}
 
 
 def fit_elementwise(gpus: Sequence[str], root: Path | None = None) -> Params | None:
     """Element-wise parameters fitted to the GPUs of `gpus` that have element-wise profiles, or None."""
     sets = [(g, d) for g in gpus if (d := elementwise_data(g, root)) is not None]
-    return _solve(ELEMENTWISE_BOUNDS, ELEMENTWISE_START, predict_elementwise, sets) if sets else None
+    return solve(ELEMENTWISE_BOUNDS, ELEMENTWISE_START, predict_elementwise, sets) if sets else None
 
 
 def errors_by_op(predicted: np.ndarray, d: Data) -> dict[str, float]:

@@ -12,16 +12,14 @@ the suffix `_fp8`. Soft-L1 least squares on log(predicted / measured), each GPU 
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from sim.catalog.gpus import get_gpu
-from sim.cost.gemm_fit import PROFILED, Data, Params, errors_by_op, generation, profiles_root
+from sim.cost.gemm_fit import PROFILED, Data, Params, errors_by_op, generation, profiles_root, solve
 from sim.cost.kernels import fused_moe_seconds
 from sim.cost.step_model import expected_distinct_experts
 
@@ -80,18 +78,11 @@ def fit_moe(gpus: Sequence[str], fmt: str, root: Path | None = None) -> Params |
     sets = [(g, d) for g in gpus if (d := moe_data(g, fmt, root)) is not None]
     if not sets:
         return None
-    names = list(MOE_BOUNDS)
-    lo, hi = np.log([MOE_BOUNDS[n][0] for n in names]), np.log([MOE_BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.log([MOE_START[n] for n in names]), lo + 1e-9, hi - 1e-9)
 
-    def residuals(x: np.ndarray) -> np.ndarray:
-        p = {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
-        return np.concatenate(
-            [np.log(predict_moe(p, d, g, fmt) / d["seconds"]) / math.sqrt(d["seconds"].size) for g, d in sets]
-        )
+    def predict(p: Params, d: Data, gpu: str) -> np.ndarray:
+        return predict_moe(p, d, gpu, fmt)
 
-    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05 / 30.0)
-    return {n: float(math.exp(v)) for n, v in zip(names, res.x, strict=True)}
+    return solve(MOE_BOUNDS, MOE_START, predict, sets)
 
 
 def moe_gpus(root: Path | None = None) -> list[str]:
