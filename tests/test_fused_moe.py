@@ -117,6 +117,9 @@ def test_kernel_model_runs_one_fused_moe_kernel_a_layer_and_a_router_gemm() -> N
                .linear_kernels(4096, 1)}  # fmt: skip
     assert "mlp_up" not in kernels  # Mixtral's dense parameters are its routers only
     assert kernels["router"].count == model.num_moe_layers
+    # 8 columns, far narrower than any fitted GEMM: no shape terms (with them it cost 1.3 ms a layer)
+    router = kernels["router"]
+    assert router.seconds / router.count < 2e-5
     assert kernels["moe_experts"].count == model.num_moe_layers
     cal = KernelCalibration.load(gpu=gpu)
     fit = fused_moe(vars(cal), "bf16")

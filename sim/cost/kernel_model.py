@@ -131,7 +131,7 @@ class KernelCostModel(StepModel):
         router = m.num_moe_layers * H * m.num_experts
         wb = m.param_bytes("dense", wd, gs)
         if router:
-            out.append(Gemm("router", m.num_moe_layers, H, m.num_experts, wb, "dense"))
+            out.append(Gemm("router", m.num_moe_layers, H, m.num_experts, wb, "dense", shaped=False))
         if m.dense_params > router:
             dense = (m.dense_params - router) / L
             gated = m.model_type != "opt"
@@ -160,7 +160,10 @@ class KernelCostModel(StepModel):
         nbytes = g.k * g.n * g.weight_bytes_per_param + ACT_BYTES * m * (g.k + g.n)
         peak = self._peak(g.group)
         fixed = self.cal.graph_kernel_fixed_s
-        t = gemm_seconds(m, g.k, g.n, g.weight_bytes_per_param, peak, self.gemm_bw, fixed, self.cal)
+        if g.shaped:
+            t = gemm_seconds(m, g.k, g.n, g.weight_bytes_per_param, peak, self.gemm_bw, fixed, self.cal)
+        else:
+            t = kernel_seconds(flops, nbytes, peak, self.gemm_bw, fixed)
         bound = "compute" if flops / peak > nbytes / self.gemm_bw else "memory"
         return Kernel(g.name, g.count, g.count * t, bound, g.count * flops, g.count * nbytes)
 

@@ -212,3 +212,6 @@ class Gemm:
     n: float
     weight_bytes_per_param: float
     group: str
+    # the fitted shape terms apply (`gemm_seconds`); False for a GEMM far narrower than any fitted one (a MoE
+    # router, N = experts, against N >= 768 in the tables): max(compute, memory) + fixed cost
+    shaped: bool = True
