@@ -127,3 +127,20 @@ def test_kernel_model_runs_one_fused_moe_kernel_a_layer_and_a_router_gemm() -> N
     one = fused_moe_seconds(4096 * 2, touched, 4096, 14336 / 2, 2.0, gpu.flops_16bit * fit.moe_compute_eff,
                             gpu.hbm_bandwidth * fit.moe_bandwidth_eff, fit)  # fmt: skip
     assert kernels["moe_experts"].seconds == pytest.approx(model.num_moe_layers * one, rel=1e-12)
+
+
+def test_sim_step_names_the_fused_moe_fit_it_charged() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    res = CliRunner().invoke(app, ["step", "mixtral-8x7b", "--gpu", "H100", "--tp", "2", "--prefill", "512",
+                                   "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["engine"]["moe_kernel"] == "bf16"
+    dense = CliRunner().invoke(app, ["step", "llama-3.1-8b", "--gpu", "H100", "--prefill", "512", "--json"])
+    assert json.loads(dense.output)["engine"]["moe_kernel"] is None
+    text = CliRunner().invoke(app, ["step", "mixtral-8x7b", "--gpu", "H100", "--tp", "2", "--prefill", "512"])
+    assert "fused-MoE kernel's bf16 fit" in " ".join(text.output.split())

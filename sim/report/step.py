@@ -20,6 +20,7 @@ from sim.catalog.models import load_model
 from sim.catalog.quantisation import checkpoint_format_problem
 from sim.config.calibration import Calibration, KernelCalibration
 from sim.cost.kernel_model import KernelCostModel
+from sim.cost.kernels import moe_format
 from sim.cost.memory import DEFAULT_MEMORY_UTILIZATION, kv_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
@@ -121,11 +122,12 @@ def print_step(
     console = Console()
     console.print(table)
     e: dict[str, float] = summary["engine"]  # type: ignore[assignment]
+    moe = f"; routed experts as the fused-MoE kernel's {e['moe_kernel']} fit" if e.get("moe_kernel") else ""
     console.print(
         f"engine step: {float(summary['seconds']) * 1e3:.3f} ms (calibrated roofline, {e['bound']}-bound: "
         f"compute {e['compute_s'] * 1e3:.3f}, memory {e['memory_s'] * 1e3:.3f}, "
         f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms; "
-        f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows)"
+        f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows{moe})"
     )
     gpu_ms = float(summary["gpu_s"]) * 1e3  # type: ignore[arg-type]
     console.print(
@@ -169,6 +171,8 @@ def step_summary(
             "allreduce_s": r.allreduce_s,
             "overhead_s": r.overhead_s,
             "tile_fill_tokens": engine.tile_fill_tokens,  # rows the 16-bit GEMMs' tiles add (the GPU's fit)
+            # the fused-MoE fit the routed experts are charged by ("bf16", "fp8"), or None
+            "moe_kernel": moe_format(engine.model, engine.gpu, engine.weight_dtype, engine.group_size),
         },
         "kernel_seconds": s.seconds,
         "bound": s.bound,
