@@ -144,3 +144,12 @@ def test_sim_step_names_the_fused_moe_fit_it_charged() -> None:
     assert json.loads(dense.output)["engine"]["moe_kernel"] is None
     text = CliRunner().invoke(app, ["step", "mixtral-8x7b", "--gpu", "H100", "--tp", "2", "--prefill", "512"])
     assert "fused-MoE kernel's bf16 fit" in " ".join(text.output.split())
+
+
+def test_kernel_calibration_defaults_are_the_h200_fit() -> None:
+    """KernelCalibration's fused-MoE defaults are, as its comment says, the H200's shipped fit."""
+    shipped = kernel_gpu_params(get_gpu("H200"))[0]
+    defaults = vars(KernelCalibration())
+    names = [k for k in defaults if k.startswith("moe_")]
+    assert len(names) == 12
+    assert {k: defaults[k] for k in names} == {k: shipped[k] for k in names}

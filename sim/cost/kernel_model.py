@@ -60,6 +60,7 @@ from sim.cost.kernels import (
     host_seconds,
     kernel_seconds,
     moe_format,
+    moe_peak,
     overlapped,
     step_arrays,
 )
@@ -84,6 +85,8 @@ class KernelCostModel(StepModel):
         super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size, cal)
         self.cal = cal
         self.quant = model.serving_quant(self.weight_dtype, weight_group_size)
+        fmt = moe_format(model, gpu, self.weight_dtype, weight_group_size)
+        self.moe = (fused_moe(vars(cal), fmt), moe_peak(gpu, fmt)[0]) if fmt is not None else None
         m = model
         L = m.num_layers
         self.gemm_bw = gpu.hbm_bandwidth * cal.gemm_bandwidth_eff
@@ -180,10 +183,8 @@ class KernelCostModel(StepModel):
         wb, h, layers = m.param_bytes("experts", self.weight_dtype), m.hidden_size, m.num_moe_layers
         nbytes = touched * 3.0 * h * inter * wb + 2.0 * ACT_BYTES * pairs * h
         flops = 6.0 * h * inter * pairs
-        fmt = moe_format(m, self.gpu, self.weight_dtype, self.group_size)
-        if fmt is not None:
-            p = fused_moe(vars(self.cal), fmt)
-            peak = self.gpu.flops_16bit if fmt == "bf16" else self.gpu.flops_fp8
+        if self.moe is not None:
+            p, peak = self.moe
             t = fused_moe_seconds(pairs, touched, h, inter, wb, peak * p.moe_compute_eff,
                                   self.hbm * p.moe_bandwidth_eff, p)  # fmt: skip
             compute_bound = flops / (peak * p.moe_compute_eff) > nbytes / (self.hbm * p.moe_bandwidth_eff)

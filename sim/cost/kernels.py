@@ -113,6 +113,12 @@ def moe_format(model: ModelSpec, gpu: Gpu, weight_dtype: str, group_size: int | 
     return "fp8" if dtype == "fp8" and activations and gpu.flops_fp8 > 0 else None
 
 
+def moe_peak(gpu: Gpu, fmt: str) -> tuple[float, float]:
+    """(peak FLOP/s, bytes a weight) the fused-MoE fit of format `fmt` is a fraction of: the 16-bit peak and
+    2 bytes for "bf16", the FP8 peak and 1 byte for "fp8"."""
+    return (gpu.flops_16bit, 2.0) if fmt == "bf16" else (gpu.flops_fp8, 1.0)
+
+
 def fused_moe_flops(pairs, touched, hidden, inter, m_half, n_half):  # type: ignore[no-untyped-def]
     """FLOPs a fused-MoE layer is charged at its kernel's large-M rate: `pairs` (token, expert) pairs through
     the gated expert MLP (gate and up, H x 2I, then down, I x H: 6 H I FLOPs a pair) on `inter`-wide shards,

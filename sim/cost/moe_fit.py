@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.catalog.gpus import get_gpu
 from sim.cost.gemm_fit import PROFILED, Data, Params, errors_by_op, generation, profiles_root, solve
-from sim.cost.kernels import fused_moe_seconds
+from sim.cost.kernels import fused_moe_seconds, moe_peak
 from sim.cost.step_model import expected_distinct_experts
 
 FORMATS = {"bf16": "bf16", "fp8": "fp8_block"}  # parameter suffix's format -> moe.csv's dtype
@@ -65,7 +65,7 @@ def moe_data(gpu: str, fmt: str, root: Path | None = None) -> Data | None:
 
 def predict_moe(p: Params, d: Data, gpu: str, fmt: str) -> np.ndarray:
     g = get_gpu(PROFILED[gpu])
-    peak, weight_bytes = (g.flops_16bit, 2.0) if fmt == "bf16" else (g.flops_fp8, 1.0)
+    peak, weight_bytes = moe_peak(g, fmt)
     shape = SimpleNamespace(**p)
     flops_per_s, bytes_per_s = peak * p["moe_compute_eff"], g.hbm_bandwidth * p["moe_bandwidth_eff"]
     return fused_moe_seconds(d["pairs"], d["touched"], d["hidden"], d["inter"], weight_bytes, flops_per_s,

@@ -308,17 +308,9 @@ class ParallelCost:
         pp_send = send if p.pp > 1 and tokens > 0 else 0.0
         seconds = sum(stage_s) + (p.pp - 1) * pp_send
         return StepBreakdown(
-            seconds,
-            stage_s,
-            rank_s,
-            pp_send,
-            dispatch,
-            combine,
-            expert_rank,
-            skew,
-            compute_bound,
+            seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound,
             overlap if p.two_batch_overlap else [],
-        )
+        )  # fmt: skip
 
     def _all_to_all(self, mode: str, tokens: float, elem: float) -> float:
         """Dispatch or combine of one MoE layer: each attention rank sends its share of the step's `tokens`

@@ -9,7 +9,8 @@ Compute time is the FLOPs at `compute_eff_*` of the peak, the linear layers' as 
 fill their tiles: a step's 16-bit GEMMs over M tokens cost as M + `gemm_m_half_tokens` (the GPU's kernel
 fit, sim/catalog/kernel_gpus.toml, its own or by the transfer rule; the kernel model's `gemm_seconds` form).
 On the A100 that is 93 tokens, so a 512-token chunk computes 18% slower per token than a long prompt; the
-Hoppers' tiles fill at once.
+Hoppers' tiles fill at once. Routed experts compute as vLLM's fused-MoE kernel (the GPU's fit,
+sim/cost/moe_fit.py): per (token, expert) pair and per touched expert's tile fill, at the fitted rate.
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
 (prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
@@ -30,7 +31,15 @@ from sim.catalog.kernel_gpus import kernel_gpu_params
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
 from sim.config.calibration import Calibration
-from sim.cost.kernels import LayerSums, fused_moe, fused_moe_flops, kernel_seconds, moe_format, step_arrays
+from sim.cost.kernels import (
+    LayerSums,
+    fused_moe,
+    fused_moe_flops,
+    kernel_seconds,
+    moe_format,
+    moe_peak,
+    step_arrays,
+)
 from sim.cost.step_model import StepModel, expected_distinct_experts
 
 
@@ -127,7 +136,7 @@ class CostModel(StepModel):
         fmt = moe_format(m, gpu, self.weight_dtype, gs)
         if fmt is not None:
             fit = fused_moe(params, fmt)
-            fit_peak = gpu.flops_16bit if fmt == "bf16" else gpu.flops_fp8
+            fit_peak = moe_peak(gpu, fmt)[0]
             rate = self.peak_flops / fit_peak  # the experts' FLOPs as charged at this model's peak
             inter = m.expert_params / (3 * m.hidden_size) / tp
             one = fused_moe_flops(1.0, 0.0, m.hidden_size, inter, 0.0, fit.moe_n_half_cols)
