@@ -18,6 +18,7 @@ MODELS = {
     "tp2, fp8": CostModel(load_model("llama-2-7b"), get_gpu("H100"), tp=2, weight_dtype="fp8"),
     "moe": CostModel(load_model("mixtral-8x7b"), get_gpu("H100"), tp=2),
     "sliding window": CostModel(load_model("gemma-2-9b"), get_gpu("A100-80GB")),
+    "mla, absorbed decode": CostModel(load_model("deepseek-v2-lite"), get_gpu("H100")),
 }
 
 

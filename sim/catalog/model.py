@@ -232,6 +232,25 @@ class ModelSpec:
         """Score and value FLOPs per (query, key) pair in one layer, all heads."""
         return 2.0 * self.num_heads * (self.head_dim + self.v_head_dim)
 
+    @property
+    def decode_attn_flops_per_pair(self) -> float:
+        """`attn_flops_per_pair` for a one-token (decode) row: MLA decodes in its absorbed form, every head
+        scoring the cached latent and rope key and summing latents (vLLM's `_forward_decode`: query heads over
+        kv_lora_rank + qk_rope_head_dim keys, kv_lora_rank values); other attention as for prefill."""
+        if self.attention == "MLA":
+            return 2.0 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return self.attn_flops_per_pair
+
+    @property
+    def context_upproj_flops_per_token(self) -> float:
+        """FLOPs per cached token of a prefill row in one layer: MLA prefills in the uncompressed form, so each
+        step up-projects its prefill rows' cached latents to per-head keys and values (vLLM's
+        `_compute_prefill_context`, kv_b_proj over the context); 0 for other attention."""
+        if self.attention == "MLA":
+            nope = self.head_dim - self.qk_rope_head_dim
+            return 2.0 * self.kv_lora_rank * self.num_heads * (nope + self.v_head_dim)
+        return 0.0
+
     def attention_pairs(self, new: np.ndarray | int, cached: np.ndarray | int) -> np.ndarray:
         """(query, key) pairs summed over layers, sliding layers capped at the window."""
         full = self.num_layers - self.num_sliding_layers

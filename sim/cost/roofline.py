@@ -247,6 +247,7 @@ class CostModel(StepModel):
         if self.moe_cost_tok:
             head += self.moe_cost_tok * t + self.moe_fill_expert * touched
         attn = self.attn_cost_pair
+        absorbed = self.decode_pair_weight - 1.0 if self.mla else 0.0  # `weighted_sums`' decode term
         kv_layer, kv_new = self.kv_layer_bytes, self.kv_token_bytes * t
         speed = self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
@@ -256,6 +257,8 @@ class CostModel(StepModel):
 
         def seconds(ctx: int) -> tuple[float, bool]:
             q = float(ctx) + half
+            if absorbed:
+                q = q + absorbed * (float(ctx) + t)
             pairs = full * q
             kv_tokens = full * float(ctx)
             if ns:
@@ -270,12 +273,12 @@ class CostModel(StepModel):
     def totals_timer(self) -> Callable[[int, int, int, int, int, int, int], tuple[float, bool] | None]:
         """`step_time_totals` with every term that does not depend on the step computed once: the same
         operations in the same order, so the same seconds. For a model with routed experts or sliding
-        layers, or a subclass that prices steps its own way (an engine profile), `step_time_totals` itself.
-        The engine's step time from a plan's integer sums."""
+        layers or MLA, or a subclass that prices steps its own way (an engine profile), `step_time_totals`
+        itself. The engine's step time from a plan's integer sums."""
         m, cal = self.model, self.cal
         kind = type(self)
         own = kind.step_time_totals is StepModel.step_time_totals and kind._seconds is CostModel._seconds
-        if m.num_experts or self.sliding_layers or not own:
+        if m.num_experts or self.sliding_layers or self.mla or not own:
             return self.step_time_totals
         full = self.full_layers
         lin, head, attn, fill = self.lin_cost_tok, self.head_cost_row, self.attn_cost_pair, self.fill_cost

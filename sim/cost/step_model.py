@@ -63,6 +63,12 @@ class StepModel:
         self.sliding_layers = m.num_sliding_layers
         self.window = float(m.sliding_window or 0)
         self.attn_flops_pair = m.attn_flops_per_pair / tp
+        # MLA runs its decode rows absorbed and up-projects its prefill rows' cached latents: both charged as
+        # attention pairs of the uncompressed form, a decode row's pair weighing `decode_pair_weight` and a
+        # prefill row's cached token `context_pair_weight` (`weighted_sums`).
+        self.mla = m.attention == "MLA"
+        self.decode_pair_weight = m.decode_attn_flops_per_pair / m.attn_flops_per_pair
+        self.context_pair_weight = m.context_upproj_flops_per_token / m.attn_flops_per_pair
         self.allreduces = 2 * m.num_layers if tp > 1 else 0
         self.ar_bytes_token = m.hidden_size * ACT_BYTES  # one token's activations, reduced twice a layer
         # The all-reduces' pricing (sim.cost.allreduce_pricing), with the prior of `allreduce_prior` (default:
@@ -85,8 +91,22 @@ class StepModel:
         return expected_distinct_experts(m.num_experts, m.experts_per_token, tokens)
 
     def _sums(self, c: np.ndarray, q: np.ndarray) -> LayerSums:
-        """Per-layer sums of the step's rows (`sim.cost.kernels.layer_sums`)."""
-        return layer_sums(c, q, float(c.sum()), bool(self.sliding_layers), self.window)
+        """Per-layer sums of the step's rows (`sim.cost.kernels.layer_sums`), MLA's pairs weighted."""
+        sums = layer_sums(c, q, float(c.sum()), bool(self.sliding_layers), self.window)
+        if not self.mla:
+            return sums
+        one = c == 1
+        return self.weighted_sums(sums, float(np.count_nonzero(one)), float(q[one].sum()))
+
+    def weighted_sums(self, sums: LayerSums, ones: float, decode_ctx: float) -> LayerSums:
+        """MLA's per-layer sums with its pairs as charged: the `ones` one-token rows' pairs (Σ(q + 1) over
+        them, `decode_ctx` = their Σq) at `decode_pair_weight`, and the other rows' cached tokens (Σq − their
+        `decode_ctx`) up-projected at `context_pair_weight` pairs each (MLA has no sliding layers)."""
+        pairs, ctx, _, _, queries = sums
+        decode_pairs = decode_ctx + ones
+        charged = pairs + (self.decode_pair_weight - 1.0) * decode_pairs
+        charged += self.context_pair_weight * (ctx - decode_ctx)
+        return charged, ctx, charged, ctx, queries
 
     def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
         """(seconds, compute_bound) of a step of `tokens` > 0 tokens over `rows` rows, per-layer `sums`."""
@@ -108,11 +128,17 @@ class StepModel:
         """`step_time` from the rows' integer sums, for schedulers that keep them up to date.
 
         `tokens` = Σc, `ones` = #(c == 1), `cq` = Σc·q, `cc` = Σc², `ctx` = Σq and `max_end` ≥ max(q + c)
-        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None when a sliding
-        window may be reached: then only the per-row arrays give the answer.
+        over rows (c new tokens on q cached ones). Exactly `step_time`'s result, or None where only the
+        per-row arrays give the answer: a sliding window may be reached, or an MLA step mixes one-token rows
+        with longer ones.
         """
         if self.sliding_layers and max_end > self.window:
             return None
         if rows <= 0 or tokens <= 0:
             return 0.0, False
-        return self._seconds(tokens, rows, totals_layer_sums(tokens, ones, cq, cc, ctx))
+        sums = totals_layer_sums(tokens, ones, cq, cc, ctx)
+        if self.mla:  # the one-token rows' Σq is in the totals only when they are all or none of the rows
+            if 0 < ones < rows:
+                return None
+            sums = self.weighted_sums(sums, float(ones), float(ctx) if ones else 0.0)
+        return self._seconds(tokens, rows, sums)
