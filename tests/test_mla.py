@@ -1,5 +1,5 @@
-"""MLA attention as vLLM runs it: one-token rows decode in the absorbed form (every head over the cached latent
-and rope key), and prefill rows up-project their cached latents to per-head keys and values each step."""
+"""MLA attention as vLLM runs it: one-token rows decode in the absorbed form (every head over the cached
+latent and rope key), and prefill rows up-project their cached latents to per-head keys and values."""
 
 from __future__ import annotations
 

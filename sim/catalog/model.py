@@ -243,8 +243,8 @@ class ModelSpec:
 
     @property
     def context_upproj_flops_per_token(self) -> float:
-        """FLOPs per cached token of a prefill row in one layer: MLA prefills in the uncompressed form, so each
-        step up-projects its prefill rows' cached latents to per-head keys and values (vLLM's
+        """FLOPs per cached token of a prefill row in one layer: MLA prefills in the uncompressed form, so
+        each step up-projects its prefill rows' cached latents to per-head keys and values (vLLM's
         `_compute_prefill_context`, kv_b_proj over the context); 0 for other attention."""
         if self.attention == "MLA":
             nope = self.head_dim - self.qk_rope_head_dim
