@@ -12,8 +12,10 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
   hidden x 2 B / bandwidth` over the intra- or inter-node link. A step's latency is the sum of its stages
   and transfers (`step_time`); the engine keeps up to `pp` batches in flight over `stage_seconds`
   (sim/engine/pipeline.py), as `pipeline_seconds` schedules equal batches.
-- DP attention: the step's rows go round robin to the `dp` ranks; each rank's time is `base` over its rows;
-  the step waits for the slowest rank.
+- DP attention: each of the `dp` ranks runs its own rows (`ranks`: the rows of each, in order, as the
+  engine's per-rank schedulers give them, sim/engine/data_parallel.py; without it, a step's rows dealt round
+  robin, as `sim step` shows a balanced step); each rank's time is `base` over its rows; the step waits for
+  the slowest rank.
 - EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens, under the rule of
   `ep_all_to_all` (sim/cost/expert_parallel.py: `per_expert`, `tokens x top_k x hidden x 2 B x (ep - 1) / ep`
   over one link, or DeepEP's kernels, per destination node and rank), the dispatch in `ep_dispatch_dtype`
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,10 +278,19 @@ class ParallelCost:
         memory = nbytes / (b.hbm * b.cal.bandwidth_eff)
         return max(compute, memory)
 
-    def breakdown(self, new_tokens: np.ndarray, context: np.ndarray) -> StepBreakdown:
+    def breakdown(
+        self, new_tokens: np.ndarray, context: np.ndarray, ranks: Sequence[int] | None = None
+    ) -> StepBreakdown:
+        """The step's parts; `ranks`: how many of the rows (in order) each attention rank runs, else round
+        robin."""
         c, q = np.asarray(new_tokens), np.asarray(context)
         p, m = self.p, self.model
-        runs = [self._rank_step(c[r :: p.dp], q[r :: p.dp]) for r in range(p.dp)]
+        if ranks is None:
+            rows = [(c[r :: p.dp], q[r :: p.dp]) for r in range(p.dp)]
+        else:
+            cuts = np.cumsum(ranks)[:-1]
+            rows = list(zip(np.split(c, cuts), np.split(q, cuts), strict=True))
+        runs = [self._rank_step(rc, rq) for rc, rq in rows]
         rank_s = [float(seconds) for seconds, _ in runs]
         attn = max(rank_s)
         compute_bound = bool(runs[rank_s.index(attn)][1])
@@ -340,20 +351,29 @@ class ParallelCost:
         """Pipeline stages: the batches the engine may keep in flight."""
         return self.p.pp
 
-    def stage_seconds(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[list[float], float, bool]:
+    @property
+    def ranked(self) -> bool:
+        """DP attention: the engine's plans say which rows each rank runs (`ranks`)."""
+        return self.p.dp > 1
+
+    def stage_seconds(
+        self, new_tokens: np.ndarray, context: np.ndarray, ranks: Sequence[int] | None = None
+    ) -> tuple[list[float], float, bool]:
         """(each stage's seconds, one send between stages, compute_bound) of a step."""
         c = np.asarray(new_tokens)
         if c.size == 0:
             return [0.0] * self.p.pp, 0.0, False
-        b = self.breakdown(c, np.asarray(context))
+        b = self.breakdown(c, np.asarray(context), ranks)
         return b.stage_s, b.pp_send_s, b.compute_bound
 
-    def step_time(self, new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
+    def step_time(
+        self, new_tokens: np.ndarray, context: np.ndarray, ranks: Sequence[int] | None = None
+    ) -> tuple[float, bool]:
         """(seconds, compute_bound): one batch in flight, the sum of its stages and transfers."""
         c = np.asarray(new_tokens)
         if c.size == 0:
             return 0.0, False
-        b = self.breakdown(c, np.asarray(context))
+        b = self.breakdown(c, np.asarray(context), ranks)
         return b.seconds, b.compute_bound
 
 

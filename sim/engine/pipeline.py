@@ -40,7 +40,9 @@ class StageTiming(Protocol):
     @property
     def pp(self) -> int: ...
 
-    def stage_seconds(self, new_tokens: Any, context: Any) -> tuple[list[float], float, bool]: ...
+    def stage_seconds(
+        self, new_tokens: Any, context: Any, ranks: Any = None
+    ) -> tuple[list[float], float, bool]: ...
 
 
 class PipelinedReplica(Protocol):
@@ -80,7 +82,11 @@ class Pipeline:
 
     def enter(self, plan: StepPlan, now: float) -> tuple[float, bool]:
         """Send `plan` into the pipeline at `now`: (when it leaves the last stage, compute_bound)."""
-        stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context)
+        ranks = getattr(plan, "rank_sizes", None)  # DP attention: the rows each rank runs
+        if ranks is None:
+            stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context)
+        else:
+            stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context, ranks)
         free, t = self.free, now
         for s, seconds in enumerate(stages):
             if s:

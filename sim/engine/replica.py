@@ -122,6 +122,12 @@ class Replica:
         if plan_time is not None:
             return plan_time  # type: ignore[no-any-return]
         cost = getattr(step_time, "__self__", None)
+        if getattr(cost, "ranked", False):  # DP attention: a plan names the rows each rank runs
+
+            def ranked(plan: StepPlan) -> tuple[float, bool]:
+                return step_time(plan.new_tokens, plan.context, getattr(plan, "rank_sizes", None))  # type: ignore[no-any-return]
+
+            return ranked
         totals_timer = getattr(cost, "totals_timer", None)  # the same seconds, its constants computed once
         totals_time = totals_timer() if totals_timer is not None else getattr(cost, "step_time_totals", None)
 

@@ -30,6 +30,7 @@ from sim.cost.parallel import group_placement, wrap_step_time
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
 from sim.engine.closed_loop import ClosedLoopSource
+from sim.engine.data_parallel import DataParallelRanks, rank_budgets
 from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
@@ -88,13 +89,10 @@ def build_specs(
                                " and dp at 1), as the LoRA cost model is per TP shard")  # fmt: skip
             loras, budget = _group_lora(gs, config, cost, budget, where, group.count)
             info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
-        scheds: list[Any] = []
-        for _ in range(group.count):
-            sched: Any = policies[kind].build(config, budget)
-            if group.role == "decode":
-                sched = decode_scheduler(sched, budget, int(getattr(config, "max_num_seqs", 256)))
-            scheds.append(sched)
-        paged = isinstance(scheds[0], PagedDecode)
+        build = partial(_scheduler, policies[kind], config, group.role)
+        scheds = [build(budget, placement.dp) for _ in range(group.count)]
+        first = scheds[0].ranks[0] if placement.dp > 1 else scheds[0]
+        paged = isinstance(first, PagedDecode)
         shown = f"{kind} (decode)" if paged else "decode" if group.role == "decode" else kind
         groups[gname] = {
             **info,
@@ -111,6 +109,18 @@ def build_specs(
                 )
             )
     return specs, groups
+
+
+def _scheduler(policy: Any, config: Any, role: str, budget: KvBudget, dp: int) -> Any:
+    """A replica's scheduler: the policy's (as a decode replica's for the decode role), or with `dp` > 1
+    attention ranks one such per rank, each with its share of the blocks (sim/engine/data_parallel.py)."""
+    if dp > 1:
+        budgets = rank_budgets(budget, dp)
+        return DataParallelRanks([_scheduler(policy, config, role, b, 1) for b in budgets], budgets)
+    sched = policy.build(config, budget)
+    if role == "decode":
+        sched = decode_scheduler(sched, budget, int(getattr(config, "max_num_seqs", 256)))
+    return sched
 
 
 def _group_lora(
