@@ -38,8 +38,10 @@ class LoggedCost(ParallelCost):
         super().__init__(CostModel(MODEL, H100, 4), MODEL, H100, Placement(tp=4, pp=pp))
         self.log: list[tuple[list[float], float, bool]] = []
 
-    def stage_seconds(self, new_tokens: Any, context: Any) -> tuple[list[float], float, bool]:
-        got = super().stage_seconds(new_tokens, context)
+    def stage_seconds(
+        self, new_tokens: Any, context: Any, ranks: Any = None
+    ) -> tuple[list[float], float, bool]:
+        got = super().stage_seconds(new_tokens, context, ranks)
         self.log.append(got)
         return got
 

@@ -73,13 +73,12 @@ class DataParallelRanks:
 
     def pick(self) -> int:
         """The rank an arrival goes to: the least `4 x waiting + running`, the lowest of equals."""
-        best, best_score = 0, -1
-        for i, r in enumerate(self.ranks):
-            waiting = int(r.num_waiting)
-            score = WAITING_WEIGHT * waiting + self.in_system[i] - waiting
-            if best_score < 0 or score < best_score:
-                best, best_score = i, score
-        return best
+
+        def score(i: int) -> int:
+            waiting = int(self.ranks[i].num_waiting)
+            return WAITING_WEIGHT * waiting + self.in_system[i] - waiting  # in_system - waiting: running
+
+        return min(range(len(self.ranks)), key=score)  # the first of equals
 
     def add(self, request: Request, now: float) -> bool:
         r = self.pick()

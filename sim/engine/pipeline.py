@@ -83,10 +83,7 @@ class Pipeline:
     def enter(self, plan: StepPlan, now: float) -> tuple[float, bool]:
         """Send `plan` into the pipeline at `now`: (when it leaves the last stage, compute_bound)."""
         ranks = getattr(plan, "rank_sizes", None)  # DP attention: the rows each rank runs
-        if ranks is None:
-            stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context)
-        else:
-            stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context, ranks)
+        stages, send, bound = self.timing.stage_seconds(plan.new_tokens, plan.context, ranks)
         free, t = self.free, now
         for s, seconds in enumerate(stages):
             if s:
