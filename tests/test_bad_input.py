@@ -518,6 +518,23 @@ def test_step_longer_than_the_model_serves_is_refused(
     assert code == 0
 
 
+@pytest.mark.parametrize(
+    ("placement", "args", "expected"),
+    [
+        (["--tp", "8", "--pp", "2"], ["--prefill", "2000000"], "step: --prefill: 2000000 positions"),
+        (["--ep", "16", "--dp", "16"], ["--batch", "4", "--context", "163840"], "step: --context: 163841"),
+    ],
+)
+def test_step_of_a_placement_longer_than_the_model_serves_is_refused(
+    capsys: pytest.CaptureFixture[str], placement: list[str], args: list[str], expected: str
+) -> None:
+    """A DeepSeek-V3 step under PP or EP/DP priced a 2,000,000-token prompt (the model serves 163,840
+    positions), where the TP-only step refused it; refused with the same words."""
+    line = refused(capsys, "step", "deepseek-v3", "--gpu", "H100-SXM", *placement, *args)
+    assert expected in line
+    assert "is longer than deepseek-v3 serves (163840 positions" in line
+
+
 @pytest.mark.parametrize("extra", [[], ["--json"], ["--quantisation"], ["--compare", "llama-3.1-8b"]])
 def test_capacity_at_a_max_model_len_the_model_does_not_serve_is_refused(
     capsys: pytest.CaptureFixture[str], extra: list[str]

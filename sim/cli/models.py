@@ -137,8 +137,9 @@ def step(
                           two_batch_overlap=two_batch_overlap, ep_dispatch_dtype=ep_dispatch_dtype,
                           ep_all_to_all=ep_all_to_all, ep_redundant_experts=redundant_experts)  # fmt: skip
     if placement.beyond_tp:  # per stage and rank, with the communication kernels (sim/report/parallel.py)
+        from sim.catalog.models import load_model
         from sim.report.parallel import parallel_step
-        from sim.report.step import step_rows
+        from sim.report.step import check_step_length, step_rows
 
         unused = [name for name, given in (
             ("--calibration", calibration is not None),
@@ -146,6 +147,7 @@ def step(
         ) if given]  # fmt: skip
         refuse_with_placement(unused)
         c, q = step_rows(batch, context, prefill)
+        check_step_length(load_model(model), context, prefill)
         parallel_step(model, gpu, placement, weight_dtype, kv_dtype, c, q, as_json)
         return
     print_step(model, gpu, tp, weight_dtype, kv_dtype, batch, context, prefill, calibration, as_json,

@@ -58,7 +58,7 @@ def parallel_capacity(
         ("usable", f"{mem.budget_bytes / GB:.2f} GB"),
         ("KV bytes per token", f"{mem.kv_bytes_per_token:,}"),
         ("KV tokens per attention rank", f"{mem.kv_tokens_per_rank:,}"),
-        (f"KV tokens of the replica ({p.dp} ranks)", f"{mem.kv_tokens:,}"),
+        (f"KV tokens of the replica ({p.dp} rank{'s' if p.dp > 1 else ''})", f"{mem.kv_tokens:,}"),
     ):
         t.add_row(label, value)
     Console().print(t)

@@ -45,6 +45,17 @@ def step_rows(batch: int | None, context: int | None, prefill: int | None) -> tu
     return np.ones(batch, dtype=np.int64), np.full(batch, context, dtype=np.int64)
 
 
+def check_step_length(spec: ModelSpec, context: int | None, prefill: int | None) -> None:
+    """Refuse a prompt, or a decode's cached tokens and its new one, past the model's positions."""
+    try:
+        if prefill is not None:
+            spec.check_length(prefill, " positions")
+        elif context is not None:
+            spec.check_length(context + 1, " positions (the cached tokens and the new one)")
+    except SimError as err:
+        raise SimError(f"step: {'--prefill' if prefill is not None else '--context'}: {err}") from None
+
+
 def check_servable(
     spec: ModelSpec, gpu: Gpu, tp: int, weight_dtype: str | None, kv_dtype: str | None,
     weight_group_size: int | None, context: int | None, prefill: int | None,
@@ -55,13 +66,7 @@ def check_servable(
     why = checkpoint_format_problem(spec, weight_dtype)
     if why is not None:
         raise SimError(f"step: --weight-dtype: {why}")
-    try:
-        if prefill is not None:
-            spec.check_length(prefill, " positions")
-        elif context is not None:
-            spec.check_length(context + 1, " positions (the cached tokens and the new one)")
-    except SimError as err:
-        raise SimError(f"step: {'--prefill' if prefill is not None else '--context'}: {err}") from None
+    check_step_length(spec, context, prefill)
     try:
         kv_memory(spec, gpu, tp, DEFAULT_MEMORY_UTILIZATION, weight_dtype, kv_dtype, 16, weight_group_size)
     except SimError as err:
