@@ -535,6 +535,25 @@ def test_step_of_a_placement_longer_than_the_model_serves_is_refused(
     assert "is longer than deepseek-v3 serves (163840 positions" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["capacity", "deepseek-v3", "--gpu", "H100-SXM", "--tp", "8", "--pp", "2"], "--weight-dtype"),
+        (["step", "deepseek-v3", "--gpu", "H100-SXM", "--ep", "16", "--dp", "16", "--batch", "1", "--context",
+          "10"], "step: --weight-dtype"),
+    ],
+)  # fmt: skip
+def test_placement_in_a_format_other_than_the_checkpoints_is_refused(
+    capsys: pytest.CaptureFixture[str], args: list[str], start: str
+) -> None:
+    """Under PP or EP/DP, `--weight-dtype int4` on DeepSeek-V3's FP8 checkpoint was priced as int4 weights,
+    where the TP-only commands refuse a format vLLM would not serve; refused with the same words."""
+    line = refused(capsys, *args, "--weight-dtype", "int4")
+    assert f"{start}: deepseek-v3 is a fp8 checkpoint" in line
+    code, _, _ = cli(capsys, *args, "--weight-dtype", "fp8")
+    assert code == 0
+
+
 @pytest.mark.parametrize("extra", [[], ["--json"], ["--quantisation"], ["--compare", "llama-3.1-8b"]])
 def test_capacity_at_a_max_model_len_the_model_does_not_serve_is_refused(
     capsys: pytest.CaptureFixture[str], extra: list[str]

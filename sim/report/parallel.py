@@ -14,16 +14,24 @@ from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import get_gpu
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
+from sim.catalog.quantisation import checkpoint_format_problem
 from sim.config.calibration import Calibration
 from sim.cost.memory import GB
 from sim.cost.parallel import ParallelCost, Placement, check_placement, rank_memory
 from sim.cost.roofline import CostModel
+from sim.io.errors import SimError
 
 
-def _model(model: str, gpu: str, weight_dtype: str | None, kv_dtype: str | None) -> ModelSpec:
+def _model(model: str, gpu: str, weight_dtype: str | None, kv_dtype: str | None, command: str) -> ModelSpec:
+    """The model as served on the GPU, refusing formats the GPU or the checkpoint cannot serve (as the
+    TP-only `sim step` and `sim capacity` do; `command` starts the error)."""
     g = get_gpu(gpu)
     check_formats(g, weight_dtype, kv_dtype, ("--weight-dtype", "--kv-dtype"))
-    return served_model(load_model(model), g)
+    spec = load_model(model)
+    why = checkpoint_format_problem(spec, weight_dtype)
+    if why is not None:
+        raise SimError(f"{command}--weight-dtype: {why}")
+    return served_model(spec, g)
 
 
 def parallel_capacity(
@@ -31,7 +39,7 @@ def parallel_capacity(
     as_json: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """Memory per GPU of the placement, and the KV tokens of each attention rank and the replica."""
-    spec = _model(model, gpu, weight_dtype, kv_dtype)
+    spec = _model(model, gpu, weight_dtype, kv_dtype, "")
     check_placement(spec, p, "capacity: --", "")
     mem = rank_memory(spec, get_gpu(gpu), p, util, weight_dtype, kv_dtype, 16, "capacity: --", None, "")
     out = {
@@ -70,7 +78,7 @@ def parallel_step(
     new_tokens: np.ndarray, context: np.ndarray, as_json: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """One step under the placement: each stage, each attention rank, each EP rank, the all-to-alls."""
-    spec = _model(model, gpu, weight_dtype, kv_dtype)
+    spec = _model(model, gpu, weight_dtype, kv_dtype, "step: ")
     check_placement(spec, p, "step: --", "")
     g = get_gpu(gpu)
     rank_memory(spec, g, p, 0.9, weight_dtype, kv_dtype, 16, "step: --", None, "")
