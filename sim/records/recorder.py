@@ -34,13 +34,7 @@ import polars as pl
 
 from sim.core.request import Request
 from sim.core.step import QuietSteps, StepPlan
-from sim.records.columns import (
-    CHUNK_ROWS,
-    FINISHED,
-    STATE_CODE,
-    STEP_STORED_INTS,
-    WAITING_INDEX,
-)
+from sim.records.columns import CHUNK_ROWS, FINISHED, STATE_CODE, STEP_STORED_INTS, WAITING_INDEX
 from sim.records.int_rows import IntRows
 from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.request_rows import RequestRow, RequestRows
@@ -147,35 +141,38 @@ class Recorder:
         waiting: int,
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
-        its start plus its duration),
-        recorded as `step` records each of them."""
+        its start plus its duration), recorded as `step` records each of them."""
         done, total = 0, len(durations)
-        rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
+        used, used_step = quiet.used, quiet.used_step
+        w = len(STEP_STORED_INTS)
+        row = [0] * w  # `step`'s columns: prefill tokens and preempted are 0
+        row[BATCH] = row[DECODE] = quiet.rows
+        row[KV_USED], row[KV_ALLOCATED], row[WAITING_INDEX] = used, quiet.allocated, waiting
         while done < total:
             index = self._flushed_steps + len(self._step_compute)
             take = min(total - done, self.chunk_rows - len(self._step_compute))
             if start != self._last_end:
                 self._step_starts[index] = start
+            whole = take == total  # the lists as they are, not slices
+            these_ends, these_durations = (
+                (ends, durations) if whole else (ends[done : done + take], durations[done : done + take])
+            )
             try:
-                self._ends.extend(ends[done : done + take])
+                self._ends.extend(these_ends)
             except BufferError:
-                self._ends = unshared(self._ends, *ends[done : done + take])
+                self._ends = unshared(self._ends, *these_ends)
             try:
-                self._durations.extend(durations[done : done + take])
+                self._durations.extend(these_durations)
             except BufferError:
-                self._durations = unshared(self._durations, *durations[done : done + take])
+                self._durations = unshared(self._durations, *these_durations)
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
-            first = used + done * used_step
-            w = len(STEP_STORED_INTS)  # the columns of `step`'s rows: prefill tokens and preempted are 0
-            values = [0] * (take * w)
-            values[BATCH::w] = values[DECODE::w] = [rows] * take
-            kv_used = range(first, first + take * used_step, used_step) if used_step else [used] * take
-            values[KV_USED::w] = kv_used
-            values[KV_ALLOCATED::w] = [quiet.allocated] * take
-            values[WAITING_INDEX::w] = [waiting] * take
+            values = row * take
+            if used_step:
+                first = used + done * used_step
+                values[KV_USED::w] = range(first, first + take * used_step, used_step)
             self._step_ints.extend(values)  # type: ignore[arg-type]
-            self._step_compute.extend(compute[done : done + take])
+            self._step_compute.extend(compute if whole else compute[done : done + take])
             done += take
             start = self._last_end = ends[done - 1]
             if len(self._step_compute) >= self.chunk_rows:

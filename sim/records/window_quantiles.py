@@ -7,36 +7,41 @@ import numpy as np
 
 
 def window_quantiles(
-    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 32
+    durations: np.ndarray, lo: np.ndarray, n: np.ndarray, group: int = 32, short: int = 64
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """p50, p99 (as `np.quantile`'s linear method, bit for bit) and max of the windows
-    `durations[lo[k] : lo[k] + n[k]]` (each `n[k] >= 1`), for many windows at once: windows of similar length
-    are sorted together as the rows of one matrix, padded with +inf past their ends, and the order statistics
-    are read by index."""
-    count = len(lo)
-    p50, p99, top = np.empty(count), np.empty(count), np.empty(count)
-    order = np.argsort(n, kind="stable")
-    last = len(durations) - 1
-    for start in range(0, count, group):
+    `durations[lo[k] : lo[k] + n[k]]` (each `n[k] >= 1`), for many windows at once. Only the order statistics
+    the quantiles read are kept: windows of at most `short` steps are sorted `group` at a time, as the rows of
+    one matrix padded with +inf past their ends (one sort call for many small ones); a longer one is sorted on
+    its own, a view of the durations, where padding and gathering would cost more than the call."""
+    end = n - 1
+    v50, v99 = end * 0.5, end * 0.99
+    i50, i99 = v50.astype(np.int64), v99.astype(np.int64)
+    # each window's ranks read: the two around p50, the two around p99, and its largest
+    need = np.stack((i50, np.minimum(i50 + 1, end), i99, np.minimum(i99 + 1, end), end), axis=1)
+    stats = np.empty((len(lo), 5))
+    small = np.flatnonzero(n <= short)
+    order = small[np.argsort(n[small], kind="stable")]
+    for start in range(0, len(order), group):
         rows = order[start : start + group]
         lens = n[rows]
-        width = int(lens[-1])
-        cols = np.arange(width)
-        vals = durations[np.minimum(lo[rows, None] + cols, last)]
+        cols = np.arange(int(lens[-1]))
+        vals = durations[lo[rows, None] + np.minimum(cols, lens[:, None] - 1)]
         vals[cols >= lens[:, None]] = np.inf
         vals.sort(axis=1)
-        r = np.arange(len(rows))
-        end = lens - 1
-        top[rows] = vals[r, end]
-        for q, out in ((0.5, p50), (0.99, p99)):
-            v = end * q
-            i = v.astype(np.int64)
-            t = v - i
-            a, b = vals[r, i], vals[r, np.minimum(i + 1, end)]
-            d = b - a
-            got = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
-            out[rows] = np.where(v >= end, top[rows], got)
-    return p50, p99, top
+        stats[rows] = np.take_along_axis(vals, need[rows], axis=1)
+    sort = np.sort
+    for k in np.flatnonzero(n > short).tolist():
+        first = int(lo[k])
+        stats[k] = sort(durations[first : first + int(n[k])])[need[k]]
+    top = stats[:, 4]
+    quantiles = []
+    for v, i, a, b in ((v50, i50, stats[:, 0], stats[:, 1]), (v99, i99, stats[:, 2], stats[:, 3])):
+        t = v - i
+        d = b - a
+        got = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+        quantiles.append(np.where(v >= end, top, got))
+    return quantiles[0], quantiles[1], top.copy()
 
 
 def stall_windows(
