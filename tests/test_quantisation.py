@@ -93,14 +93,14 @@ def _marlin_ideal(m: int, k: float, n: float, flops: float, bandwidth: float, fi
 def test_int4_weight_only_speedup_is_near_4x_to_batch_32_and_falls_by_128(gpu: str) -> None:
     """Marlin (IST-DASLab/marlin README; Frantar et al. 2024, measured on an A10): close to the ideal 3.87x up
     to batch 16-32, gradually decreasing but still significant at 64-128. The engine's decode step of
-    Llama-3.1-70B, whose fixed costs (per step, per layer, the sampler's per row: 1.7 ms a step) do not shrink
-    with the weights: within 16% of the ideal to batch 32, most on an H100, whose steps are shortest (3.26x at
-    32); there the fall starts later (higher FLOP/byte ratio) but has come by 128 too."""
+    Llama-3.1-70B, whose fixed costs (per step and per layer, 2.2 ms a step, and the sampler's per row) do not
+    shrink with the weights: within 20% of the ideal to batch 32, most on an H100, whose steps are shortest
+    (3.15x at 32); there the fall starts later (higher FLOP/byte ratio) but has come by 128 too."""
     m, g = load_model("llama-3.1-70b"), get_gpu(gpu)
     bf16, int4 = CostModel(m, g), CostModel(m, g, weight_dtype="int4", weight_group_size=128)
     batches = (1, 16, 32, 64, 128, 256)
     speedup = {b: bf16.step(*_decode(b)).seconds / int4.step(*_decode(b)).seconds for b in batches}
-    assert all(speedup[b] >= 0.84 * 3.87 for b in (1, 16, 32)), speedup
+    assert all(speedup[b] >= 0.80 * 3.87 for b in (1, 16, 32)), speedup
     assert 1.0 < speedup[128] < 0.6 * speedup[16], speedup  # falls, still a gain
     assert all(speedup[a] >= speedup[b] for a, b in zip(batches[1:], batches[2:], strict=False)), speedup
     cal = Calibration()
