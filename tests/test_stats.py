@@ -118,7 +118,7 @@ def test_capacity_outside_the_grid() -> None:
     assert bumpy.as_dict()["grid"][1] == {"rate": 2.0, "pass": False}
 
 
-def test_plateau_is_the_lowest_saturated_throughput_and_caps_passing_rates() -> None:
+def test_plateau_is_the_throughput_nearest_the_knee_and_caps_passing_rates() -> None:
     def rows(throughputs: list[float], overloaded: bool) -> list[dict]:
         return [{**_row(overloaded=overloaded), "requests_per_s": t} for t in throughputs]
 
@@ -131,6 +131,10 @@ def test_plateau_is_the_lowest_saturated_throughput_and_caps_passing_rates() -> 
     }
     assert stats.plateau(by_rate) == pytest.approx(13.5)
     assert stats.plateau({4.0: rows([4.0], False), 8.0: rows([8.0, 7.0], True) + rows([7.5], False)}) is None
+    # Far past the knee a finite run finishes few requests or none: those rates do not set the plateau.
+    collapsing = {1.0: rows([1.0], False), 8.0: rows([2.4, 1.2], True), 16.0: rows([0.3, 0.1], True),
+                  32.0: rows([0.0, 0.0], True)}  # fmt: skip
+    assert stats.plateau(collapsing) == pytest.approx(1.8)
     slo = stats.SloBounds(ttft_s=1.0)
     assert stats.sustainable(13.5, rows([13.0], False), slo, 13.5)
     assert not stats.sustainable(14.0, rows([13.0], False), slo, 13.5)  # meets the SLO, above the plateau

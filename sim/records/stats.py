@@ -88,14 +88,15 @@ def meets_slo(rows: Sequence[Mapping[str, Any]], slo: SloBounds) -> bool:
 
 
 def plateau(rows_by_rate: Mapping[float, Sequence[Mapping[str, Any]]]) -> float | None:
-    """The throughput plateau (requests per second): the lowest mean over replications of `requests_per_s`
-    among the rates where every replication is overloaded; None when none is (the sweep never saturated)."""
-    saturated = [
-        float(np.mean([r["requests_per_s"] for r in rows]))
-        for rows in rows_by_rate.values()
-        if rows and all(r["overloaded"] for r in rows)
-    ]
-    return min(saturated) if saturated else None
+    """The throughput plateau (requests per second): the mean over replications of `requests_per_s` at the
+    lowest rate where every replication is overloaded, the saturated rate nearest the knee; None when no rate
+    is (the sweep never saturated). Further past the knee a finite run finishes fewer requests than the
+    system serves (each one waits longer, and more of them are still running when the run ends), so those
+    rates' throughputs understate the plateau: the lowest of them would cap rates the system sustains."""
+    saturated = sorted(r for r, rows in rows_by_rate.items() if rows and all(x["overloaded"] for x in rows))
+    if not saturated:
+        return None
+    return float(np.mean([r["requests_per_s"] for r in rows_by_rate[saturated[0]]]))
 
 
 def sustainable(

@@ -319,8 +319,8 @@ def _search_capacity(
     if bar is not None:
         runner.finish(bar)
     ceiling = (
-        "no run overloaded, and the rate not above the throughput plateau (the lowest mean throughput among "
-        "grid rates where every run is overloaded)"
+        "no run overloaded, and the rate not above the throughput plateau (the mean throughput at the lowest "
+        "grid rate where every run is overloaded)"
     )
     capacities = [
         {"policy": policy, "params": grid[i], **cap.as_dict(unit), "plateau_per_s": plateaus[(policy, i)]}
