@@ -309,6 +309,27 @@ def test_two_batch_overlap_hides_up_to_the_smaller_of_communication_and_compute(
     assert small[1].seconds > small[0].seconds
 
 
+def test_two_batch_overlap_under_deepeps_normal_kernels_leaves_the_compute_the_sms_they_do_not_take() -> None:
+    """DeepEP's normal kernels run on 24 SMs (its README): while they run the compute has 108 of the H100's
+    132, so a stage of compute C and communication M takes max(M, C + M x 24 / 132); its low-latency kernels
+    take none (the receive hook), and the overlap hides min(C, M)."""
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    c, q = np.full(256, 2000, dtype=np.int64), np.zeros(256, dtype=np.int64)  # 8 prompts a rank
+    for mode, taken in (("deepep_normal", 24), ("deepep_low_latency", 0)):
+        keys = {"dp": 32, "ep": 32, "ep_all_to_all": mode}
+        plain = ParallelCost(base, ds, H100, Placement(**keys)).breakdown(c, q)
+        tbo = ParallelCost(base, ds, H100, Placement(**keys, two_batch_overlap=True)).breakdown(c, q)
+        compute = max(tbo.rank_s)
+        comm = ds.num_moe_layers * (tbo.dispatch_s + tbo.combine_s)
+        hidden = min(compute, comm * (1 - taken / H100.sms))
+        assert tbo.overlap_s == pytest.approx([hidden])
+        assert tbo.seconds == pytest.approx(compute + comm - hidden)
+        assert tbo.seconds >= max(comm, compute + comm * taken / H100.sms) * (1 - 1e-12)
+        assert tbo.seconds < plain.seconds
+    assert H100.sms == 132
+
+
 def test_two_batch_overlap_needs_ep_and_is_named() -> None:
     with pytest.raises(SimError, match=r"rag-chatbot.toml: cluster.groups\[0\].two_batch_overlap: .*ep > 1"):
         load_scenario(RAG, ["cluster.groups=[{two_batch_overlap=true}]"])

@@ -27,6 +27,7 @@ class Gpu:
     interconnect_bandwidth: float  # per GPU, per direction
     source: str
     compute_capability: float  # CUDA compute capability (7.5 Turing, 8.0 Ampere, ...)
+    sms: int  # streaming multiprocessors (AMD: compute units)
 
     def peak_flops(self, weight_dtype: str) -> tuple[float, str]:
         """Peak FLOP/s of the matmuls for weights stored in `weight_dtype`, and a note on fallbacks.
@@ -67,6 +68,7 @@ def _catalog() -> dict[str, Gpu]:
             interconnect_bandwidth=float(spec["interconnect_bandwidth"]),
             source=str(spec["source"]),
             compute_capability=float(spec["compute_capability"]),
+            sms=int(spec["sms"]),
         )
     return out
 

@@ -16,6 +16,11 @@ All-to-all rules (`ep_all_to_all`), per MoE layer and source rank of `T` tokens,
   NVLink (g = GPUs of a node in the group), the slower of the two.
 - `deepep_auto`: SGLang's `--deepep-mode auto`: normal kernels for a step with prompt tokens, low-latency for
   a decode-only step.
+SMs the kernels take from the compute they overlap (`COMM_SMS`, read by two-batch overlap): DeepEP's normal
+kernels run on a set number of SMs, 24 in its README's example (`Buffer.set_num_sms(24)`, the V1 default the
+V2 README cites: "SM usage reduced from 24 to 4 - 6"); the low-latency kernels' receive hook "without any SM
+occupation" (DeepEP docs/legacy.md). `per_expert` (an NCCL-style all-to-all) states none: its overlap is the
+upper bound.
 The distinct nodes and ranks a token reaches are the expectation under a uniform gate: `k` experts drawn
 without replacement, within `topk_group` of `n_group` contiguous groups when the model's config.json limits
 the groups (`ModelSpec.expert_groups`); the experts lie contiguously over ranks and ranks over nodes (with
@@ -44,6 +49,7 @@ from sim.catalog.model import ModelSpec
 
 ALL_TO_ALL = ("per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto")
 AllToAll = Literal["per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto"]
+COMM_SMS = {"deepep_normal": 24, "deepep_low_latency": 0}
 DISPATCH_DTYPES = ("bf16", "fp8")
 COMBINE_BYTES = 2.0  # bf16
 FP8_SCALE_BLOCK = 128  # channels per float32 scale in an FP8 dispatch

@@ -26,8 +26,10 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
 - Two-batch overlap (`two_batch_overlap`, EP only; SGLang's TBO after DeepSeek's dual micro-batch design):
   each rank's rows split into two micro-batches, alternately; each pays its own compute (the roofline over its
   rows: the weights are read twice) and its own dispatch and combine (half the bytes, the latency twice). One
-  micro-batch's communication runs behind the other's compute, so a stage saves min(its communication, its
-  compute). The rule is an upper bound on what the overlap hides: no SM contention, no launch order.
+  micro-batch's communication runs behind the other's compute. Communication kernels that run on SMs
+  (DeepEP's normal kernels: `COMM_SMS`) leave the compute the rest while they run, so a stage of compute C
+  and communication M takes max(M, C + M s / S) with s of the GPU's S SMs taken: it saves min(C, M (1 - s /
+  S)); the low-latency kernels take none, saving min(C, M). No launch order or CPU blocking is modelled.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from sim.catalog.gpus import Gpu
 from sim.catalog.links import Link, get_link
 from sim.catalog.model import ModelSpec
 from sim.cost.expert_parallel import (
+    COMM_SMS,
     all_to_all_links,
     dispatch_bytes_per_element,
     eplb_rank_loads,
@@ -297,12 +300,14 @@ class ParallelCost:
         tokens = float(c.sum())
         moe_layers = [m.num_moe_layers * n / m.num_layers for n in self.layers]  # pro rata per stage
         dispatch = combine = skew = 0.0
+        free = 1.0  # share of the SMs the compute keeps while the all-to-all runs
         expert_rank: list[float] = []
         if p.ep > 1 and tokens > 0:
             routed = tokens * m.experts_per_token
             mode = p.ep_all_to_all
             if mode == "deepep_auto":
                 mode = "deepep_low_latency" if low_latency_step(c) else "deepep_normal"
+            free = 1.0 - COMM_SMS.get(mode, 0) / self.gpu.sms
             elem = dispatch_bytes_per_element(p.ep_dispatch_dtype)
             dispatch, combine = (self._all_to_all(mode, tokens, b) for b in (elem, ACT_BYTES))
             expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
@@ -312,7 +317,7 @@ class ParallelCost:
         stage_s, overlap = [], []
         for n, k in layers:
             compute, comm = attn * n / m.num_layers, k * (dispatch + combine)
-            hidden = min(comm, compute) if p.two_batch_overlap else 0.0
+            hidden = min(compute, comm * free) if p.two_batch_overlap else 0.0
             stage_s.append(compute + k * per_moe - hidden)
             overlap.append(hidden)
         send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
