@@ -162,18 +162,23 @@ def test_weighted_duration_quantiles_are_exact(monkeypatch: pytest.MonkeyPatch, 
         assert got[key] == d[int(np.searchsorted(w, q * w[-1], side="left"))]
 
 
-@pytest.mark.parametrize(("group", "short"), [(1, 64), (3, 64), (64, 64), (32, 0), (32, 1000)])
-def test_itl_quantiles_of_many_windows_at_once_are_numpys_value_for_value(group: int, short: int) -> None:
+@pytest.mark.parametrize(
+    ("group", "short", "select"), [(1, 64, 256), (3, 64, 256), (64, 64, 256), (32, 0, 256), (32, 1000, 256),
+                                   (32, 64, 0), (32, 64, 10_000)],
+)  # fmt: skip
+def test_itl_quantiles_of_many_windows_at_once_are_numpys_value_for_value(
+    group: int, short: int, select: int
+) -> None:
     """`window_quantiles` (the recorder's ITL p50/p99/max for a batch of finished requests) gives, bit for
     bit, np.quantile's linear p50 and p99 and the max of each window, whatever the windows' lengths."""
     from sim.records.window_quantiles import window_quantiles
 
     rng = np.random.default_rng(7)
     durations = np.round(rng.lognormal(-3.0, 0.6, 3000), int(rng.integers(3, 12)))  # ties included
-    n = rng.integers(1, 400, 200)
-    n[:5] = (1, 2, 3, 100, 101)
+    n = rng.integers(1, 1200, 200)
+    n[:7] = (1, 2, 3, 100, 101, 256, 257)
     lo = rng.integers(0, len(durations) - n)
-    p50, p99, top = window_quantiles(durations, lo, n, group, short)
+    p50, p99, top = window_quantiles(durations, lo, n, group, short, select)
     for k in range(len(n)):
         window = durations[lo[k] : lo[k] + n[k]]
         assert p50[k].tobytes() == np.quantile(window, 0.5).tobytes()
@@ -207,3 +212,20 @@ def test_a_view_of_the_step_columns_left_alive_does_not_stop_the_run(
     ref = reference(_scheduler(policy), h, requests=_requests_copy(reqs))
     assert_frame_equal(rec.requests_frame(), ref.requests_frame())
     assert_frame_equal(rec.steps_frame(), ref.steps_frame())
+
+
+def test_repeated_int_rows_are_the_rows_appended_one_by_one_and_widen_past_32_bits() -> None:
+    """`IntRows.repeat` (a quiet run's steps as one block) holds what `extend` row by row would, a column
+    counting up or down, and moves to 64-bit rows once a value needs it."""
+    from sim.records.int_rows import IntRows
+
+    for first, step in ((10, 3), (10, -2), (7, 0), (2**31 - 5, 4)):
+        one, block = IntRows(3), IntRows(3)
+        for r in (one, block):
+            r.extend((1, 2, 3))
+        for i in range(6):
+            one.extend((4, first + i * step, 6))
+        block.repeat([4, 0 if step else first, 6], 6, 1, first, step)
+        assert block.data.typecode == one.data.typecode
+        assert np.array_equal(block.columns(), one.columns())
+    assert block.data.typecode == "q"

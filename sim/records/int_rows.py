@@ -25,6 +25,22 @@ class IntRows:
             self.data = array("q", self.data)
             self.data.extend(values)
 
+    def repeat(self, row: list[int], times: int, column: int, first: int, step: int) -> None:
+        """`times` copies of `row`, with `column` counting from `first` by `step` (0: as in `row`), built as
+        one array: a quiet run's steps."""
+        code = self.data.typecode
+        try:
+            block = array(code, row) * times
+            if step:
+                block[column :: self.width] = array(code, range(first, first + times * step, step))
+        except OverflowError:
+            if code == "q":
+                raise
+            self.data = array("q", self.data)
+            self.repeat(row, times, column, first, step)
+            return
+        self.data.extend(block)
+
     def columns(self) -> np.ndarray:
         """A (columns, rows) int64 array."""
         flat = np.frombuffer(self.data, dtype=np.int32 if self.data.typecode == "i" else np.int64)

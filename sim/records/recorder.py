@@ -167,11 +167,7 @@ class Recorder:
                 self._durations = unshared(self._durations, *these_durations)
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
-            values = row * take
-            if used_step:
-                first = used + done * used_step
-                values[KV_USED::w] = range(first, first + take * used_step, used_step)
-            self._step_ints.extend(values)  # type: ignore[arg-type]
+            self._step_ints.repeat(row, take, KV_USED, used + done * used_step, used_step)
             self._step_compute.extend(compute if whole else compute[done : done + take])
             done += take
             start = self._last_end = ends[done - 1]
