@@ -31,6 +31,7 @@ from sim.cost.parallel import (
     wrap_step_time,
 )
 from sim.cost.roofline import CostModel
+from sim.cost.step_model import expected_distinct_experts
 from sim.io.errors import SimError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,6 +329,35 @@ def test_two_batch_overlap_under_deepeps_normal_kernels_leaves_the_compute_the_s
         assert tbo.seconds >= max(comm, compute + comm * taken / H100.sms) * (1 - 1e-12)
         assert tbo.seconds < plain.seconds
     assert H100.sms == 132
+
+
+def test_dp_attention_over_tp_sharded_experts_gathers_the_steps_tokens_and_reads_what_they_touch() -> None:
+    """vLLM's default for DP without EP: the expert layers a TP group of dp x tp GPUs. Each MoE layer
+    all-gathers the step's tokens to every GPU and reduce-scatters them back, (dp - 1) / dp of tokens x hidden
+    x 2 B each over the group's link, and reads its shard of every expert the step's tokens touch."""
+    ds = load_model("deepseek-v3")
+    base = CostModel(ds, H100, 1)
+    c, q = _rows(256, 2000)  # 16 decodes a rank
+    for dp, link in ((8, get_link("nvlink-4")), (16, get_link("infiniband-ndr"))):  # one node, then two
+        pc = ParallelCost(base, ds, H100, Placement(dp=dp))
+        b = pc.breakdown(c, q)
+        moved = 256 * ds.hidden_size * 2 * (dp - 1) / dp
+        assert b.gather_s == pytest.approx(2 * (link.latency_s + moved / link.bandwidth))
+        rank = pc.rank_base
+        extra = (expected_distinct_experts(ds.num_experts, ds.experts_per_token, 256)
+                 - expected_distinct_experts(ds.num_experts, ds.experts_per_token, 256 / dp))  # fmt: skip
+        assert b.group_reads_s == pytest.approx(
+            extra * rank.expert_bytes_per_layer / (rank.hbm * rank.cal.bandwidth_eff)
+        )
+        assert b.seconds == pytest.approx(max(b.rank_s) + ds.num_moe_layers * (b.gather_s + b.group_reads_s))
+        assert (b.dispatch_s, b.combine_s) == (0.0, 0.0)
+    # a prefill touches every expert on every rank already: only the gather is added
+    prompts = ParallelCost(base, ds, H100, Placement(dp=8)).breakdown(*(np.full(8, 4096), np.zeros(8)))
+    assert prompts.group_reads_s == pytest.approx(0.0, abs=1e-9) and prompts.gather_s > 0
+    # a dense model's DP ranks share no layer: nothing is gathered
+    dense = ParallelCost(CostModel(load_model("llama-3.1-8b"), H100, 1), load_model("llama-3.1-8b"), H100,
+                         Placement(dp=4)).breakdown(c, q)  # fmt: skip
+    assert (dense.gather_s, dense.group_reads_s) == (0.0, 0.0)
 
 
 def test_two_batch_overlap_needs_ep_and_is_named() -> None:

@@ -29,6 +29,14 @@ Dispatch bytes per element (`ep_dispatch_dtype`): bf16 2; fp8 1 plus a float32 s
 (DeepEP's FP8 dispatch with DeepGEMM's 1 x 128 blocks: 7,392 bytes a token at hidden 7,168). Combine is bf16
 (DeepEP: "FP8 dispatching and BF16 combining"; arXiv 2412.19437 §3.3.2: combine kept in BF16).
 
+DP attention without EP (`dp > 1`, `ep = 1`): vLLM's expert layers "form a tensor parallel group of size
+DP x TP" unless `--enable-expert-parallel` is given (docs/serving/data_parallel_deployment.md), as SGLang's DP
+attention over TP experts does: every GPU gathers the tokens of all `dp` ranks, computes its shard of each
+expert over all of them, and reduce-scatters the outputs back. `sharded_experts` charges per MoE layer an
+all-gather and a reduce-scatter of the step's tokens x hidden x 2 B, (dp - 1) / dp of it through each GPU,
+each `latency + bytes / bandwidth` over the group's link, and the shard reads of the experts the step's
+tokens touch beyond those the slowest rank's own tokens touch (its step already reads those).
+
 EPLB (`ep_redundant_experts = R`): DeepSeek's `eplb.py` global policy, as vLLM's `rebalance_experts` runs it
 with `--eplb-config '{"num_redundant_experts": R}'`: each of the R redundant slots replicates the logical
 expert with the most load per replica (its tokens split evenly over its replicas), then the E + R physical
@@ -45,7 +53,9 @@ from typing import Literal
 
 import numpy as np
 
+from sim.catalog.links import Link
 from sim.catalog.model import ModelSpec
+from sim.cost.step_model import expected_distinct_experts
 
 ALL_TO_ALL = ("per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto")
 AllToAll = Literal["per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto"]
@@ -141,3 +151,16 @@ def eplb_rank_loads(logical: np.ndarray, ep: int, redundant: int) -> np.ndarray:
         ranks[r] += physical[item]
         filled[r] += 1
     return ranks
+
+
+def sharded_experts(
+    model: ModelSpec, tokens: float, own: float, dp: int, expert_bytes: float, bytes_per_s: float, link: Link
+) -> tuple[float, float]:
+    """(all-gather plus reduce-scatter, expert reads beyond the slowest rank's) seconds per MoE layer of a
+    step of `tokens` over `dp` attention ranks, `own` of them the slowest rank's; `expert_bytes` one expert's
+    shard on a GPU, read at `bytes_per_s`."""
+    moved = tokens * model.hidden_size * 2.0 * (dp - 1) / dp  # 16-bit activations
+    gather = 2.0 * (link.latency_s + moved / link.bandwidth)
+    touched = expected_distinct_experts(model.num_experts, model.experts_per_token, tokens)
+    already = expected_distinct_experts(model.num_experts, model.experts_per_token, own)
+    return gather, (touched - already) * expert_bytes / bytes_per_s

@@ -23,6 +23,9 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
   a skewed gate (`expert_skew`, Zipf over experts laid out contiguously on ranks) the step rises by the
   busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`); with
   `ep_redundant_experts`, EPLB's placement of replicas sets each rank's share (sim/cost/expert_parallel.py).
+- DP attention over experts tensor-parallel on the stage's GPUs (`dp > 1`, `ep = 1`, vLLM's default): per
+  MoE layer an all-gather of the step's tokens and a reduce-scatter back, and the reads of the experts the
+  step's tokens touch beyond the slowest rank's own (sim/cost/expert_parallel.py, `sharded_experts`).
 - Two-batch overlap (`two_batch_overlap`, EP only; SGLang's TBO after DeepSeek's dual micro-batch design):
   each rank's rows split into two micro-batches, alternately; each pays its own compute (the roofline over its
   rows: the weights are read twice) and its own dispatch and combine (half the bytes, the latency twice). One
@@ -52,6 +55,7 @@ from sim.cost.expert_parallel import (
     dispatch_bytes_per_element,
     eplb_rank_loads,
     low_latency_step,
+    sharded_experts,
 )
 from sim.cost.kernels import ACT_BYTES  # activations sent between stages and in the all-to-all: 16-bit
 from sim.cost.memory import GB, check_tp, reserve_bytes
@@ -237,6 +241,8 @@ class StepBreakdown:
     skew_s: float = 0.0
     compute_bound: bool = False  # the slowest attention rank's step
     overlap_s: list[float] = field(default_factory=list)  # per stage: communication two-batch overlap hides
+    gather_s: float = 0.0  # per MoE layer, experts TP-sharded under DP: all-gather and reduce-scatter
+    group_reads_s: float = 0.0  # per MoE layer: the experts the step's tokens touch beyond the rank's own
 
 
 class ParallelCost:
@@ -258,6 +264,7 @@ class ParallelCost:
         # spans nodes when it exceeds one.
         self.pp_link = self.inter if p.gpus > p.gpus_per_node else self.intra
         self.ep_link = self.inter if p.ep > p.gpus_per_node else self.intra
+        self.group_link = self.inter if p.tp * p.dp > p.gpus_per_node else self.intra  # a stage's GPUs
         self.loads = (
             expert_loads(model.num_experts, p.ep, p.expert_skew, p.ep_redundant_experts) if p.ep > 1
             else np.ones(1)
@@ -312,7 +319,13 @@ class ParallelCost:
             dispatch, combine = (self._all_to_all(mode, tokens, b) for b in (elem, ACT_BYTES))
             expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
             skew = max(expert_rank) - float(np.mean(expert_rank))
-        per_moe = dispatch + combine + skew
+        gather = group_reads = 0.0
+        if p.ep == 1 and p.dp > 1 and m.num_experts and tokens > 0:  # experts TP-sharded over the dp ranks
+            own, b = float(rows[rank_s.index(attn)][0].sum()), self.rank_base
+            per_s = b.hbm * b.cal.bandwidth_eff
+            gather, group_reads = sharded_experts(m, tokens, own, p.dp, b.expert_bytes_per_layer, per_s,
+                                                  self.group_link)  # fmt: skip
+        per_moe = dispatch + combine + skew + gather + group_reads
         layers = zip(self.layers, moe_layers, strict=True)
         stage_s, overlap = [], []
         for n, k in layers:
@@ -325,7 +338,7 @@ class ParallelCost:
         seconds = sum(stage_s) + (p.pp - 1) * pp_send
         return StepBreakdown(
             seconds, stage_s, rank_s, pp_send, dispatch, combine, expert_rank, skew, compute_bound,
-            overlap if p.two_batch_overlap else [],
+            overlap if p.two_batch_overlap else [], gather, group_reads,
         )  # fmt: skip
 
     def _all_to_all(self, mode: str, tokens: float, elem: float) -> float:

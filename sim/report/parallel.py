@@ -92,6 +92,7 @@ def parallel_step(
         "attention_rank_s": b.rank_s, "expert_rank_s_per_layer": b.expert_rank_s,
         "dispatch_s_per_layer": b.dispatch_s, "combine_s_per_layer": b.combine_s,
         "skew_s_per_layer": b.skew_s, "pp_send_s": b.pp_send_s, "overlap_s": b.overlap_s,
+        "gather_s_per_layer": b.gather_s, "group_reads_s_per_layer": b.group_reads_s,
         "ep_link": pc.ep_link.name if p.ep > 1 else None, "pp_link": pc.pp_link.name if p.pp > 1 else None,
     }  # fmt: skip
     if as_json:
@@ -120,6 +121,11 @@ def parallel_step(
             f"{b.skew_s * 1e3:.4f}",
             f"{moe * b.skew_s * 1e3:.3f}",
         )
+    if b.gather_s:  # DP attention over TP-sharded experts
+        t.add_row(f"  all-gather + reduce-scatter of the step's tokens ({pc.group_link.name})", str(moe),
+                  f"{b.gather_s * 1e3:.4f}", f"{moe * b.gather_s * 1e3:.3f}")  # fmt: skip
+        t.add_row("  experts the step touches beyond the rank's own", str(moe),
+                  f"{b.group_reads_s * 1e3:.4f}", f"{moe * b.group_reads_s * 1e3:.3f}")  # fmt: skip
     if b.overlap_s:
         t.add_row("  two-batch overlap: communication hidden", "", "", f"-{sum(b.overlap_s) * 1e3:.3f}")
     if p.pp > 1:
