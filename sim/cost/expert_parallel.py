@@ -164,3 +164,13 @@ def sharded_experts(
     touched = expected_distinct_experts(model.num_experts, model.experts_per_token, tokens)
     already = expected_distinct_experts(model.num_experts, model.experts_per_token, own)
     return gather, (touched - already) * expert_bytes / bytes_per_s
+
+
+def expert_loads(num_experts: int, ep: int, skew: float, redundant: int = 0) -> np.ndarray:
+    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously,
+    or with `redundant` experts as EPLB places them (`eplb_rank_loads`)."""
+    weights = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
+    weights /= weights.sum()
+    if redundant:
+        return eplb_rank_loads(weights, ep, redundant)
+    return weights.reshape(ep, num_experts // ep).sum(axis=1)

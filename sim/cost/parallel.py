@@ -29,10 +29,11 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
 - Two-batch overlap (`two_batch_overlap`, EP only; SGLang's TBO after DeepSeek's dual micro-batch design):
   each rank's rows split into two micro-batches, alternately; each pays its own compute (the roofline over its
   rows: the weights are read twice) and its own dispatch and combine (half the bytes, the latency twice). One
-  micro-batch's communication runs behind the other's compute. Communication kernels that run on SMs
-  (DeepEP's normal kernels: `COMM_SMS`) leave the compute the rest while they run, so a stage of compute C
-  and communication M takes max(M, C + M s / S) with s of the GPU's S SMs taken: it saves min(C, M (1 - s /
-  S)); the low-latency kernels take none, saving min(C, M). No launch order or CPU blocking is modelled.
+  micro-batch's communication runs behind the other's compute, phase by phase as SGLang orders them
+  (attention, dispatch, experts, combine): a dispatch behind the other's attention and dense work A, a
+  combine behind its expert GEMMs E. Communication kernels that run on SMs (DeepEP's normal kernels:
+  `COMM_SMS`, s of the GPU's S) leave the compute the rest while they run, so a stage saves min(D (1 - s/S),
+  A) + min(K (1 - s/S), E) of its dispatches D and combines K; the low-latency kernels take none.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from sim.cost.expert_parallel import (
     COMM_SMS,
     all_to_all_links,
     dispatch_bytes_per_element,
-    eplb_rank_loads,
+    expert_loads,
     low_latency_step,
     sharded_experts,
 )
@@ -217,16 +218,6 @@ def pipeline_seconds(stage_s: list[float], batches: int, in_flight: int) -> floa
     return done[-1] if done else 0.0
 
 
-def expert_loads(num_experts: int, ep: int, skew: float, redundant: int = 0) -> np.ndarray:
-    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously,
-    or with `redundant` experts as EPLB places them (sim/cost/expert_parallel.py)."""
-    weights = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
-    weights /= weights.sum()
-    if redundant:
-        return eplb_rank_loads(weights, ep, redundant)
-    return weights.reshape(ep, num_experts // ep).sum(axis=1)
-
-
 @dataclass
 class StepBreakdown:
     """One step under a placement, per rank: what `sim step` shows."""
@@ -306,7 +297,7 @@ class ParallelCost:
         compute_bound = bool(runs[rank_s.index(attn)][1])
         tokens = float(c.sum())
         moe_layers = [m.num_moe_layers * n / m.num_layers for n in self.layers]  # pro rata per stage
-        dispatch = combine = skew = 0.0
+        dispatch = combine = skew = moe = 0.0
         free = 1.0  # share of the SMs the compute keeps while the all-to-all runs
         expert_rank: list[float] = []
         if p.ep > 1 and tokens > 0:
@@ -319,6 +310,8 @@ class ParallelCost:
             dispatch, combine = (self._all_to_all(mode, tokens, b) for b in (elem, ACT_BYTES))
             expert_rank = [self._expert_seconds(routed * share) for share in self.loads]
             skew = max(expert_rank) - float(np.mean(expert_rank))
+            if p.two_batch_overlap:  # both micro-batches' expert GEMMs a MoE layer, the mean EP rank's
+                moe = 2.0 * float(np.mean([self._expert_seconds(routed / 2 * x) for x in self.loads]))
         gather = group_reads = 0.0
         if p.ep == 1 and p.dp > 1 and m.num_experts and tokens > 0:  # experts TP-sharded over the dp ranks
             own, b = float(rows[rank_s.index(attn)][0].sum()), self.rank_base
@@ -329,8 +322,12 @@ class ParallelCost:
         layers = zip(self.layers, moe_layers, strict=True)
         stage_s, overlap = [], []
         for n, k in layers:
-            compute, comm = attn * n / m.num_layers, k * (dispatch + combine)
-            hidden = min(compute, comm * free) if p.two_batch_overlap else 0.0
+            compute, experts = attn * n / m.num_layers, 0.0
+            if p.two_batch_overlap:  # dispatch behind the other micro-batch's attention, combine its experts
+                experts = min(k * moe, compute)
+                hidden = min(k * dispatch * free, compute - experts) + min(k * combine * free, experts)
+            else:
+                hidden = 0.0
             stage_s.append(compute + k * per_moe - hidden)
             overlap.append(hidden)
         send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
