@@ -10,7 +10,8 @@ Sources, read from their primary texts:
 - DeepSeek, "Day 6: One More Thing, DeepSeek-V3/R1 Inference System Overview" (deepseek-ai/open-infra-index,
   202502OpenSourceWeek/day_6_one_more_thing_deepseekV3R1_inference_system_overview.md): H800; prefill EP32 /
   DP32 on 4 nodes, decode EP144 / DP144 on 18 nodes; 56.3% of input tokens hit the KV cache; the mean KV
-  length per output token 4,989; matmuls and dispatch in FP8; dual micro-batch overlap.
+  length per output token 4,989; matmuls and dispatch in FP8; dual micro-batch overlap. Its profile
+  (deepseek-ai/profile-data README) states its own setups, and LMSYS derives per-node throughputs from it.
 
 Each row is one step of the placement's cost model (sim/cost/parallel.py over the engine's roofline), per
 node: 8 GPUs x the tokens one attention rank takes in a step / the step's seconds, without and with two-batch
@@ -111,10 +112,24 @@ DEEPEP = {"ep_all_to_all": "deepep_auto", "ep_dispatch_dtype": "fp8", "ep_redund
 H800 = {**DEEPEP, "intra_node_link": "nvlink-4-h800"}
 
 
+def _with(s: Setup, **change: Any) -> Setup:
+    return Setup(**{**s.__dict__, **change})
+
+
 def _ep(ep: int, **keys: Any) -> Placement:
     return Placement(1, 1, ep, ep, **keys)
 
 
+# DeepSeek's profile (deepseek-ai/profile-data README: prefill EP32 TP1, 4K prompts, 16K tokens a GPU;
+# decode EP128 TP1, 128 requests a GPU, 4K prompts; "an absolutely balanced MoE routing"), the throughputs
+# per node as LMSYS derives them from it (its blog's "Profile Results" tables: 62,713 and 18,598).
+PROFILE_SETUPS = [
+    Setup("DeepSeek profile prefill, 4,096-token prompts", 62_713, "H800-SXM", _ep(32, **H800), 4096, 0, 4,
+          4096, "EP32 DP32, 32 redundant; 4 prompts of 4,096 = 16,384 tokens per rank, none cached"),
+    Setup("DeepSeek profile decode, KV 4,096", 18_598, "H800-SXM",
+          _ep(128, **{**H800, "ep_redundant_experts": 0}), 1, 4096, 128, 1,
+          "EP128 DP128 on 16 nodes, no redundant experts; 128 sequences per rank"),
+]
 SETUPS = [
     Setup("SGLang prefill, 2,000-token prompts", 52_300, "H100-SXM", _ep(32, **DEEPEP), 2000, 0, 8,
           2000, "EP32 DP32 on 4 nodes, 32 redundant experts; 8 prompts of 2,000 = 16,000 tokens per rank"),
@@ -125,6 +140,7 @@ SETUPS = [
           f"EP32 DP32, 32 redundant; 9 prompts of {DS_PROMPT} per rank, {DS_PROMPT - DS_NEW} of each cached"),
     Setup("DeepSeek decode, KV 4,989", 14_800, "H800-SXM", _ep(144, **H800), 1, 4989, 128, 1,
           "EP144 DP144 on 18 nodes, 32 redundant; 128 sequences per rank (LMSYS's reading)"),
+    *PROFILE_SETUPS,
 ]
 # The same figures under the rule before DeepEP and EPLB (`--old`): EP64 and EP128 for EP72 and EP144.
 OLD_SETUPS = [
@@ -137,6 +153,7 @@ OLD_SETUPS = [
           f"EP32 DP32; 9 prompts of {DS_PROMPT} per rank, {DS_PROMPT - DS_NEW} of each cached (56.3%)"),
     Setup("DeepSeek decode, KV 4,989", 14_800, "H800-SXM", Placement(1, 1, 128, 128), 1, 4989, 128, 1,
           "EP144 not expressible: EP128 DP128 on 16 nodes; 128 sequences per rank (LMSYS's reading)"),
+    *(_with(x, placement=Placement(1, 1, x.placement.ep, x.placement.ep)) for x in PROFILE_SETUPS),
 ]
 # The baseline of SGLang's EP gain, as the blog states it: "TP16 x 6 ... a TP size of 16 and DP attention",
 # two nodes a group: attention data-parallel over 16 ranks, each at the sequences its own KV holds, and the
@@ -144,10 +161,6 @@ OLD_SETUPS = [
 # reduce-scatters them back), against the EP decode row above.
 TP16 = Setup("SGLang TP16 baseline, decode", 0, "H100-SXM", Placement(1, 1, 1, 16), 1, 2000, 0, 1,
              "TP 16 experts with DP attention on two nodes")
-
-
-def _with(s: Setup, **change: Any) -> Setup:
-    return Setup(**{**s.__dict__, **change})
 
 
 def _tbo(s: Setup) -> Setup:
