@@ -184,11 +184,13 @@ def test_deepseek_published_runs_the_sources_ep_degrees_with_deepep_and_eplb() -
     """The sources' placements as stated: EP32 prefill, EP72 and EP144 decode, expressible with 32 redundant
     experts; DeepEP's kernels and FP8 dispatch. `--old` keeps the rows of the per-expert rule."""
     ds = _load("deepseek_published")
-    assert [s.placement.ep for s in ds.SETUPS] == [32, 72, 32, 144]
+    assert [s.placement.ep for s in ds.SETUPS] == [32, 72, 32, 144, 32, 128]
     for s in ds.SETUPS:
         p = s.placement
-        assert (p.ep_all_to_all, p.ep_dispatch_dtype, p.ep_redundant_experts) == ("deepep_auto", "fp8", 32)
-    assert [s.placement.ep for s in ds.OLD_SETUPS] == [32, 64, 32, 128]
+        assert (p.ep_all_to_all, p.ep_dispatch_dtype) == ("deepep_auto", "fp8")
+    # 32 redundant experts (SGLang's, DeepSeek's production); DeepSeek's EP128 decode profile has none
+    assert [s.placement.ep_redundant_experts for s in ds.SETUPS] == [32, 32, 32, 32, 32, 0]
+    assert [s.placement.ep for s in ds.OLD_SETUPS] == [32, 64, 32, 128, 32, 128]
     new, old = ds.rows(), ds.rows(ds.OLD_SETUPS)
     assert new[0]["dispatch_ms_per_layer"] < old[0]["dispatch_ms_per_layer"] / 4  # per node, FP8
     assert old[0]["dispatch_ms_per_layer"] == old[0]["combine_ms_per_layer"]  # the old rule: both BF16
