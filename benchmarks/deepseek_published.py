@@ -41,7 +41,8 @@ from sim.catalog.links import get_link
 from sim.catalog.models import load_model
 from sim.config.calibration import Calibration
 from sim.cost.expert_parallel import all_to_all_links, dispatch_bytes_per_element
-from sim.cost.parallel import ParallelCost, Placement, all_to_all_seconds, check_placement, rank_memory
+from sim.cost.parallel import ParallelCost, all_to_all_seconds
+from sim.cost.placement import Placement, check_placement, rank_memory
 from sim.cost.roofline import CostModel
 
 MODEL = "deepseek-v3"

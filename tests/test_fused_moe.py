@@ -15,7 +15,8 @@ from sim.config.calibration import KernelCalibration
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.kernels import fused_moe, fused_moe_flops, fused_moe_seconds, moe_format
 from sim.cost.moe_fit import fit_moe, leave_one_moe_gpu_out, moe_data, predict_moe
-from sim.cost.parallel import ParallelCost, Placement
+from sim.cost.parallel import ParallelCost
+from sim.cost.placement import Placement
 from sim.cost.roofline import CostModel
 from sim.cost.step_model import expected_distinct_experts
 

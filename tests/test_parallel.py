@@ -21,15 +21,12 @@ from sim.config.scenario import load_scenario
 from sim.cost.expert_parallel import distinct_destinations, eplb_rank_loads, expert_loads
 from sim.cost.parallel import (
     ParallelCost,
-    Placement,
     StepBreakdown,
     all_to_all_seconds,
-    check_placement,
     pipeline_seconds,
-    rank_memory,
-    stage_layers,
     wrap_step_time,
 )
+from sim.cost.placement import Placement, check_placement, rank_memory, stage_layers
 from sim.cost.roofline import CostModel
 from sim.cost.step_model import expected_distinct_experts
 from sim.io.errors import SimError
@@ -65,6 +62,7 @@ def test_bad_placement_keys_name_the_key(override: str, key: str) -> None:
         ("llama-3.1-8b", Placement(tp=3), "g.tp", "divide"),
         ("llama-3.1-8b", Placement(pp=33), "g.pp", "layers"),
         ("llama-3.1-8b", Placement(dp=2, ep=2), "g.ep", "dense"),
+        ("llama-3.1-8b", Placement(dp=2), "g.dp", "independent engines"),
         ("deepseek-v3", Placement(tp=2, dp=4, ep=4), "g.ep", "tp x dp"),
         ("deepseek-v3", Placement(tp=1, dp=3, ep=3), "g.ep", "256 experts"),
     ],

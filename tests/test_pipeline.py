@@ -21,7 +21,8 @@ from sim.cli import app
 from sim.config.policies import VllmConfig
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
-from sim.cost.parallel import ParallelCost, Placement
+from sim.cost.parallel import ParallelCost
+from sim.cost.placement import Placement
 from sim.cost.roofline import CostModel
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.vllm.scheduler import VllmScheduler

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from sim.cli import app
 from sim.config.scenario import load_scenario
-from sim.cost.parallel import ParallelCost, Placement
+from sim.cost.parallel import ParallelCost
+from sim.cost.placement import Placement
 from sim.io.errors import SimError
 from sim.studies import plan, plan_space
 from sim.studies.plan_options import placement_options

@@ -62,7 +62,7 @@ def capacity(
     ),
 ) -> None:
     """KV-cache capacity: weights, reserve, KV blocks and the sequences that fit, with the arithmetic."""
-    from sim.cost.parallel import Placement
+    from sim.cost.placement import Placement
     from sim.report.capacity import print_capacity
 
     placement = Placement(tp, pp, ep, dp, None, gpus_per_node, expert_skew,
@@ -123,7 +123,7 @@ def step(
 ) -> None:
     """One step's time as the engine charges it, and its kernel-by-kernel breakdown (kernel profiles)."""
     from sim.catalog.quantisation import check_format_options
-    from sim.cost.parallel import Placement
+    from sim.cost.placement import Placement
     from sim.report.step import print_step
 
     check_format_options(weight_dtype, kv_dtype, weight_group_size)

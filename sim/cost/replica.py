@@ -14,7 +14,7 @@ from sim.config.calibration import Calibration
 from sim.config.scenario import Scenario
 from sim.cost.engine_profile import ProfiledCost
 from sim.cost.memory import KvBudget, check_kv_blocks, replica_kv_memory
-from sim.cost.parallel import Placement, check_placement, rank_memory
+from sim.cost.placement import Placement, check_placement, rank_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
 
@@ -32,7 +32,7 @@ def build_cost_and_memory(
     engine: str = DEFAULT_ENGINE,
 ) -> tuple[CostModel, KvBudget, dict[str, Any]]:
     """The replica's cost model and KV budget, and the memory figures for the summary; a `placement`
-    beyond TP (sim/cost/parallel.py, its keys under `where`) takes the KV budget of its ranks. `engine`
+    beyond TP (sim/cost/placement.py, its keys under `where`) takes the KV budget of its ranks. `engine`
     other than today's costs the steps with that engine's profile (`profiled_cost`)."""
     m = scenario.model
     try:

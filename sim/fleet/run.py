@@ -26,7 +26,8 @@ from sim.config.cluster import ClusterSection
 from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.cost.memory import KvBudget, replica_kv_memory
-from sim.cost.parallel import group_placement, wrap_step_time
+from sim.cost.parallel import wrap_step_time
+from sim.cost.placement import group_placement
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
 from sim.engine.closed_loop import ClosedLoopSource

@@ -17,7 +17,8 @@ from sim.catalog.models import load_model
 from sim.catalog.quantisation import checkpoint_format_problem
 from sim.config.calibration import Calibration
 from sim.cost.memory import GB
-from sim.cost.parallel import ParallelCost, Placement, check_placement, rank_memory
+from sim.cost.parallel import ParallelCost
+from sim.cost.placement import Placement, check_placement, rank_memory
 from sim.cost.roofline import CostModel
 from sim.io.errors import SimError
 

@@ -26,7 +26,7 @@ from typing import Any
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import resolve
 from sim.config.scenario import Scenario
-from sim.cost.parallel import Placement, group_placement
+from sim.cost.placement import Placement, group_placement
 from sim.io.errors import SimError
 from sim.studies.plan_placements import placement_text
 

@@ -6,7 +6,7 @@ runs as `D` data-parallel ranks, each with its own KV (vLLM's `--enable-expert-p
 --data-parallel-size D`). Every placement of the grid is within `--nodes` nodes of `--gpus-per-node` GPUs
 (plain TP included: one node of 8 by default); TP stays within a node (a degree past `--gpus-per-node` is
 refused: the all-reduce is costed on the node's link). A placement is checked as a scenario's
-`[[cluster.groups]]` table is (`GroupSection`, then `sim.cost.parallel.check_placement`); its memory per rank
+`[[cluster.groups]]` table is (`GroupSection`, then `sim.cost.placement.check_placement`); its memory per rank
 (`rank_memory`) and its step cost (`ParallelCost`) come from the same code a run uses.
 """
 
@@ -22,7 +22,8 @@ from pydantic import ValidationError
 from sim.catalog.models import load_model
 from sim.config.cluster import GroupSection
 from sim.config.scenario import Scenario
-from sim.cost.parallel import ParallelCost, Placement, check_placement
+from sim.cost.parallel import ParallelCost
+from sim.cost.placement import Placement, check_placement
 from sim.io.errors import SimError
 
 DEFAULT_GPUS_PER_NODE = GroupSection.model_fields["gpus_per_node"].default

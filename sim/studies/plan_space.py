@@ -18,7 +18,7 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.scenario import Scenario
 from sim.cost.memory import check_tp
-from sim.cost.parallel import Placement
+from sim.cost.placement import Placement
 from sim.cost.replica import build_cost_and_memory
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError

@@ -23,7 +23,7 @@ import numpy as np
 from sim.config.lengths import mean_of
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.workload import DEFAULT_MAX_TOKENS, WorkloadConfig
-from sim.cost.parallel import group_placement
+from sim.cost.placement import group_placement
 from sim.cost.replica import build_cost_and_memory
 from sim.io.errors import SimError
 from sim.io.limits import MAX_KV_BLOCKS, RUN_MAX_KV_BLOCKS, RUN_MAX_REQUESTS, RUN_MAX_TOKENS

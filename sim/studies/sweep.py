@@ -47,7 +47,7 @@ from rich.progress import (
 
 from sim.config.scenario import Scenario, apply_overrides, parse_override, read_toml, validate_scenario
 from sim.config.sweep import SweepConfig, parse_sweep
-from sim.cost.parallel import group_placement
+from sim.cost.placement import group_placement
 from sim.io.errors import SimError
 from sim.io.fingerprint import simulator_fingerprint
 from sim.io.outputs import atomic_write, path_component, remove_leftovers, writing
