@@ -352,6 +352,7 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         "chunking",
         "steps",
         "moe_held_out",
+        "serving_ratios",
     }
     assert set(out["held_out"]) == {"aiconfigurator", "profiles"}
     res = CliRunner().invoke(app, ["kernels", "--write", str(tmp_path / "k.toml")])
@@ -361,6 +362,21 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert res.exit_code == 2 and "error:" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["kernels", "--import-aiconfigurator", str(tmp_path)])
     assert res.exit_code == 2 and "aiconfigurator_core" in res.output and "Traceback" not in res.output
+
+
+def test_serving_ratios_set_each_gpus_gemm_efficiencies_against_the_h100s() -> None:
+    """aiconfigurator's GEMMs, the shapes every GPU has: each GPU's weight streaming (a fixed cost + bytes /
+    bandwidth reproduces its memory-bound GEMMs) and compute efficiency, over the H100's. The A100 streams its
+    weights at about 0.83 of the H100's efficiency, the L40S computes at about 0.77 of it."""
+    from sim.cost.gemm_fit import serving_ratios
+
+    rows = {r["gpu"]: r for r in serving_ratios()}
+    assert set(rows) == {"h200", "h100", "a100", "l40s", "b200"}
+    assert rows["h100"]["stream_ratio"] == rows["h100"]["compute_ratio"] == 1.0
+    for r in rows.values():
+        assert 0.3 < r["stream_eff"] <= 1.0 and 0.3 < r["compute_eff"] <= 1.0 and r["fixed_s"] >= 0
+        assert r["stream_median_err_pct"] < 10 and r["stream_shapes"] > 100 and r["compute_shapes"] > 50
+    assert 0.78 < rows["a100"]["stream_ratio"] < 0.88 and 0.72 < rows["l40s"]["compute_ratio"] < 0.82
 
 
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:

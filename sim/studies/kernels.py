@@ -24,6 +24,7 @@ from sim.cost.gemm_fit import (
     fit_gemm,
     generation,
     leave_one_gpu_out,
+    serving_ratios,
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
@@ -161,7 +162,7 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
             "allreduce_vidur": allreduce_table(), "attention": attention_table(),
             "chunking": chunking_table(), "steps": steps_table(steps_cal),
-            "moe_held_out": leave_one_moe_gpu_out()}  # fmt: skip
+            "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": serving_ratios()}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
