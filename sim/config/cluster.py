@@ -50,7 +50,7 @@ class GroupSection(_Table):
     policy: str | None = Field(None, description="A [policies] table (default: the policy being run).")
     pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages (layers split across them).")
     ep: int = Field(1, ge=1, le=1024, description="Expert-parallel ranks: 1 (experts TP-sharded) or tp x dp.")
-    dp: int = Field(1, ge=1, le=1024, description="Data-parallel attention ranks, each with its own KV.")
+    dp: int = Field(1, ge=1, le=1024, description="DP attention ranks (MoE models), each with its own KV.")
     nodes: int | None = Field(None, ge=1, le=512, description="Nodes (default: enough for tp x pp x dp).")
     gpus_per_node: int = Field(8, ge=1, le=72, description="GPUs per node (an NVLink domain).")
     expert_skew: float = Field(
