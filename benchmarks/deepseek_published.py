@@ -192,8 +192,9 @@ def rows(setups: list[Setup] | None = None) -> list[dict[str, Any]]:
         "setup": f"TP16 experts with DP16 attention on two nodes, {tp.rows_per_rank} sequences of KV 2,000 a "
                  f"rank (all its KV holds); EP{ep.placement.ep} at 256 a rank",
     })  # fmt: skip
-    for s, published in ((setups[0], 1.49), (setups[1], 2.54)):
-        out.append(_eplb_row(s, published, old))
+    skew = 1.0 if old else fitted_skew(setups[1])
+    for s, published in ((setups[0], 1.49), (setups[1], EPLB_DECODE)):
+        out.append(_eplb_row(s, published, old, skew))
     for s, low, high in ((setups[0], 1.27, 1.35), (setups[1], 1.255, 1.255)):
         gain = per_node(_tbo(s)) / per_node(s)
         out.append({
@@ -204,19 +205,39 @@ def rows(setups: list[Setup] | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def _eplb_row(s: Setup, published: float, old: bool) -> dict[str, Any]:
-    """EPLB's gain under a Zipf(1.0) gate: with the setup's redundant experts over none (EP72's decode row
-    against EP64 without, the nearest placement 256 experts divide); the old rows: a balanced gate over it."""
+def _eplb_gains(s: Setup, skew: float) -> tuple[float, float]:
+    """EPLB's gain, plain and with TBO, under a Zipf(`skew`) gate: with the setup's redundant experts over
+    none (EP72's decode row against EP64 without, the nearest placement 256 experts divide)."""
+    ep64 = Placement(**{**_fields(s.placement), "ep": 64, "dp": 64})
+    none = s if s.placement.ep == 32 else _with(s, placement=ep64)
+    plain, tbo = (per_node(x, skew=skew) / per_node(y, skew=skew, redundant=0)
+                  for x, y in ((s, none), (_tbo(s), _tbo(none))))  # fmt: skip
+    return plain, tbo
+
+
+EPLB_DECODE = 2.54  # SGLang's EPLB gain in decode: the figure the gate's exponent is fitted to
+
+
+def fitted_skew(s: Setup, target: float = EPLB_DECODE) -> float:
+    """The Zipf exponent at which EPLB's decode gain with TBO is `target` (the gain grows with it), by
+    bisection: SGLang publishes no gate distribution, so one figure fixes it and the other checks it."""
+    lo, hi = 0.0, 2.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _eplb_gains(s, mid)[1] < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _eplb_row(s: Setup, published: float, old: bool, skew: float = 1.0) -> dict[str, Any]:
+    """EPLB's gain under a Zipf(`skew`) gate (`_eplb_gains`); the old rows: a balanced gate over Zipf(1.0)."""
     if old:
         gain, gain_tbo = (per_node(x) / per_node(x, skew=1.0) for x in (s, _tbo(s)))
         setup = "balanced gate over a Zipf(1.0) one (the exponent is not published)"
     else:
-        ep64 = Placement(**{**_fields(s.placement), "ep": 64, "dp": 64})
-        none = s if s.placement.ep == 32 else _with(s, placement=ep64)
-        gain, gain_tbo = (per_node(x, skew=1.0) / per_node(y, skew=1.0, redundant=0)
-                          for x, y in ((s, none), (_tbo(s), _tbo(none))))  # fmt: skip
-        setup = (f"Zipf(1.0) gate: EP{s.placement.ep} with 32 redundant experts over EP{none.placement.ep} "
-                 "with none (the exponent is not published)")  # fmt: skip
+        gain, gain_tbo = _eplb_gains(s, skew)
+        role = "fitted to this row's gain with TBO" if s.new == 1 else "the decode row's fit, checked here"
+        setup = (f"Zipf({skew:.3f}) gate ({role}): EP{s.placement.ep} with 32 redundant experts over the "
+                 "same placement with none (EP64 for EP72)")  # fmt: skip
     return {
         "figure": f"EPLB gain, {'prefill' if s.new > 1 else 'decode'}", "source": published,
         "sim": round(gain, 3), "sim_tbo": round(gain_tbo, 3), "ratio": round(gain / published, 3),

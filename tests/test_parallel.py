@@ -174,6 +174,10 @@ def test_balanced_experts_cost_one_rank_and_skew_raises_to_the_busiest() -> None
     assert skewed.skew_s > 0 and skewed.seconds > flat.seconds
     loads = expert_loads(256, 16, 1.0)
     assert loads.sum() == pytest.approx(1.0) and loads[0] == loads.max() > 1 / 16
+    # the all-to-all ends when the busiest receiver has its tokens: its bytes, max share x ep of the mean's
+    ib, moved = get_link("infiniband-ndr"), c.sum() / 16 * ds.experts_per_token * ds.hidden_size * 2 * 15 / 16
+    assert flat.dispatch_s == pytest.approx(all_to_all_seconds(moved, ib))
+    assert skewed.dispatch_s == pytest.approx(all_to_all_seconds(loads.max() * 16 * moved, ib))
 
 
 def test_dp_attention_waits_for_the_slowest_rank() -> None:

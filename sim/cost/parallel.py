@@ -15,10 +15,12 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
 - EP: per MoE layer a dispatch and a combine all-to-all of each rank's routed tokens, under the rule of
   `ep_all_to_all` (sim/cost/expert_parallel.py: `per_expert`, `tokens x top_k x hidden x 2 B x (ep - 1) / ep`
   over one link, or DeepEP's kernels, per destination node and rank), the dispatch in `ep_dispatch_dtype`
-  and the combine in bf16; and the expert GEMMs of the busiest rank over the tokens routed to it: under
-  a skewed gate (`expert_skew`, Zipf over experts laid out contiguously on ranks) the step rises by the
-  busiest rank's expert time less the mean rank's (balanced experts add nothing over `base`); with
-  `ep_redundant_experts`, EPLB's placement of replicas sets each rank's share (sim/cost/expert_parallel.py).
+  and the combine in bf16, its bytes those of the rank that receives most (max share x ep of the mean's:
+  the all-to-all ends when the busiest receiver has its tokens); and the expert GEMMs of the busiest rank
+  over the tokens routed to it: under a skewed gate (`expert_skew`, Zipf over experts laid out contiguously
+  on ranks) the step rises by the busiest rank's expert time less the mean rank's (balanced experts add
+  nothing over `base`); with `ep_redundant_experts`, EPLB's placement of replicas sets each rank's share
+  (sim/cost/expert_parallel.py).
 - DP attention over experts tensor-parallel on the stage's GPUs (`dp > 1`, `ep = 1`, vLLM's default): per
   MoE layer an all-gather of the step's tokens and a reduce-scatter back, and the reads of the experts the
   step's tokens touch beyond the slowest rank's own (sim/cost/expert_parallel.py, `sharded_experts`).
@@ -204,13 +206,15 @@ class ParallelCost:
         at `elem` bytes per hidden element; under two-batch overlap two, each of half the tokens."""
         p, m = self.p, self.model
         parts = 2 if p.two_batch_overlap else 1
+        busiest = float(self.loads.max()) * p.ep  # the rank receiving most, over the mean (1: balanced)
         if mode == "per_expert":  # every (token, expert) pair, all over the EP link
             per_rank = tokens * m.experts_per_token / p.dp
-            nbytes = per_rank * m.hidden_size * elem * (p.ep - 1) / p.ep
+            nbytes = busiest * per_rank * m.hidden_size * elem * (p.ep - 1) / p.ep
             if parts == 1:
                 return all_to_all_seconds(nbytes, self.ep_link)
             return parts * all_to_all_seconds(nbytes / parts, self.ep_link)
         nvl, ib = all_to_all_links(m, mode, tokens / p.dp / parts, p.ep, p.gpus_per_node, elem)
+        nvl, ib = busiest * nvl, busiest * ib
         one = max(all_to_all_seconds(nvl, self.intra), all_to_all_seconds(ib, self.inter) if ib else 0.0)
         return parts * one
 
