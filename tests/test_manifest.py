@@ -258,6 +258,27 @@ def test_terminate_signal_lets_the_clean_up_run(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_interrupt_hooks_run_when_the_signal_arrives_before_anything_unwinds() -> None:
+    """`on_interrupt`: a hook runs at the signal, while the block is still running (a dask client's loggers
+    are quieted before its futures are cancelled), and no longer once its block is left."""
+    import os
+    import signal
+
+    from sim.io.outputs import exit_on_terminate, on_interrupt
+
+    seen: list[str] = []
+    hook = on_interrupt(lambda: seen.append("hook"))
+    with pytest.raises(KeyboardInterrupt), exit_on_terminate(), hook:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            seen.append("unwound")
+    assert seen == ["hook", "unwound"]
+    with pytest.raises(SystemExit), exit_on_terminate():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert seen == ["hook", "unwound"]
+
+
 def test_a_run_beside_a_sweep_of_the_same_scenario_is_not_called_a_different_scenario(
     tmp_path: Path,
 ) -> None:

@@ -221,6 +221,8 @@ def exit_on_terminate() -> Iterator[None]:
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        for hook in list(_ON_INTERRUPT):
+            hook()
         if _HELD["depth"]:
             _HELD["pending"] = signum
             return
@@ -232,6 +234,22 @@ def exit_on_terminate() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+# What runs the moment SIGTERM or Ctrl-C arrives, before the exit unwinds (`on_interrupt`).
+_ON_INTERRUPT: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def on_interrupt(hook: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, `hook()` is called as soon as an interrupt arrives under `exit_on_terminate`,
+    before anything unwinds: for work on other threads that the unwinding disturbs (a dask client's
+    connections, whose loop thread would log each dropped one)."""
+    _ON_INTERRUPT.append(hook)
+    try:
+        yield
+    finally:
+        _ON_INTERRUPT.remove(hook)
 
 
 # Interrupts held while a file is put in place: how deep the writes nest, and the signal that came meanwhile.

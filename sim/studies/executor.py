@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.io.errors import SimError
+from sim.io.outputs import on_interrupt
 from sim.studies.points import Task, run_point, write_point
 
 
@@ -26,6 +27,12 @@ def check_executor(kind: str, address: str | None) -> None:
 # Loggers that print a traceback for each connection a stopped client drops (tornado's callback errors,
 # distributed's comm errors): after an interrupt the user asked for, those are not errors to show.
 DASK_TEARDOWN_LOGGERS = ("tornado.application", "distributed", "asyncio")
+
+
+def quiet_dask_teardown() -> None:
+    """Silence the loggers that print a traceback for each connection a stopped dask client drops."""
+    for name in DASK_TEARDOWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 @contextmanager
@@ -48,10 +55,10 @@ def open_executor(kind: str, jobs: int, address: str | None) -> Iterator[Executo
         except ValueError as err:
             raise SimError(f"--address {address}: not a dask scheduler address ({err})") from None
         try:
-            yield client.get_executor()
+            with on_interrupt(quiet_dask_teardown):  # quiet before the futures are cancelled, not after
+                yield client.get_executor()
         except BaseException:  # interrupted: the connections close mid-message, which is expected now
-            for name in DASK_TEARDOWN_LOGGERS:
-                logging.getLogger(name).setLevel(logging.CRITICAL)
+            quiet_dask_teardown()
             raise
         finally:
             client.close()
