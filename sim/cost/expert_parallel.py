@@ -55,6 +55,7 @@ import numpy as np
 
 from sim.catalog.links import Link
 from sim.catalog.model import ModelSpec
+from sim.cost.kernels import ACT_BYTES  # 16-bit activations
 from sim.cost.step_model import expected_distinct_experts
 
 ALL_TO_ALL = ("per_expert", "deepep_normal", "deepep_low_latency", "deepep_auto")
@@ -153,14 +154,19 @@ def eplb_rank_loads(logical: np.ndarray, ep: int, redundant: int) -> np.ndarray:
     return ranks
 
 
+def all_to_all_seconds(nbytes: float, link: Link) -> float:
+    """One all-to-all message of `nbytes` per GPU over `link`: latency + bytes / bandwidth."""
+    return link.latency_s + nbytes / link.bandwidth
+
+
 def sharded_experts(
     model: ModelSpec, tokens: float, own: float, dp: int, expert_bytes: float, bytes_per_s: float, link: Link
 ) -> tuple[float, float]:
     """(all-gather plus reduce-scatter, expert reads beyond the slowest rank's) seconds per MoE layer of a
     step of `tokens` over `dp` attention ranks, `own` of them the slowest rank's; `expert_bytes` one expert's
     shard on a GPU, read at `bytes_per_s`."""
-    moved = tokens * model.hidden_size * 2.0 * (dp - 1) / dp  # 16-bit activations
-    gather = 2.0 * (link.latency_s + moved / link.bandwidth)
+    moved = tokens * model.hidden_size * ACT_BYTES * (dp - 1) / dp
+    gather = 2.0 * all_to_all_seconds(moved, link)
     touched = expected_distinct_experts(model.num_experts, model.experts_per_token, tokens)
     already = expected_distinct_experts(model.num_experts, model.experts_per_token, own)
     return gather, (touched - already) * expert_bytes / bytes_per_s

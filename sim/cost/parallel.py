@@ -44,11 +44,12 @@ from typing import Any
 import numpy as np
 
 from sim.catalog.gpus import Gpu
-from sim.catalog.links import Link, get_link
+from sim.catalog.links import get_link
 from sim.catalog.model import ModelSpec
 from sim.cost.expert_parallel import (
     COMM_SMS,
     all_to_all_links,
+    all_to_all_seconds,
     dispatch_bytes_per_element,
     expert_loads,
     low_latency_step,
@@ -56,11 +57,6 @@ from sim.cost.expert_parallel import (
 )
 from sim.cost.kernels import ACT_BYTES  # activations sent between stages and in the all-to-all: 16-bit
 from sim.cost.placement import Placement, stage_layers
-
-
-def all_to_all_seconds(nbytes: float, link: Link) -> float:
-    """One all-to-all message of `nbytes` per GPU over `link`: latency + bytes / bandwidth."""
-    return link.latency_s + nbytes / link.bandwidth
 
 
 def pipeline_seconds(stage_s: list[float], batches: int, in_flight: int) -> float:
@@ -123,6 +119,7 @@ class ParallelCost:
             expert_loads(model.num_experts, p.ep, p.expert_skew, p.ep_redundant_experts) if p.ep > 1
             else np.ones(1)
         )  # fmt: skip
+        self.busiest = float(self.loads.max()) * p.ep  # the rank receiving most, over the mean (1: balanced)
 
     def _expert_seconds(self, routed_tokens: float) -> float:
         """Expert GEMMs of one MoE layer over `routed_tokens` (token x expert pairs) on one rank:
@@ -185,12 +182,10 @@ class ParallelCost:
         layers = zip(self.layers, moe_layers, strict=True)
         stage_s, overlap = [], []
         for n, k in layers:
-            compute, experts = attn * n / m.num_layers, 0.0
+            compute, hidden = attn * n / m.num_layers, 0.0
             if p.two_batch_overlap:  # dispatch behind the other micro-batch's attention, combine its experts
                 experts = min(k * moe, compute)
                 hidden = min(k * dispatch * free, compute - experts) + min(k * combine * free, experts)
-            else:
-                hidden = 0.0
             stage_s.append(compute + k * per_moe - hidden)
             overlap.append(hidden)
         send = self.pp_link.latency_s + tokens * m.hidden_size * ACT_BYTES / self.pp_link.bandwidth
@@ -206,7 +201,7 @@ class ParallelCost:
         at `elem` bytes per hidden element; under two-batch overlap two, each of half the tokens."""
         p, m = self.p, self.model
         parts = 2 if p.two_batch_overlap else 1
-        busiest = float(self.loads.max()) * p.ep  # the rank receiving most, over the mean (1: balanced)
+        busiest = self.busiest
         if mode == "per_expert":  # every (token, expert) pair, all over the EP link
             per_rank = tokens * m.experts_per_token / p.dp
             nbytes = busiest * per_rank * m.hidden_size * elem * (p.ep - 1) / p.ep
