@@ -8,6 +8,9 @@ efficiencies are fractions of that GPU's own catalog peaks (16-bit FLOP/s, HBM b
 are seconds, carried as they are. The rule is tested by leaving each profiled GPU out and predicting its
 kernels (`sim kernels`, docs/fidelity.md).
 
+The engine's efficiencies, fitted on H100 runs, are scaled on each GPU by its kernels' efficiencies over the
+H100's (`[serving."<name>"]`, sim.cost.serving_ratios), by the same rule for a GPU without tables.
+
 All-reduce fits per profiled GPU's node (`[nccl.<folder>]`, `[custom_allreduce.<folder>]`); a GPU without one
 takes the node of its NVLink generation (an 8-GPU NVSwitch board, as SXM parts are sold)."""
 
@@ -41,21 +44,34 @@ def generation(gpu: Gpu) -> str | None:
     return None if gpu.name.startswith("MI") else str(int(gpu.compute_capability))
 
 
+def _by_rule(gpu: Gpu, own: str, by_generation: str, pooled: str, what: str) -> tuple[dict[str, float], str]:
+    """(table, where it comes from) for `gpu`: its own (`[own."<name>"]`), else its generation's pool
+    (`[by_generation."<major>"]`), else the pool of every profiled GPU (`[pooled]`)."""
+    table = _table()
+    mine = table.get(own, {}).get(gpu.name)  # type: ignore[union-attr]
+    if mine is not None:
+        return {k: float(v) for k, v in mine.items()}, f"{what} the {gpu.name}'s kernel profile"
+    gen = table.get(by_generation, {}).get(generation(gpu) or "")  # type: ignore[union-attr]
+    if gen is not None:
+        return {k: float(v) for k, v in gen.items()}, (
+            f"{what} the profiled GPUs of compute capability {generation(gpu)}.x, pooled (transfer rule)"
+        )
+    every = table[pooled]
+    assert isinstance(every, dict)
+    return {k: float(v) for k, v in every.items()}, f"{what} every profiled GPU, pooled (transfer rule)"
+
+
 def kernel_gpu_params(gpu: Gpu) -> tuple[dict[str, float], str]:
     """(parameters, where they come from) for `gpu`: its own fit, else its generation's pool, else the
     pool of every profiled GPU."""
-    table = _table()
-    own = table.get("gpus", {}).get(gpu.name)  # type: ignore[union-attr]
-    if own is not None:
-        return {k: float(v) for k, v in own.items()}, f"fitted to the {gpu.name} kernel profile"
-    gen = table.get("generation", {}).get(generation(gpu) or "")  # type: ignore[union-attr]
-    if gen is not None:
-        return {k: float(v) for k, v in gen.items()}, (
-            f"pooled fit over the profiled GPUs of compute capability {generation(gpu)}.x (transfer rule)"
-        )
-    pooled = table["pooled"]
-    assert isinstance(pooled, dict)
-    return {k: float(v) for k, v in pooled.items()}, "pooled fit over the profiled GPUs (transfer rule)"
+    return _by_rule(gpu, "gpus", "generation", "pooled", "fitted to")
+
+
+def serving_scales(gpu: Gpu) -> tuple[dict[str, float], str]:
+    """({"weights", "compute", "kv"}: the factors on the engine's H100-fitted weight-streaming, compute and
+    KV-streaming efficiencies on `gpu`, where they come from): its own kernels' efficiencies over the
+    H100-SXM's (sim.cost.serving_ratios), else the mean over its generation's profiled GPUs, else over all."""
+    return _by_rule(gpu, "serving", "serving_generation", "serving_pooled", "measured on")
 
 
 def _node_fit(kind: str, gpu: Gpu, degree: int) -> tuple[float, float] | None:

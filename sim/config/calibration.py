@@ -5,13 +5,13 @@ by default, or a user's; a scenario's `[calibration]` overrides the first."""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from sim.catalog.gpus import Gpu
-from sim.catalog.kernel_gpus import kernel_gpu_params
+from sim.catalog.kernel_gpus import kernel_gpu_params, serving_scales
 from sim.io.errors import SimError
 
 
@@ -84,6 +84,20 @@ class Calibration:
     def load(cls, path: str | Path | None = None) -> Calibration:
         """Read a `[calibration]` table (default: the shipped calibration.toml); unknown keys are errors."""
         return cls(**calibration_table("calibration.toml", path, {f.name for f in fields(cls)}))
+
+    def on_gpu(self, gpu: Gpu) -> Calibration:
+        """The efficiencies as `gpu` reaches them: these (fitted on H100-SXM runs) times the GPU's kernels'
+        weight-streaming, compute and KV-streaming efficiencies over the H100's (`serving_scales`; 1 on
+        the H100-SXM), each at most 1."""
+        s = serving_scales(gpu)[0]
+        compute = s["compute"]
+        return replace(
+            self,
+            compute_eff_prefill=min(1.0, self.compute_eff_prefill * compute),
+            compute_eff_decode=min(1.0, self.compute_eff_decode * compute),
+            bandwidth_eff=min(1.0, self.bandwidth_eff * s["weights"]),
+            kv_bandwidth_eff=min(1.0, self.kv_bandwidth_eff * s["kv"]),
+        )
 
 
 @dataclass(frozen=True)

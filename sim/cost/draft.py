@@ -57,7 +57,7 @@ def build_drafter(config: SpeculativeConfig, target: CostModel) -> Drafter:
     """The proposer of a `speculative` table, on the target's GPU type and tensor parallelism."""
     k, tp = config.num_speculative_tokens, target.tp
     # Proposers draft greedily (argmax): no sort over the vocabulary, so no sampler term.
-    greedy = replace(target.cal, sampler_s_per_entry=0.0)
+    greedy = replace(target.calibration, sampler_s_per_entry=0.0)
     if config.method == "ngram":
         return Drafter("ngram", k, None, 0, 0, config.ngram_s_per_row, "n-gram")
     kv_dtype = target.kv_dtype

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import least_squares
 
 from sim.catalog.gpus import get_gpu
 from sim.catalog.kernel_gpus import generation as gpu_generation
@@ -206,43 +206,4 @@ def leave_one_gpu_out(
             assert own is not None
             report["elementwise_own"] = errors_by_op(predict_elementwise(own, e, gpu), e)
         out[gpu] = report
-    return out
-
-
-STREAM_M, COMPUTE_M = 8, 4096  # GEMMs of at most / at least this many tokens: memory- / compute-bound
-MIN_WEIGHTS = 2048 * 2048  # k x n elements: weights large enough that a kernel's fixed cost is a small part
-REFERENCE = "h100"  # the GPU the engine's serving efficiencies are fitted on (its runs, sim calibrate)
-
-
-def serving_ratios(root: Path | None = None) -> list[dict[str, object]]:
-    """Per GPU of aiconfigurator's GEMM tables, over the shapes every one of them measured: the
-    weight-streaming efficiency of its memory-bound GEMMs (non-negative least squares of a fixed cost plus
-    bytes / bandwidth; the bandwidth as a fraction of HBM) and the compute efficiency of its compute-bound
-    ones (the median of FLOP/s over the 16-bit peak), each also over the H100-SXM's: what one pair of
-    efficiencies, fitted on H100 runs, misses on another GPU (docs/fidelity.md)."""
-    tables = {}
-    for gpu in PROFILED:
-        path = (root or profiles_root()) / gpu / "aiconfigurator" / "gemm.csv"
-        rows = _read(path)
-        tables[gpu] = {(r["model"], r["tp"], r["op"], *(int(float(r[c])) for c in "mkn")): float(r["seconds"])
-                       for r in rows}  # fmt: skip
-    common = sorted(set.intersection(*(set(t) for t in tables.values())))
-    stream = [s for s in common if s[3] <= STREAM_M and s[4] * s[5] >= MIN_WEIGHTS]
-    compute = [s for s in common if s[3] >= COMPUTE_M and s[4] * s[5] >= MIN_WEIGHTS]
-    out: list[dict[str, object]] = []
-    for gpu, table in tables.items():
-        g = get_gpu(PROFILED[gpu])
-        nbytes = np.array([2.0 * s[4] * s[5] for s in stream])
-        seconds = np.array([table[s] for s in stream])
-        (fixed, per_byte), _ = nnls(np.stack([np.ones_like(nbytes), nbytes], axis=1), seconds)  # both >= 0
-        err = float(np.median(np.abs((fixed + per_byte * nbytes) / seconds - 1.0))) * 100.0
-        flops = np.array([2.0 * s[3] * s[4] * s[5] / table[s] for s in compute]) / g.flops_16bit
-        out.append({"gpu": gpu, "stream_eff": float(1.0 / per_byte / g.hbm_bandwidth),
-                    "fixed_s": float(fixed), "stream_median_err_pct": err,
-                    "compute_eff": float(np.median(flops)), "stream_shapes": len(stream),
-                    "compute_shapes": len(compute)})  # fmt: skip
-    ref = next(r for r in out if r["gpu"] == REFERENCE)
-    for r in out:
-        r["stream_ratio"] = float(r["stream_eff"]) / float(ref["stream_eff"])  # type: ignore[arg-type]
-        r["compute_ratio"] = float(r["compute_eff"]) / float(ref["compute_eff"])  # type: ignore[arg-type]
     return out

@@ -3,7 +3,9 @@
 The all-reduces are the measured ones the kernel model charges (sim/cost/allreduce_pricing.py).
 
 Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
-(GEMMs and paged attention are separate kernels with different achieved bandwidth).
+(GEMMs and paged attention are separate kernels with different achieved bandwidth). The efficiencies are
+fitted on H100-SXM runs and charged on each GPU as its measured kernels reach them against the H100's
+(`Calibration.on_gpu`: the A100-80GB streams weights at 0.83 and KV at 0.80 of the H100's fraction of HBM).
 
 Compute time is the FLOPs at `compute_eff_*` of the peak, the linear layers' as the GPU's measured GEMMs
 fill their tiles: a step's 16-bit GEMMs over M tokens cost as M + `gemm_m_half_tokens` (the GPU's kernel
@@ -102,7 +104,9 @@ class CostModel(StepModel):
         weight_group_size: int | None = None,
     ) -> None:
         super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size)
-        self.cal = calibration or Calibration()
+        # the efficiencies as fitted (on H100-SXM runs), and as this GPU's kernels reach them
+        self.calibration = calibration or Calibration()
+        self.cal = self.calibration.on_gpu(gpu)
         m = model
         # Weights read every step, in the bytes they are stored in (quantization_config or online
         # quantization, group scales and modules kept in 16-bit included): all but the routed experts and a

@@ -119,11 +119,26 @@ def print_kernels(
                       str(r["context"]), f"{r['measured_s'] * 1e3:.2f}", f"{r['model_s'] * 1e3:.2f}",
                       f"{r['error_pct']:+.1f}")  # fmt: skip
     console.print(table)
-    table = Table(title="16-bit GEMMs (aiconfigurator's vLLM tables, the shapes every GPU has): weight "
-                  "streaming of m <= 8 (a fixed cost + bytes / bandwidth) and compute of m >= 4,096, as "
-                  "fractions of the GPU's peaks and over the H100-SXM's, whose served runs the engine's "
-                  "efficiencies are fitted on")  # fmt: skip
-    for col in ("GPU", "shapes", "stream", "x H100", "fixed µs", "|err| %", "shapes ", "compute", "x H100 "):
+    table = Table(title="The engine's efficiencies on each GPU (aiconfigurator's vLLM tables, the shapes "
+                  "every GPU has): 16-bit weight streaming of m <= 8 GEMMs and KV streaming of decode "
+                  "attention (a fixed cost + bytes / bandwidth), compute of m >= 4,096 GEMMs, as fractions "
+                  "of the GPU's peaks and over the H100-SXM's, whose served runs the engine is fitted on; "
+                  "the engine charges each GPU its H100 efficiencies times these ratios")  # fmt: skip
+    for col in (
+        "GPU",
+        "shapes",
+        "weights",
+        "x H100",
+        "fixed µs",
+        "|err| %",
+        "shapes ",
+        "compute",
+        "x H100 ",
+        "shapes  ",
+        "KV",
+        "x H100  ",
+        "|err| % ",
+    ):
         table.add_column(col, justify="left" if col == "GPU" else "right")
     ratios = result["serving_ratios"]
     assert isinstance(ratios, list)
@@ -134,8 +149,10 @@ def print_kernels(
             f"{r['fixed_s'] * 1e6:.2f}",
             f"{r['stream_median_err_pct']:.1f}",
         )
+        kv = (str(r["kv_shapes"]), f"{r['kv_eff']:.3f}", f"{r['kv_ratio']:.3f}")
+        kv += (f"{r['kv_median_err_pct']:.1f}",)
         table.add_row(r["gpu"], str(r["stream_shapes"]), *stream, str(r["compute_shapes"]),
-                      f"{r['compute_eff']:.3f}", f"{r['compute_ratio']:.3f}")  # fmt: skip
+                      f"{r['compute_eff']:.3f}", f"{r['compute_ratio']:.3f}", *kv)  # fmt: skip
     console.print(table)
     if write is not None:
         console.print(f"wrote {write}")

@@ -24,12 +24,12 @@ from sim.cost.gemm_fit import (
     fit_gemm,
     generation,
     leave_one_gpu_out,
-    serving_ratios,
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
+from sim.cost.serving_ratios import serving_ratios, serving_scales
 from sim.io.outputs import write_text
 from sim.io.tomltext import toml_value
 
@@ -86,8 +86,8 @@ def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
     by_gen = {g: pool([f for f in PROFILED if generation(f) == g]) for g in gens}
     ar = aic_allreduce_table(nvlinked(), root)
     return {"gpus": gpus, "generation": by_gen, "pooled": pool(list(PROFILED)), "gemm_fixed_s": fixed,
-            "nccl": _fits_by_degree(ar, "nccl"),
-            "custom_allreduce": _fits_by_degree(ar, "custom")}  # fmt: skip
+            "nccl": _fits_by_degree(ar, "nccl"), "custom_allreduce": _fits_by_degree(ar, "custom"),
+            **serving_scales(serving_ratios())}  # fmt: skip
 
 
 def _params(p: dict[str, float]) -> str:
@@ -124,6 +124,11 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 # [generation."<major>"]: pooled over the profiled GPUs of that CUDA compute capability, [pooled]: over all
 #   (each GPU weighing the same, each on its data set above): the transfer rule for a GPU without a profile.
 #   Efficiencies are fractions of that GPU's catalog peaks, fixed costs seconds.
+# [serving.<name>]: the engine's weight-streaming, compute and KV-streaming efficiencies (fitted on H100-SXM
+#   runs, sim/catalog/calibration.toml) are multiplied on that GPU by these: its aiconfigurator GEMMs' and
+#   decode attention's efficiencies over the H100-SXM's, on the shapes every GPU's tables have
+#   (sim.cost.serving_ratios). [serving_generation."<major>"], [serving_pooled]: the means over that
+#   generation's profiled GPUs, over all: the transfer rule for a GPU without tables.
 # [nccl.<node>], [custom_allreduce.<node>]: all-reduce latency and bandwidth per degree (sim.cost.allreduce)
 #   fitted to aiconfigurator's NCCL tables above 8 MiB and vLLM's custom all-reduce in a CUDA graph up to
 #   8 MiB (profiles/<gpu>/aiconfigurator/{{nccl,custom}}_allreduce.csv).
@@ -140,6 +145,13 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
     pooled = fits["pooled"]
     assert isinstance(pooled, dict)
     out.append(f"\n[pooled]\n{_params(pooled)}")
+    for kind in ("serving", "serving_generation"):
+        scales = fits.get(kind, {})
+        assert isinstance(scales, dict)
+        for name, p in scales.items():
+            out.append(f'\n[{kind}."{name}"]\n{_params(p)}')
+    if isinstance(every := fits.get("serving_pooled"), dict):
+        out.append(f"\n[serving_pooled]\n{_params(every)}")
     for kind in ("nccl", "custom_allreduce"):
         nodes = fits.get(kind, {})
         assert isinstance(nodes, dict)
