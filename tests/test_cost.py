@@ -169,9 +169,9 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
         one * ((s.tokens - (c == 1).sum()) / s.tokens),
         one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
         cm.peak_flops, cm.hbm, cm.model.num_layers, cm.model.vocab_size, one * cm.allreduce_seconds(s.tokens),
-        *([np.zeros(0, np.int64)] * 6), 0.0,
+        *([np.zeros(0, np.int64)] * 6), 0.0, cm.gpu,
     )  # fmt: skip
-    assert step_seconds(tr, cm.cal)[0] == pytest.approx(seconds, rel=1e-12)
+    assert step_seconds(tr, cm.calibration)[0] == pytest.approx(seconds, rel=1e-12)
 
 
 def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:

@@ -1,6 +1,10 @@
 """The two cost models' parameters (`Calibration`: the engine's roofline; `KernelCalibration`: the
 kernel-level model of `sim step`), read from the `[calibration]` table of a parameter file: the shipped one
-by default, or a user's; a scenario's `[calibration]` overrides the first."""
+by default, or a user's; a scenario's `[calibration]` overrides the first.
+
+The roofline's efficiencies in such a table are the H100-SXM's (the GPU of the shipped fit's runs), a
+scenario's values included: on another GPU the engine charges them as that GPU's measured kernels reach
+them (`Calibration.on_gpu`)."""
 
 from __future__ import annotations
 

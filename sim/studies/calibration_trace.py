@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.catalog.gpus import Gpu
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.cost.replica import build_cost_and_memory
@@ -56,6 +57,7 @@ class Trace:
     last_step: np.ndarray
     arrival: np.ndarray  # request arrival times (s)
     stage0_end_s: float  # end of the first arrival stage (simulated, shortened)
+    gpu: Gpu  # the efficiencies re-costed are charged as this GPU reaches them (`Calibration.on_gpu`)
 
 
 def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) -> Trace:
@@ -118,13 +120,15 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         last_step=np.searchsorted(end, ok["finished_at"].to_numpy() - 1e-9),
         arrival=arrival,
         stage0_end_s=stages(row, scale)[0][1],
+        gpu=cost.gpu,
     )
 
 
 def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
-    """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`)."""
+    """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`, at the
+    efficiencies as the trace's GPU reaches them)."""
     seconds, _ = roofline_seconds(
-        cal, tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduce_s,
+        cal.on_gpu(tr.gpu), tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduce_s,
         tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows,
     )  # fmt: skip
     return np.where(tr.tokens > 0, seconds, 0.0)
