@@ -418,6 +418,14 @@ def test_the_engine_charges_each_gpu_its_h100_efficiencies_times_its_ratios() ->
         s.kv_read_bytes + s.kv_write_bytes
     ) / (a100.hbm_bandwidth * cal.kv_bandwidth_eff * scales["kv"])
     assert s.memory_s == pytest.approx(expected, rel=1e-9)
+    # `sim step` says which efficiencies it charged and where their ratios come from
+    args = ["step", "llama-3.1-8b", "--gpu", "L4", "--batch", "8", "--context", "512", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    engine = json.loads(res.output)["engine"]
+    l4 = cal.on_gpu(get_gpu("L4"))
+    assert engine["bandwidth_eff"] == l4.bandwidth_eff and engine["kv_bandwidth_eff"] == l4.kv_bandwidth_eff
+    assert "compute capability 8.x" in engine["efficiency_source"]
 
 
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:

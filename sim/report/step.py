@@ -15,6 +15,7 @@ import numpy as np
 
 from sim.catalog.gpu_formats import check_formats, served_model
 from sim.catalog.gpus import Gpu, get_gpu
+from sim.catalog.kernel_gpus import serving_scales
 from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.catalog.quantisation import checkpoint_format_problem
@@ -132,7 +133,10 @@ def print_step(
         f"engine step: {float(summary['seconds']) * 1e3:.3f} ms (calibrated roofline, {e['bound']}-bound: "
         f"compute {e['compute_s'] * 1e3:.3f}, memory {e['memory_s'] * 1e3:.3f}, "
         f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms; "
-        f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows{moe})"
+        f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows{moe}; weights streamed at "
+        f"{e['bandwidth_eff']:.3f} of HBM, KV at {e['kv_bandwidth_eff']:.3f}, compute at "
+        f"{e['compute_eff_prefill']:.3f} of peak: the H100-fitted efficiencies times the ratios "
+        f"{e['efficiency_source']})"
     )
     gpu_ms = float(summary["gpu_s"]) * 1e3  # type: ignore[arg-type]
     console.print(
@@ -178,6 +182,11 @@ def step_summary(
             "tile_fill_tokens": engine.tile_fill_tokens,  # rows the 16-bit GEMMs' tiles add (the GPU's fit)
             # the fused-MoE fit the routed experts are charged by ("bf16", "fp8"), or None
             "moe_kernel": moe_format(engine.model, engine.gpu, engine.weight_dtype, engine.group_size),
+            # the efficiencies charged on this GPU: the H100-fitted ones times its kernels' ratios
+            "bandwidth_eff": engine.cal.bandwidth_eff,
+            "kv_bandwidth_eff": engine.cal.kv_bandwidth_eff,
+            "compute_eff_prefill": engine.cal.compute_eff_prefill,
+            "efficiency_source": serving_scales(engine.gpu)[1],
         },
         "kernel_seconds": s.seconds,
         "bound": s.bound,
