@@ -377,7 +377,7 @@ def test_serving_ratios_set_each_gpus_efficiencies_against_the_h100s() -> None:
     KV streaming (a fixed cost + bytes / bandwidth reproduces its memory-bound kernels) and compute
     efficiency, over the H100's. The A100 streams weights at about 0.83 and KV at 0.80 of the H100's
     efficiency, the L40S computes at about 0.77 of it."""
-    from sim.cost.serving_ratios import serving_ratios
+    from sim.cost.serving_ratios import serving_ratios, vidur_gemm_ratios
 
     rows = {r["gpu"]: r for r in serving_ratios()}
     assert set(rows) == {"h200", "h100", "a100", "l40s", "b200"}
@@ -389,6 +389,10 @@ def test_serving_ratios_set_each_gpus_efficiencies_against_the_h100s() -> None:
         assert r["kv_shapes"] > 20
     assert 0.78 < rows["a100"]["stream_ratio"] < 0.88 and 0.72 < rows["l40s"]["compute_ratio"] < 0.82
     assert 0.75 < rows["a100"]["kv_ratio"] < 0.85
+    # Vidur's A100 and H100 GEMM profiles, which the rule is not fitted on, agree on the direction and size
+    vidur = vidur_gemm_ratios()
+    assert vidur["stream_shapes"] > 200 and vidur["compute_shapes"] > 50
+    assert 0.83 < vidur["stream_ratio"] < 0.92 and 0.98 < vidur["compute_ratio"] < 1.08
 
 
 def test_the_engine_charges_each_gpu_its_h100_efficiencies_times_its_ratios() -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from sim.catalog.gpus import get_gpu
-from sim.cost.gemm_fit import PROFILED, generation, profiles_root
+from sim.cost.gemm_fit import PROFILED, gemm_data, generation, profiles_root
 
 STREAM_M, COMPUTE_M = 8, 4096  # GEMMs of at most / at least this many tokens: memory- / compute-bound
 MIN_WEIGHTS = 2048 * 2048  # k x n elements: weights large enough that a kernel's fixed cost is a small part
@@ -92,3 +92,26 @@ def serving_scales(rows: list[dict[str, object]]) -> dict[str, object]:
     gens = sorted({g for r in rows if (g := generation(str(r["gpu"]))) is not None}, key=int)
     by_gen = {g: mean([r for r in rows if generation(str(r["gpu"])) == g]) for g in gens}
     return {"serving": own, "serving_generation": by_gen, "serving_pooled": mean(rows)}
+
+
+def vidur_gemm_ratios() -> dict[str, float]:
+    """The A100-80GB's weight-streaming and compute efficiencies over the H100's from Vidur's GEMM profiles
+    (profiles/<gpu>/gemm.csv: another stack and measurement than aiconfigurator's), by the same fits over the
+    shapes both GPUs have: a check on the rule's ratios from data it was not fitted on."""
+    tables = {}
+    for gpu in ("h100", "a100"):
+        d = gemm_data(gpu, dataset="profiles")
+        shapes = zip(d["m"], d["k"], d["n"], d["seconds"], strict=True)
+        tables[gpu] = {(int(m), int(k), int(n)): float(t) for m, k, n, t in shapes}
+    common = _common(tables)
+    stream = [s for s in common if s[0] <= STREAM_M and s[1] * s[2] >= MIN_WEIGHTS]
+    compute = [s for s in common if s[0] >= COMPUTE_M and s[1] * s[2] >= MIN_WEIGHTS]
+    eff: dict[str, tuple[float, float]] = {}
+    for gpu, table in tables.items():
+        g = get_gpu(PROFILED[gpu])
+        weights = np.array([2.0 * s[1] * s[2] for s in stream])
+        bw = _streaming(weights, np.array([table[s] for s in stream]), g.hbm_bandwidth)[0]
+        flops = np.array([2.0 * s[0] * s[1] * s[2] / table[s] for s in compute]) / g.flops_16bit
+        eff[gpu] = (bw, float(np.median(flops)))
+    return {"stream_ratio": eff["a100"][0] / eff["h100"][0], "compute_ratio": eff["a100"][1] / eff["h100"][1],
+            "stream_shapes": len(stream), "compute_shapes": len(compute)}  # fmt: skip
