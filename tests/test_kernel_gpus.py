@@ -121,7 +121,10 @@ def test_transfer_rule_profiled_gpus_own_fit_others_their_generation_or_the_pool
     assert params == table["gpus"]["A100-80GB"] and "A100-80GB" in source
     params, source = kernel_gpu_params(get_gpu("L40S"))
     assert params == table["gpus"]["L40S"] and "L40S" in source
-    for gpu, gen in (("H100-PCIe", "9"), ("A10G", "8"), ("L4", "8"), ("A100-40GB", "8")):
+    for gpu, kin in (("A100-40GB", "A100-80GB"), ("L4", "L40S")):  # the one profiled GPU of its capability
+        params, source = kernel_gpu_params(get_gpu(gpu))
+        assert params == table["gpus"][kin] and kin in source and "transfer rule" in source, gpu
+    for gpu, gen in (("H100-PCIe", "9"), ("H800-SXM", "9"), ("A10G", "8")):  # two of 9.0; none of 8.6
         params, source = kernel_gpu_params(get_gpu(gpu))
         assert params == table["generation"][gen] and "transfer rule" in source, gpu
     for gpu in ("T4", "MI300X"):  # no profiled GPU of their generation (MI300X: no CUDA generation at all)
@@ -397,7 +400,8 @@ def test_serving_ratios_set_each_gpus_efficiencies_against_the_h100s() -> None:
 
 def test_the_engine_charges_each_gpu_its_h100_efficiencies_times_its_ratios() -> None:
     """The H100-SXM runs at the fitted efficiencies (ratio 1); the A100-80GB decodes slower than its peaks
-    alone say, by its weight-streaming ratio; a GPU without tables takes its generation's mean ratios."""
+    alone say, by its weight-streaming ratio; a GPU without tables takes those of the one profiled GPU of
+    its compute capability, else its generation's mean."""
     from sim.catalog.kernel_gpus import serving_scales
 
     cal = Calibration.load()
@@ -410,10 +414,11 @@ def test_the_engine_charges_each_gpu_its_h100_efficiencies_times_its_ratios() ->
     assert on.kv_bandwidth_eff == pytest.approx(cal.kv_bandwidth_eff * scales["kv"])
     assert on.compute_eff_decode == pytest.approx(min(1.0, cal.compute_eff_decode * scales["compute"]))
     assert (on.sampler_s_per_entry, on.step_overhead_s) == (cal.sampler_s_per_entry, cal.step_overhead_s)
-    l4_scales, source = serving_scales(get_gpu("L4"))
-    assert "compute capability 8.x" in source and l4_scales == pytest.approx(
-        {k: v for k, v in tomllib.loads(SHIPPED.read_text())["serving_generation"]["8"].items()}
-    )
+    l4_scales, source = serving_scales(get_gpu("L4"))  # Ada, as the L40S
+    assert "L40S" in source and l4_scales == tomllib.loads(SHIPPED.read_text())["serving"]["L40S"]
+    a10g_scales, source = serving_scales(get_gpu("A10G"))  # capability 8.6: no profiled GPU of its own
+    assert "compute capability 8.x" in source
+    assert a10g_scales == tomllib.loads(SHIPPED.read_text())["serving_generation"]["8"]
     # a memory-bound decode step on the A100: its weight and KV reads at the scaled efficiencies
     cost = CostModel(load_model("llama-3.1-8b"), a100, calibration=cal)
     s = cost.step(np.array([1] * 8), np.array([1024] * 8))
@@ -429,7 +434,7 @@ def test_the_engine_charges_each_gpu_its_h100_efficiencies_times_its_ratios() ->
     engine = json.loads(res.output)["engine"]
     l4 = cal.on_gpu(get_gpu("L4"))
     assert engine["bandwidth_eff"] == l4.bandwidth_eff and engine["kv_bandwidth_eff"] == l4.kv_bandwidth_eff
-    assert "compute capability 8.x" in engine["efficiency_source"]
+    assert "L40S" in engine["efficiency_source"]
 
 
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:

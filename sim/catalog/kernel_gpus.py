@@ -2,8 +2,10 @@
 transfer rule for a GPU without a kernel profile.
 
 A profiled GPU (H200, H100-SXM, A100-80GB, L40S, B200) gets the parameters fitted to its own kernels. Any
-other GPU gets the pooled fit over the profiled GPUs of its generation (`[generation."<major>"]`, by CUDA
-compute capability: 8 Ampere and Ada, 9 Hopper, 10 Blackwell), else over every profiled GPU (`[pooled]`): its
+other GPU gets those of the one profiled GPU of its exact compute capability (its chip architecture: the
+A100-40GB the A100-80GB's, the L4 the L40S's), else the pooled fit over the profiled GPUs of its generation
+(`[generation."<major>"]`, by CUDA compute capability: 8 Ampere and Ada, 9 Hopper, 10 Blackwell), else over
+every profiled GPU (`[pooled]`): its
 efficiencies are fractions of that GPU's own catalog peaks (16-bit FLOP/s, HBM bandwidth) and its fixed costs
 are seconds, carried as they are. The rule is tested by leaving each profiled GPU out and predicting its
 kernels (`sim kernels`, docs/fidelity.md).
@@ -20,7 +22,7 @@ import tomllib
 from functools import cache
 from importlib import resources
 
-from sim.catalog.gpus import Gpu
+from sim.catalog.gpus import Gpu, get_gpu
 
 FILE = "kernel_gpus.toml"
 # catalog GPU -> its aiconfigurator node (the profile folder); others by their link's generation
@@ -45,12 +47,21 @@ def generation(gpu: Gpu) -> str | None:
 
 
 def _by_rule(gpu: Gpu, own: str, by_generation: str, pooled: str, what: str) -> tuple[dict[str, float], str]:
-    """(table, where it comes from) for `gpu`: its own (`[own."<name>"]`), else its generation's pool
-    (`[by_generation."<major>"]`), else the pool of every profiled GPU (`[pooled]`)."""
+    """(table, where it comes from) for `gpu`: its own (`[own."<name>"]`), else that of the one profiled GPU
+    of its exact compute capability (the same chip architecture: the A100-80GB's for the A100-40GB, the
+    L40S's for the L4), else its generation's pool (`[by_generation."<major>"]`), else the pool of every
+    profiled GPU (`[pooled]`)."""
     table = _table()
-    mine = table.get(own, {}).get(gpu.name)  # type: ignore[union-attr]
+    profiled: dict[str, dict[str, float]] = table.get(own, {})  # type: ignore[assignment]
+    mine = profiled.get(gpu.name)
     if mine is not None:
         return {k: float(v) for k, v in mine.items()}, f"{what} the {gpu.name}'s kernel profile"
+    kin = [n for n in profiled if generation(gpu) and get_gpu(n).compute_capability == gpu.compute_capability]
+    if len(kin) == 1:
+        return {k: float(v) for k, v in profiled[kin[0]].items()}, (
+            f"{what} the {kin[0]}'s kernel profile, the same compute capability {gpu.compute_capability:.1f} "
+            "(transfer rule)"
+        )
     gen = table.get(by_generation, {}).get(generation(gpu) or "")  # type: ignore[union-attr]
     if gen is not None:
         return {k: float(v) for k, v in gen.items()}, (
