@@ -5,10 +5,9 @@ A profiled GPU (H200, H100-SXM, A100-80GB, L40S, B200) gets the parameters fitte
 other GPU gets those of the one profiled GPU of its exact compute capability (its chip architecture: the
 A100-40GB the A100-80GB's, the L4 the L40S's), else the pooled fit over the profiled GPUs of its generation
 (`[generation."<major>"]`, by CUDA compute capability: 8 Ampere and Ada, 9 Hopper, 10 Blackwell), else over
-every profiled GPU (`[pooled]`): its
-efficiencies are fractions of that GPU's own catalog peaks (16-bit FLOP/s, HBM bandwidth) and its fixed costs
-are seconds, carried as they are. The rule is tested by leaving each profiled GPU out and predicting its
-kernels (`sim kernels`, docs/fidelity.md).
+every profiled GPU (`[pooled]`): its efficiencies are fractions of that GPU's own catalog peaks (16-bit
+FLOP/s, HBM bandwidth) and its fixed costs are seconds, carried as they are. The rule is tested by leaving
+each profiled GPU out and predicting its kernels (`sim kernels`, docs/fidelity.md).
 
 The engine's efficiencies, fitted on H100 runs, are scaled on each GPU by its kernels' efficiencies over the
 H100's (`[serving."<name>"]`, sim.cost.serving_ratios), by the same rule for a GPU without tables.
@@ -73,15 +72,16 @@ def _by_rule(gpu: Gpu, own: str, by_generation: str, pooled: str, what: str) -> 
 
 
 def kernel_gpu_params(gpu: Gpu) -> tuple[dict[str, float], str]:
-    """(parameters, where they come from) for `gpu`: its own fit, else its generation's pool, else the
-    pool of every profiled GPU."""
+    """(parameters, where they come from) for `gpu`: its own fit, else that of the profiled GPU of its
+    compute capability, else its generation's pool, else the pool of every profiled GPU."""
     return _by_rule(gpu, "gpus", "generation", "pooled", "fitted to")
 
 
 def serving_scales(gpu: Gpu) -> tuple[dict[str, float], str]:
     """({"weights", "compute", "kv"}: the factors on the engine's H100-fitted weight-streaming, compute and
     KV-streaming efficiencies on `gpu`, where they come from): its own kernels' efficiencies over the
-    H100-SXM's (sim.cost.serving_ratios), else the mean over its generation's profiled GPUs, else over all."""
+    H100-SXM's (sim.cost.serving_ratios), else those of the profiled GPU of its compute capability, else the
+    mean over its generation's profiled GPUs, else over all."""
     return _by_rule(gpu, "serving", "serving_generation", "serving_pooled", "measured on")
 
 
