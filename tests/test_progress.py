@@ -200,3 +200,17 @@ def test_a_sweep_on_a_terminal_shows_the_capacity_search_as_its_own_bar_with_tim
     search = re.findall(r"capacity search.*? (\d+)/(\d+) .*?ETA", final)
     assert grid and grid[-1] == ("8", "8"), final
     assert search and search[-1] == (str(searched), str(searched)), final
+
+
+def test_a_run_on_a_gpu_without_kernel_tables_says_whose_efficiencies_it_is_charged(tmp_path: Path) -> None:
+    """An L4 has no measured kernel tables: the run says it is costed by the L40S's (the transfer rule); an
+    A100-80GB, which has its own, says nothing of the kind."""
+    for gpu, said in (("L4", True), ("A100-80GB", False)):
+        path = tmp_path / f"{gpu}.toml"
+        path.write_text(TINY.replace('gpu = "A100-80GB"', f'gpu = "{gpu}"'))
+        result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / gpu)])
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.output.split())
+        assert ("L4 has no kernel tables of its own" in text) is said, text
+        if said:
+            assert "measured on the L40S's kernel profile" in text and "(transfer rule)" in text
