@@ -79,6 +79,7 @@ def test_plan_answer_reproduces_under_sim_run(scenario: Path, tmp_path: Path) ->
               "--tp", "1", "--jobs", "1", "--out", str(out)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
+    assert "kernel tables of its own" not in res.output  # both GPUs have their own measured tables
     info = json.loads((out / "plan.json").read_text())
     best = info["best"]
     assert (out / "index.html").stat().st_size > 1000 and (out / "plan.parquet").is_file()
@@ -251,3 +252,16 @@ def test_plan_address_needs_the_dask_executor(scenario: Path) -> None:
     res = runner.invoke(app, ["plan", str(scenario), "--rate", "5", "--address", "tcp://127.0.0.1:1"])
     assert res.exit_code == 2 and "goes with --executor dask" in res.output, res.output
     assert "Traceback" not in res.output
+
+
+def test_a_plan_says_which_gpus_rest_on_the_transfer_rule() -> None:
+    """A configuration on a GPU without kernel tables is costed by another GPU's measured ratios: the plan
+    says whose, once per such GPU; a GPU with its own tables gets no line."""
+    from types import SimpleNamespace
+
+    from sim.report.plan import transfer_lines
+
+    rows = [{"gpu": "L4"}, {"gpu": "A100-80GB"}, {"gpu": "L4"}, {"gpu": "T4"}]
+    lines = transfer_lines(SimpleNamespace(rows=rows))  # type: ignore[arg-type]
+    assert len(lines) == 2 and lines[0].startswith("L4 has no kernel tables") and "L40S" in lines[0]
+    assert lines[1].startswith("T4 has no kernel tables") and "every profiled GPU, pooled" in lines[1]

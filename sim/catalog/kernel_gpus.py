@@ -85,6 +85,18 @@ def serving_scales(gpu: Gpu) -> tuple[dict[str, float], str]:
     return _by_rule(gpu, "serving", "serving_generation", "serving_pooled", "measured on")
 
 
+def transfer_note(gpu: Gpu) -> str | None:
+    """The sentence a run or a plan on `gpu` owes its reader when the GPU has no kernel tables of its own
+    (its costs rest on the transfer rule), else None."""
+    source = serving_scales(gpu)[1]
+    if "transfer rule" not in source:
+        return None
+    return (
+        f"{gpu.name} has no kernel tables of its own: the engine charges it the H100-fitted efficiencies "
+        f"times the ratios {source}, as docs/fidelity.md states"
+    )
+
+
 def _node_fit(kind: str, gpu: Gpu, degree: int) -> tuple[float, float] | None:
     node = NODE.get(gpu.name) or LINK_NODE.get(gpu.interconnect, "")
     fits = _table().get(kind, {}).get(node, {})  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sim.catalog.gpus import get_gpu
-from sim.catalog.kernel_gpus import serving_scales
+from sim.catalog.kernel_gpus import transfer_note
 from sim.config.scenario import Scenario
 from sim.io.errors import SimError
 from sim.io.progress import Stopwatch
@@ -115,13 +115,9 @@ def print_comparison(
     row("preemptions", lambda s: f"{s['steps']['preemptions']:,}")
     row("prefix-cache hit rate", lambda s: f"{s['prefix_cache_hit_rate']:.0%}")
     console.print(table)
-    source = serving_scales(get_gpu(scenario.model.gpu))[1]
-    if "transfer rule" in source:  # no kernel tables of its own: say whose its efficiencies are
-        console.print(
-            f"{scenario.model.gpu} has no kernel tables of its own: the engine charges it the H100-fitted "
-            f"efficiencies times the ratios {source}, as docs/fidelity.md states",
-            highlight=False,
-        )
+    note = transfer_note(get_gpu(scenario.model.gpu))
+    if note:
+        console.print(note, highlight=False)
     rejected = rejection_lines(summaries)
     if rejected:
         console.print("rejected requests, by reason:", highlight=False)

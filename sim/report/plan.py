@@ -9,6 +9,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
+from sim.catalog.gpus import get_gpu
+from sim.catalog.kernel_gpus import transfer_note
 from sim.io.outputs import atomic_write
 from sim.report.coverage import count_text
 from sim.report.page import Section, chart_spec, render_page
@@ -225,6 +227,12 @@ def removed_lines(result: PlanResult) -> list[str]:
     return lines
 
 
+def transfer_lines(result: PlanResult) -> list[str]:
+    """A line for each GPU of the simulated configurations that has no kernel tables of its own."""
+    gpus = sorted({str(r["gpu"]) for r in result.rows if r.get("gpu")})
+    return [n for n in (transfer_note(get_gpu(g)) for g in gpus) if n]
+
+
 def deployment(result: PlanResult) -> dict[str, Any] | None:
     """The answer's `vllm serve` command line per group and how requests reach them (`plan_deploy`)."""
     if result.best is None or not result.raw:
@@ -315,7 +323,7 @@ def print_plan(result: PlanResult, out_dir: Path) -> None:
     unsupported = result.removed.get("format_unsupported", {}).get("configurations", 0)
     if unsupported:
         console.print(f"{unsupported} configurations hold a weight or KV format their GPU cannot run")
-    for line in [*placement_lines(result), *removed_lines(result)]:
+    for line in [*placement_lines(result), *removed_lines(result), *transfer_lines(result)]:
         console.print(line, markup=False)
     if result.best is None:
         console.print("no configuration met the SLO: raise --max-gpus, add --gpus, or lower the rate")
