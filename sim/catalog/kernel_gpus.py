@@ -88,12 +88,11 @@ def serving_scales(gpu: Gpu) -> tuple[dict[str, float], str]:
 def transfer_note(gpu: Gpu) -> str | None:
     """The sentence a run or a plan on `gpu` owes its reader when the GPU has no kernel tables of its own
     (its costs rest on the transfer rule), else None."""
-    source = serving_scales(gpu)[1]
-    if "transfer rule" not in source:
+    if gpu.name in _table().get("serving", {}):  # type: ignore[operator]
         return None
     return (
         f"{gpu.name} has no kernel tables of its own: the engine charges it the H100-fitted efficiencies "
-        f"times the ratios {source}, as docs/fidelity.md states"
+        f"times the ratios {serving_scales(gpu)[1]}, as docs/fidelity.md states"
     )
 
 

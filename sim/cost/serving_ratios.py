@@ -9,8 +9,9 @@ Over the shapes every GPU's table has:
 - KV streaming: decode attention over at least 32 MB of 16-bit KV cache, fitted as weight streaming is.
 
 Each ratio is the GPU's fraction over the H100-SXM's (1 on the H100 itself). The engine charges a GPU its
-H100-fitted efficiency times its ratio (`Calibration.on_gpu`); a GPU without tables takes the mean ratio of
-the profiled GPUs of its generation, else of all (`sim.catalog.kernel_gpus.serving_scales`)."""
+H100-fitted efficiency times its ratio (`Calibration.on_gpu`); a GPU without tables takes those of the one
+profiled GPU of its exact compute capability, else the mean ratio of the profiled GPUs of its generation, else
+of all (`sim.catalog.kernel_gpus.serving_scales`)."""
 
 from __future__ import annotations
 
@@ -52,27 +53,38 @@ def _streaming(nbytes: np.ndarray, seconds: np.ndarray, hbm: float) -> tuple[flo
     return float(1.0 / per_byte / hbm), float(fixed), err
 
 
+def _gemm_efficiencies(tables: dict[str, dict[tuple, float]]) -> tuple[dict[str, dict[str, float]], int, int]:
+    """Per GPU of `tables` ({folder: {shape ending in (m, k, n): seconds}}), over the shapes all of them have:
+    the weight-streaming efficiency of its memory-bound GEMMs with the fit's fixed cost and median |error|,
+    and the median compute efficiency of its compute-bound ones; and the two shape counts."""
+    common = _common(tables)
+    stream = [s for s in common if s[-3] <= STREAM_M and s[-2] * s[-1] >= MIN_WEIGHTS]
+    compute = [s for s in common if s[-3] >= COMPUTE_M and s[-2] * s[-1] >= MIN_WEIGHTS]
+    weights = np.array([2.0 * s[-2] * s[-1] for s in stream])
+    out = {}
+    for gpu, table in tables.items():
+        g = get_gpu(PROFILED[gpu])
+        eff, fixed, err = _streaming(weights, np.array([table[s] for s in stream]), g.hbm_bandwidth)
+        flops = np.array([2.0 * s[-3] * s[-2] * s[-1] / table[s] for s in compute]) / g.flops_16bit
+        out[gpu] = {"stream_eff": eff, "fixed_s": fixed, "stream_median_err_pct": err,
+                    "compute_eff": float(np.median(flops))}  # fmt: skip
+    return out, len(stream), len(compute)
+
+
 def serving_ratios() -> list[dict[str, object]]:
     """Per profiled GPU: its weight-streaming, compute and KV-streaming efficiencies, their fits' fixed costs
     and errors, the shapes they rest on, and each ratio over the H100-SXM's."""
-    gemms = _tables("gemm", ("model", "tp", "op", "m", "k", "n"))
-    common = _common(gemms)
-    stream = [s for s in common if s[3] <= STREAM_M and s[4] * s[5] >= MIN_WEIGHTS]
-    compute = [s for s in common if s[3] >= COMPUTE_M and s[4] * s[5] >= MIN_WEIGHTS]
+    gemms, n_stream, n_compute = _gemm_efficiencies(_tables("gemm", ("model", "tp", "op", "m", "k", "n")))
     decode = _tables("attention", ("batch", "kv_len", "kv_heads", "head_dim"), keep="decode")
     kv = [s for s in _common(decode) if 4.0 * s[0] * s[1] * s[2] * s[3] >= MIN_KV_BYTES]  # K and V, 2 bytes
+    cache = np.array([4.0 * s[0] * s[1] * s[2] * s[3] for s in kv])
     out: list[dict[str, object]] = []
-    for gpu, table in gemms.items():
-        g = get_gpu(PROFILED[gpu])
-        weights = np.array([2.0 * s[4] * s[5] for s in stream])
-        eff, fixed, err = _streaming(weights, np.array([table[s] for s in stream]), g.hbm_bandwidth)
-        cache = np.array([4.0 * s[0] * s[1] * s[2] * s[3] for s in kv])
-        kv_eff, kv_fixed, kv_err = _streaming(cache, np.array([decode[gpu][s] for s in kv]), g.hbm_bandwidth)
-        flops = np.array([2.0 * s[3] * s[4] * s[5] / table[s] for s in compute]) / g.flops_16bit
-        out.append({"gpu": gpu, "stream_eff": eff, "fixed_s": fixed, "stream_median_err_pct": err,
-                    "compute_eff": float(np.median(flops)), "kv_eff": kv_eff, "kv_fixed_s": kv_fixed,
-                    "kv_median_err_pct": kv_err, "stream_shapes": len(stream),
-                    "compute_shapes": len(compute), "kv_shapes": len(kv)})  # fmt: skip
+    for gpu, gemm in gemms.items():
+        hbm = get_gpu(PROFILED[gpu]).hbm_bandwidth
+        kv_eff, kv_fixed, kv_err = _streaming(cache, np.array([decode[gpu][s] for s in kv]), hbm)
+        out.append({"gpu": gpu, **gemm, "kv_eff": kv_eff, "kv_fixed_s": kv_fixed,
+                    "kv_median_err_pct": kv_err, "stream_shapes": n_stream, "compute_shapes": n_compute,
+                    "kv_shapes": len(kv)})  # fmt: skip
     ref = next(r for r in out if r["gpu"] == REFERENCE)
     for r in out:
         for eff in ("stream", "compute", "kv"):
@@ -80,7 +92,7 @@ def serving_ratios() -> list[dict[str, object]]:
     return out
 
 
-def serving_scales(rows: list[dict[str, object]]) -> dict[str, object]:
+def shipped_scales(rows: list[dict[str, object]]) -> dict[str, object]:
     """The shipped scales (sim/catalog/kernel_gpus.toml), each {"weights", "compute", "kv"}: {"serving":
     {catalog name: its own ratios}, "serving_generation": {major: the mean over that generation's profiled
     GPUs}, "serving_pooled": the mean over every profiled GPU}."""
@@ -103,15 +115,8 @@ def vidur_gemm_ratios() -> dict[str, float]:
         d = gemm_data(gpu, dataset="profiles")
         shapes = zip(d["m"], d["k"], d["n"], d["seconds"], strict=True)
         tables[gpu] = {(int(m), int(k), int(n)): float(t) for m, k, n, t in shapes}
-    common = _common(tables)
-    stream = [s for s in common if s[0] <= STREAM_M and s[1] * s[2] >= MIN_WEIGHTS]
-    compute = [s for s in common if s[0] >= COMPUTE_M and s[1] * s[2] >= MIN_WEIGHTS]
-    eff: dict[str, tuple[float, float]] = {}
-    for gpu, table in tables.items():
-        g = get_gpu(PROFILED[gpu])
-        weights = np.array([2.0 * s[1] * s[2] for s in stream])
-        bw = _streaming(weights, np.array([table[s] for s in stream]), g.hbm_bandwidth)[0]
-        flops = np.array([2.0 * s[0] * s[1] * s[2] / table[s] for s in compute]) / g.flops_16bit
-        eff[gpu] = (bw, float(np.median(flops)))
-    return {"stream_ratio": eff["a100"][0] / eff["h100"][0], "compute_ratio": eff["a100"][1] / eff["h100"][1],
-            "stream_shapes": len(stream), "compute_shapes": len(compute)}  # fmt: skip
+    eff, n_stream, n_compute = _gemm_efficiencies(tables)
+    a100, h100 = eff["a100"], eff["h100"]
+    return {"stream_ratio": a100["stream_eff"] / h100["stream_eff"],
+            "compute_ratio": a100["compute_eff"] / h100["compute_eff"],
+            "stream_shapes": n_stream, "compute_shapes": n_compute}  # fmt: skip

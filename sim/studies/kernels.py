@@ -29,7 +29,7 @@ from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
-from sim.cost.serving_ratios import serving_ratios, serving_scales
+from sim.cost.serving_ratios import serving_ratios, shipped_scales
 from sim.io.outputs import write_text
 from sim.io.tomltext import toml_value
 
@@ -87,7 +87,7 @@ def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
     ar = aic_allreduce_table(nvlinked(), root)
     return {"gpus": gpus, "generation": by_gen, "pooled": pool(list(PROFILED)), "gemm_fixed_s": fixed,
             "nccl": _fits_by_degree(ar, "nccl"), "custom_allreduce": _fits_by_degree(ar, "custom"),
-            **serving_scales(serving_ratios())}  # fmt: skip
+            **shipped_scales(serving_ratios())}  # fmt: skip
 
 
 def _params(p: dict[str, float]) -> str:
@@ -122,13 +122,15 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #     (batch <= 128) with its other parameters (sim.cost.graph_fit); other GPUs keep
 #     kernel_calibration.toml's (fitted end to end on H100 vLLM runs).
 # [generation."<major>"]: pooled over the profiled GPUs of that CUDA compute capability, [pooled]: over all
-#   (each GPU weighing the same, each on its data set above): the transfer rule for a GPU without a profile.
+#   (each GPU weighing the same, each on its data set above): the transfer rule for a GPU without a profile
+#   and without a profiled GPU of its exact compute capability, whose table it takes first.
 #   Efficiencies are fractions of that GPU's catalog peaks, fixed costs seconds.
 # [serving.<name>]: the engine's weight-streaming, compute and KV-streaming efficiencies (fitted on H100-SXM
 #   runs, sim/catalog/calibration.toml) are multiplied on that GPU by these: its aiconfigurator GEMMs' and
 #   decode attention's efficiencies over the H100-SXM's, on the shapes every GPU's tables have
 #   (sim.cost.serving_ratios). [serving_generation."<major>"], [serving_pooled]: the means over that
-#   generation's profiled GPUs, over all: the transfer rule for a GPU without tables.
+#   generation's profiled GPUs, over all: the transfer rule for a GPU without tables (after the profiled GPU
+#   of its exact compute capability).
 # [nccl.<node>], [custom_allreduce.<node>]: all-reduce latency and bandwidth per degree (sim.cost.allreduce)
 #   fitted to aiconfigurator's NCCL tables above 8 MiB and vLLM's custom all-reduce in a CUDA graph up to
 #   8 MiB (profiles/<gpu>/aiconfigurator/{{nccl,custom}}_allreduce.csv).
