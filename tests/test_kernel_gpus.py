@@ -349,8 +349,10 @@ def test_import_aiconfigurator_keeps_layer_shaped_bf16_gemms_attention_and_allre
 def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The command's plumbing (the fits themselves are tested above): JSON, the tables, --write."""
     fits = {"gpus": {"H200": {"kernel_fixed_s": 1e-5}}, "pooled": {"kernel_fixed_s": 1e-5}}
-    monkeypatch.setattr(studies_kernels, "fit_kernel_gpus", lambda: fits)
-    monkeypatch.setattr(studies_kernels, "leave_one_gpu_out", lambda dataset: leave_one_gpu_out_stub)
+    monkeypatch.setattr(studies_kernels, "fit_kernel_gpus", lambda ratio_rows=None: fits)
+    monkeypatch.setattr(
+        studies_kernels, "leave_one_gpu_out", lambda dataset, ratios=None: leave_one_gpu_out_stub
+    )
     res = CliRunner().invoke(app, ["kernels", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
@@ -378,13 +380,13 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:
     """Yi-34B TP 2, 512-token chunks (Sarathi-Serve artifact, figure 9): +15.2 / +18.9 / +11.7% at 2K / 4K
     / 8K. The kernel model, each chunk re-reading the KV before it and paying the step's weights and fixed
-    costs, with the A100's aiconfigurator fit: +15.3 / +18.9 / +19.9% (8.3 points over at 8K; with Vidur's
-    A100 fit +10.6 / +13.1 / +13.8%). The engine's roofline, its GEMMs filling the A100's tiles (93 tokens):
-    +12.5 / +15.5 / +16.5% (1-2% without)."""
+    costs, with the A100's aiconfigurator fit: +14.4 / +17.8 / +18.8% (7.1 points over at 8K; +15.3 / +18.9 /
+    +19.9% while element-wise kernels paid their fixed cost on top of their bytes). The engine's roofline, its
+    GEMMs filling the A100's tiles (93 tokens): +12.7 / +15.8 / +16.8% (1-2% without)."""
     rows = chunking_table()
     assert [int(r["prompt"]) for r in rows] == [2047, 4095, 8191]
     gaps = [r["kernel_pct"] - r["measured_pct"] for r in rows]
-    assert abs(gaps[0]) < 1 and abs(gaps[1]) < 1 and 0 < gaps[2] < 9 and abs(sum(gaps) / len(gaps)) < 4
+    assert abs(gaps[0]) < 1.5 and abs(gaps[1]) < 1.5 and 0 < gaps[2] < 8 and abs(sum(gaps) / len(gaps)) < 4
     engine = [r["roofline_pct"] - r["measured_pct"] for r in rows]
     assert abs(engine[0]) < 4 and abs(engine[1]) < 4 and 0 < engine[2] < 6 and abs(sum(engine) / 3) < 1
     spec, g = load_model("yi-34b"), get_gpu("A100-80GB")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,8 +113,9 @@ def predict_gemm(p: Params, d: Data, gpu: str) -> np.ndarray:
                         g.hbm_bandwidth * p["gemm_bandwidth_eff"], p["kernel_fixed_s"], shape)  # fmt: skip
 
 
-def predict_elementwise(p: Params, d: Data, gpu: str) -> np.ndarray:
-    hbm = get_gpu(PROFILED[gpu]).hbm_bandwidth
+def predict_elementwise(p: Params, d: Data, gpu: str, ratio: float = 1.0) -> np.ndarray:
+    """`gpu`'s element-wise kernels at the bandwidths of `p` times `ratio` (`fit_elementwise`'s `ratios`)."""
+    hbm = get_gpu(PROFILED[gpu]).hbm_bandwidth * ratio
     bw = np.select([d["op"] == op for op in ELEMENTWISE_OPS],
                    [hbm * p[f"elementwise_{op}_bandwidth_eff"] for op in ELEMENTWISE_OPS])  # fmt: skip
     fixed = np.select([d["op"] == op for op in ELEMENTWISE_OPS],
@@ -159,10 +160,27 @@ def fit_gemm(gpus: Sequence[str], root: Path | None = None, dataset: str | None 
     return p | {"gemm_n_half_mem_cols": p.get("gemm_n_half_mem_cols", 0.0)}
 
 
-def fit_elementwise(gpus: Sequence[str], root: Path | None = None) -> Params | None:
-    """Element-wise parameters fitted to the GPUs of `gpus` that have element-wise profiles, or None."""
+def fit_elementwise(
+    gpus: Sequence[str], root: Path | None = None, ratios: Mapping[str, float] | None = None
+) -> Params | None:
+    """Element-wise parameters fitted to the GPUs of `gpus` that have element-wise profiles, or None. With
+    `ratios` ({folder: its weight-streaming efficiency over the reference GPU's, `sim.cost.serving_ratios`})
+    the bandwidths are the reference GPU's: each GPU's kernels are predicted at its ratio times them, so a
+    GPU's memory system carries over as its measured GEMMs stream weights (`scaled_elementwise`)."""
     sets = [(g, d) for g in gpus if (d := elementwise_data(g, root)) is not None]
-    return solve(ELEMENTWISE_BOUNDS, ELEMENTWISE_START, predict_elementwise, sets) if sets else None
+    if not sets:
+        return None
+
+    def predict(p: Params, d: Data, gpu: str) -> np.ndarray:
+        return predict_elementwise(p, d, gpu, ratios[gpu] if ratios else 1.0)
+
+    return solve(ELEMENTWISE_BOUNDS, ELEMENTWISE_START, predict, sets)
+
+
+def scaled_elementwise(p: Params, ratio: float) -> Params:
+    """Element-wise parameters of the reference GPU (`fit_elementwise` with `ratios`) on a GPU whose
+    weight-streaming ratio is `ratio`: each bandwidth times it (at most the peak), fixed costs as they are."""
+    return {k: min(1.0, v * ratio) if k.endswith("_bandwidth_eff") else v for k, v in p.items()}
 
 
 def errors_by_op(predicted: np.ndarray, d: Data) -> dict[str, float]:
@@ -180,13 +198,15 @@ def rule_pool(gpu: str, pool: Sequence[str]) -> list[str]:
 
 
 def leave_one_gpu_out(
-    root: Path | None = None, dataset: str = "aiconfigurator"
+    root: Path | None = None, dataset: str = "aiconfigurator", ratios: Mapping[str, float] | None = None
 ) -> dict[str, dict[str, object]]:
     """For each GPU of `POOL`: its GEMMs predicted by the transfer rule from the other two (`rule_pool`:
     the same generation's, else both), from a pooled fit of both, and from its own fit; each GPU of
     `TRANSFER[dataset]` predicted by the rule from the whole pool. Median |error| % per op kind:
     {gpu: {"rule": [GPUs], "gemm_held_out": ..., "gemm_pooled": ..., "gemm_own": ..., and where profiled
-    "elementwise_held_out", "elementwise_own"}}."""
+    "elementwise_held_out", "elementwise_own"}}. Element-wise kernels held out are predicted from the
+    other profiled GPUs at the weight-streaming `ratios` (`fit_elementwise`), as shipped; without them, at
+    the other GPUs' fractions of peak."""
     out: dict[str, dict[str, object]] = {}
     for gpu in (*POOL, *TRANSFER[dataset]):
         others = [g for g in POOL if g != gpu]
@@ -199,9 +219,10 @@ def leave_one_gpu_out(
             "gemm_own": errors_by_op(predict_gemm(fit_gemm([gpu], root, dataset), d, gpu), d),
         }
         e = elementwise_data(gpu, root)
-        held = fit_elementwise(others, root)
+        held = fit_elementwise(others, root, ratios)
         if e is not None and held is not None:
-            report["elementwise_held_out"] = errors_by_op(predict_elementwise(held, e, gpu), e)
+            ratio = ratios[gpu] if ratios else 1.0
+            report["elementwise_held_out"] = errors_by_op(predict_elementwise(held, e, gpu, ratio), e)
             own = fit_elementwise([gpu], root)
             assert own is not None
             report["elementwise_own"] = errors_by_op(predict_elementwise(own, e, gpu), e)

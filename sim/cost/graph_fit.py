@@ -7,7 +7,9 @@ graph: `graph_kernel_fixed_s` is fitted (soft-L1 least squares on log(predicted 
 to the graphed decode steps of at most `GRAPH_MAX_BATCH` sequences with every other parameter the GPU's
 fitted one. The eager steps of the profile are host-bound where the GPU's work is short (PyTorch launching
 each kernel: the eager decode steps take 14-16 ms whatever the batch), so only prefill steps of at least
-`PREFILL_MIN_TOKENS` tokens are compared with the GPU time.
+`PREFILL_MIN_TOKENS` tokens are compared with the GPU time. The profile's decoder is plain PyTorch, so its
+steps are costed with the element-wise kernels it runs (`sim.cost.kernels.layer_elementwise`, "torch"), not
+vLLM's fused ones.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def steps_rows(path: Path | None = None) -> list[dict[str, str]]:
 
 
 def _gpu_seconds(cal: KernelCalibration, row: dict[str, str]) -> float:
-    cost = KernelCostModel(load_model(row["model"]), get_gpu(STEPS_GPU), 1, calibration=cal)
+    cost = KernelCostModel(
+        load_model(row["model"]), get_gpu(STEPS_GPU), 1, calibration=cal, elementwise="torch"
+    )
     b, each, ctx = int(row["batch"]), int(row["tokens_each"]), int(row["context"])
     return cost.step(np.full(b, each), np.full(b, ctx)).gpu_s
 

@@ -19,9 +19,11 @@ for both cost models. Attention per layer is one kernel over every row: max(FLOP
 attn_compute_eff) + attn_query_head_s per (prefill query x head), KV bytes read and written / (HBM ·
 kv_bandwidth_eff) + attn_row_head_s per (sequence x KV head)) + fixed cost. MoE layers run vLLM's fused-MoE
 kernel (fitted per GPU, sim.cost.moe_fit) over the experts the step touches, and each its router's GEMM.
-Norms, rotary embedding and activations are memory-bound element-wise kernels, each kind at its own
-bandwidth and fixed cost. Under TP, two all-reduces per layer: NCCL as measured above vLLM's custom all-reduce
-size, the custom all-reduce as measured below it (sim/cost/allreduce_pricing.py, the roofline's pricing too).
+Norms, rotary embedding and activations are memory-bound element-wise kernels, each the longer of the
+in-graph fixed cost and its bytes at its kind's bandwidth (`sim.cost.kernels.layer_elementwise`: vLLM's fused
+kernels, or a plain PyTorch decoder's for the H200 profile's steps). Under TP, two all-reduces per layer:
+NCCL as measured above vLLM's custom all-reduce size, the custom all-reduce as measured below it
+(sim/cost/allreduce_pricing.py, the roofline's pricing too).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
 kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
@@ -47,24 +49,26 @@ from sim.catalog.model import ModelSpec
 from sim.config.calibration import KernelCalibration
 from sim.cost.kernels import (
     ACT_BYTES,
-    ELEMENTWISE_KERNELS,
+    ELEMENTWISE_SETS,
     Gemm,
     Kernel,
     LayerSums,
     StepCost,
     attention_seconds,
-    elementwise_bytes,
+    elementwise_seconds,
     fused_moe,
     fused_moe_seconds,
     gemm_seconds,
     host_seconds,
     kernel_seconds,
+    layer_elementwise,
     moe_format,
     moe_peak,
     overlapped,
     step_arrays,
 )
 from sim.cost.step_model import StepModel
+from sim.io.errors import SimError
 
 
 class KernelCostModel(StepModel):
@@ -80,6 +84,7 @@ class KernelCostModel(StepModel):
         kv_dtype: str | None = None,
         calibration: KernelCalibration | None = None,
         weight_group_size: int | None = None,
+        elementwise: str = "vllm",
     ) -> None:
         cal = calibration or KernelCalibration()
         super().__init__(model, gpu, tp, weight_dtype, kv_dtype, weight_group_size, cal)
@@ -99,20 +104,24 @@ class KernelCostModel(StepModel):
         self.weight_bytes_static += self.head.k * self.head.n * self.head.weight_bytes_per_param
         self.heads = max(1.0, m.num_heads / tp)
         self.kv_heads = float(max(1, m.num_kv_heads // tp))  # attention work items per sequence
-        # Element-wise kernels per layer (16-bit): two fused residual-add + RMSNorm (charged as RMSNorm: vLLM
-        # fuses the add), rotary embedding of q and k, the MLP activation; each kind at its fitted bandwidth
-        # and fixed cost; and the KV-cache write (its bytes are attention's), a fixed cost.
+        # Element-wise kernels per layer (16-bit), as `elementwise` runs them (`layer_elementwise`: vLLM's
+        # two fused residual-add + RMSNorm, rotary embedding of q and k, the fused MLP activation), each the
+        # longer of the in-graph fixed cost and its bytes at its kind's fitted bandwidth; and the KV-cache
+        # write (its bytes are attention's), a fixed cost.
+        if elementwise not in ELEMENTWISE_SETS:
+            raise SimError(f"elementwise: expected one of {', '.join(ELEMENTWISE_SETS)}, got {elementwise!r}")
         inter = (m.dense_params / max(L, 1)) / (3 * m.hidden_size) / tp if m.dense_params else 0.0
         qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
-        per_token = elementwise_bytes(m.hidden_size, qk, inter, 1)
-        kinds = (("norm", 2), ("rope", 1), ("act", 1))
-        self.elem_bytes_token = L * sum(n * per_token[k] for k, n in kinds)
-        self.elem_s_token = L * sum(
-            n * per_token[k] / (self.hbm * getattr(cal, f"elementwise_{k}_bandwidth_eff")) for k, n in kinds
+        q = m.num_heads * m.head_dim / tp
+        kinds = layer_elementwise(m.hidden_size, qk, q, inter, 1, elementwise)
+        self.elem_bytes_token = L * sum(n * b for _, n, b in kinds)
+        # (kernels a layer, bytes per token, bytes per second, in-graph fixed seconds) of each kernel kind
+        self.elem_kinds = tuple(
+            (n, b, self.hbm * getattr(cal, f"elementwise_{k}_bandwidth_eff"), cal.graph_kernel_fixed_s)
+            for k, n, b in kinds
         )
-        self.elem_fixed = L * (sum(n * getattr(cal, f"elementwise_{k}_fixed_s") for k, n in kinds)
-                               + (ELEMENTWISE_KERNELS - 4) * cal.elementwise_fixed_s)  # fmt: skip
-        self.elem_kernels = ELEMENTWISE_KERNELS * L
+        self.elem_other_fixed = L * cal.elementwise_fixed_s  # the KV-cache write
+        self.elem_kernels = L * (1 + sum(n for _, n, _ in kinds))
         self._linear_memo: dict[int, float] = {}
         self._head_memo: dict[int, float] = {}
 
@@ -209,13 +218,20 @@ class KernelCostModel(StepModel):
         if experts is not None:
             out.append(experts)
         eb = self.elem_bytes_token * tokens
-        t_elem = self.elem_fixed + self.elem_s_token * tokens
+        t_elem = self.elementwise_time(tokens)
         out.append(Kernel("elementwise", self.elem_kernels, t_elem, "memory", 0.0, eb))
         out.append(self._gemm(self.head, rows))
         if self.allreduces:
             ar = self.allreduce_seconds(tokens)
             out.append(Kernel("allreduce", self.allreduces, ar, "latency", 0.0, 0.0))
         return out
+
+    def elementwise_time(self, tokens: float) -> float:
+        """Seconds of a step's element-wise kernels over `tokens` tokens, each kind the longer of its fixed
+        cost and its bytes (`sim.cost.kernels.elementwise_seconds`)."""
+        L = self.model.num_layers
+        t = sum(n * float(elementwise_seconds(b * tokens, bw, f)) for n, b, bw, f in self.elem_kinds)
+        return L * t + self.elem_other_fixed
 
     def _linear_time(self, tokens: int) -> float:
         """Seconds of everything but attention and the LM head for `tokens` tokens (memoised)."""

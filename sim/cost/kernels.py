@@ -15,11 +15,6 @@ from sim.config.calibration import KernelCalibration
 ACT_BYTES = 2  # activations are 16-bit
 
 
-# Element-wise kernels per layer: two fused residual-add + RMSNorm, rotary embedding, the MLP activation, and
-# the KV-cache write.
-ELEMENTWISE_KERNELS = 5
-
-
 # Per-layer sums of a step's rows: (pairs and KV tokens read on a full-attention layer, the same on a
 # sliding-window layer, prefill query tokens).
 LayerSums = tuple[float, float, float, float, float]
@@ -152,9 +147,30 @@ def elementwise_bytes(hidden, qk_width, inter_width, gated):  # type: ignore[no-
     }
 
 
+ELEMENTWISE_SETS = ("vllm", "torch")
+
+
+def layer_elementwise(hidden, qk_width, q_width, inter_width, gated, kernels="vllm"):  # type: ignore[no-untyped-def]
+    """(fitted kind whose bandwidth it streams at, kernels a layer, bytes per token each) of a decoder
+    layer's element-wise kernels, as `kernels` runs them. vLLM ("vllm") fuses the residual add into RMSNorm
+    (charged as RMSNorm) and SiLU into the multiply. A plain PyTorch decoder ("torch": the H200 profile's
+    whole steps, sim/catalog/profiles/h200/steps.csv) runs torch.nn.RMSNorm and the two residual adds
+    apart, SiLU (at the activation's bandwidth, over its one input and output) apart from the multiply, and
+    the attention output's copy back to (tokens, heads x dim) (the multiply and the copy at the residual
+    add's bandwidth: binary and copying element-wise kernels), and no rotary embedding. The KV-cache write
+    is not listed (its bytes are attention's)."""
+    b = elementwise_bytes(hidden, qk_width, inter_width, gated)
+    if kernels == "vllm":
+        return (("norm", 2, b["norm"]), ("rope", 1, b["rope"]), ("act", 1, b["act"]))
+    return (("norm", 2, b["norm"]), ("add", 2, b["add"]), ("act", 1, ACT_BYTES * 2 * inter_width),
+            ("add", 1, ACT_BYTES * 3 * inter_width), ("add", 1, ACT_BYTES * 2 * q_width))  # fmt: skip
+
+
 def elementwise_seconds(nbytes, bytes_per_s, fixed_s):  # type: ignore[no-untyped-def]
-    """One memory-bound element-wise kernel: its bytes at `bytes_per_s` plus its fixed cost."""
-    return nbytes / bytes_per_s + fixed_s
+    """One memory-bound element-wise kernel: the longer of its fixed cost and its bytes at `bytes_per_s`. A
+    small kernel takes its fixed cost whatever its size (Vidur's RMSNorm at hidden 4,096 on an A100: 4-5 µs
+    from 1 to 192 tokens), a large one its bytes. Floats or arrays alike."""
+    return np.maximum(nbytes / bytes_per_s, fixed_s)
 
 
 def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]

@@ -92,6 +92,11 @@ def serving_ratios() -> list[dict[str, object]]:
     return out
 
 
+def stream_ratios(rows: list[dict[str, object]]) -> dict[str, float]:
+    """{profile folder: its weight-streaming ratio over the H100-SXM's} of `serving_ratios()`'s rows."""
+    return {str(r["gpu"]): float(r["stream_ratio"]) for r in rows}  # type: ignore[arg-type]
+
+
 def shipped_scales(rows: list[dict[str, object]]) -> dict[str, object]:
     """The shipped scales (sim/catalog/kernel_gpus.toml), each {"weights", "compute", "kv"}: {"serving":
     {catalog name: its own ratios}, "serving_generation": {major: the mean over that generation's profiled

@@ -24,12 +24,13 @@ from sim.cost.gemm_fit import (
     fit_gemm,
     generation,
     leave_one_gpu_out,
+    scaled_elementwise,
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
 from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
-from sim.cost.serving_ratios import serving_ratios, shipped_scales
+from sim.cost.serving_ratios import serving_ratios, shipped_scales, stream_ratios
 from sim.io.outputs import write_text
 from sim.io.tomltext import toml_value
 
@@ -49,13 +50,22 @@ def nvlinked() -> dict[str, bool]:
     return {f: "pcie" not in get_gpu(name).interconnect.lower() for f, name in PROFILED.items()}
 
 
-def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
+def fit_kernel_gpus(
+    root: Path | None = None, ratio_rows: list[dict[str, object]] | None = None
+) -> dict[str, object]:
     """{"gpus": {catalog name: params}, "generation": {major: params}, "pooled": params, "gemm_fixed_s":
     {catalog name: the fixed cost of a GEMM fit to aiconfigurator's (in a CUDA graph), not shipped}, "nccl",
     "custom_allreduce": {profile folder: fits per degree}}. GEMM parameters from each GPU's `SHIPPED` data
-    set, element-wise from Vidur's profiles (own fit, else pooled)."""
-    pooled_elem = fit_elementwise(list(PROFILED), root)
-    assert pooled_elem is not None
+    set, element-wise from Vidur's profiles: a GPU's own fit, else the pooled fit at the GPU's (or the pool's)
+    weight-streaming ratio (`sim.cost.gemm_fit.fit_elementwise`)."""
+    ratio_rows = ratio_rows or serving_ratios()
+    scales = shipped_scales(ratio_rows)
+    reference_elem = fit_elementwise(list(PROFILED), root, stream_ratios(ratio_rows))
+    assert reference_elem is not None
+
+    def elementwise(scale: object) -> dict[str, float]:
+        assert isinstance(scale, dict) and reference_elem is not None
+        return scaled_elementwise(reference_elem, float(scale["weights"]))
 
     def moe(folders: list[str]) -> dict[str, float]:
         """Fused-MoE parameters per format over `folders`' tables, else their generation's, else all."""
@@ -73,21 +83,25 @@ def fit_kernel_gpus(root: Path | None = None) -> dict[str, object]:
         gemm = fit_gemm([folder], root)
         if SHIPPED[folder] == "aiconfigurator":  # timed in a CUDA graph: not the isolated kernel's fixed cost
             fixed[name] = gemm.pop("kernel_fixed_s")
-        gpus[name] = gemm | (fit_elementwise([folder], root) or pooled_elem) | moe([folder])
+        serving = scales["serving"]
+        assert isinstance(serving, dict)
+        gpus[name] = gemm | (fit_elementwise([folder], root) or elementwise(serving[name])) | moe([folder])
     base = KernelCalibration.load()
     gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
 
-    def pool(folders: list[str]) -> dict[str, float]:
+    def pool(folders: list[str], scale: object) -> dict[str, float]:
         gemm = fit_gemm(folders, root)
         del gemm["kernel_fixed_s"]
-        return gemm | pooled_elem | moe(folders)
+        return gemm | elementwise(scale) | moe(folders)
 
     gens = sorted({g for f in PROFILED if (g := generation(f)) is not None}, key=int)
-    by_gen = {g: pool([f for f in PROFILED if generation(f) == g]) for g in gens}
+    by_gen_scale = scales["serving_generation"]
+    assert isinstance(by_gen_scale, dict)
+    by_gen = {g: pool([f for f in PROFILED if generation(f) == g], by_gen_scale[g]) for g in gens}
     ar = aic_allreduce_table(nvlinked(), root)
-    return {"gpus": gpus, "generation": by_gen, "pooled": pool(list(PROFILED)), "gemm_fixed_s": fixed,
-            "nccl": _fits_by_degree(ar, "nccl"), "custom_allreduce": _fits_by_degree(ar, "custom"),
-            **shipped_scales(serving_ratios())}  # fmt: skip
+    return {"gpus": gpus, "generation": by_gen, "pooled": pool(list(PROFILED), scales["serving_pooled"]),
+            "gemm_fixed_s": fixed, "nccl": _fits_by_degree(ar, "nccl"),
+            "custom_allreduce": _fits_by_degree(ar, "custom"), **scales}  # fmt: skip
 
 
 def _params(p: dict[str, float]) -> str:
@@ -113,8 +127,10 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #   H200: its own profile (sim/catalog/profiles/h200/gemm.csv, measured 2026-11-30, PyTorch 2.11, L2 flushed),
 #     which its whole served steps confirm (steps.csv; aiconfigurator's H200 table predicts prefill 16% fast).
 #   Element-wise parameters: fitted to Vidur's profiles (sim/catalog/profiles/{{h100,a100}}/elementwise.csv,
-#   microsoft/vidur, MIT, commit 7d47513; `sim kernels --import-vidur`), the pooled H100 + A100 fit for the
-#   other GPUs (aiconfigurator has no element-wise tables).
+#   microsoft/vidur, MIT, commit 7d47513; `sim kernels --import-vidur`); for the other GPUs the H100 + A100
+#   fit in the H100's terms (each GPU at its weight-streaming ratio, [serving.*]) times their own ratio or
+#   their pool's (aiconfigurator has no element-wise tables). Each kernel is the longer of its fixed cost and
+#   its bytes; a served step charges graph_kernel_fixed_s as the floor.
 #   Fused-MoE parameters (moe_*, sim.cost.moe_fit; `_fp8` for FP8 experts): fitted to aiconfigurator's vLLM
 #   fused-MoE tables (profiles/<gpu>/aiconfigurator/moe.csv: H200, H100-SXM, L40S, B200; every expert on the
 #   GPU, a balanced gate); the A100-80GB, with no such table, takes its generation's (the L40S's).
@@ -167,16 +183,17 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 
 def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     """Fit, test by leaving each GPU out (both GEMM data sets), and optionally write the parameter file."""
-    fits = fit_kernel_gpus()
+    ratio_rows = serving_ratios()
+    fits = fit_kernel_gpus(ratio_rows=ratio_rows)
     if write is not None:
         write_text(write, kernel_gpus_toml(fits, command))
         kernel_gpus.reload()
     steps_cal = KernelCalibration.load(gpu=get_gpu(STEPS_GPU))
-    held = {ds: leave_one_gpu_out(dataset=ds) for ds in DATASETS}
+    held = {ds: leave_one_gpu_out(dataset=ds, ratios=stream_ratios(ratio_rows)) for ds in DATASETS}
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
             "allreduce_vidur": allreduce_table(), "attention": attention_table(),
             "chunking": chunking_table(), "steps": steps_table(steps_cal),
-            "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": serving_ratios()}  # fmt: skip
+            "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": ratio_rows}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
