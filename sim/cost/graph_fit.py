@@ -9,7 +9,7 @@ fitted one. The eager steps of the profile are host-bound where the GPU's work i
 each kernel: the eager decode steps take 14-16 ms whatever the batch), so only prefill steps of at least
 `PREFILL_MIN_TOKENS` tokens are compared with the GPU time. The profile's decoder is plain PyTorch, so its
 steps are costed with the element-wise kernels it runs (`sim.cost.kernels.layer_elementwise`, "torch"), not
-vLLM's fused ones.
+vLLM's fused ones, and with the H200 profile's SDPA attention, not vLLM's (`harness`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from scipy.optimize import least_squares
 
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
-from sim.config.calibration import KernelCalibration
+from sim.config.calibration import KernelCalibration, shipped_kernel_calibration
+from sim.cost.attention_fit import SHIPPED_KEYS as ATTENTION_KEYS
 from sim.cost.kernel_model import KernelCostModel
 
 GRAPH_MAX_BATCH = 128
@@ -39,10 +40,16 @@ def steps_rows(path: Path | None = None) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def harness(cal: KernelCalibration) -> KernelCalibration:
+    """`cal` with the attention the profile's decoder runs: PyTorch's SDPA, whose parameters are the H200
+    profile's (kernel_calibration.toml), not vLLM's kernels' (kernel_gpus.toml, `sim step`'s)."""
+    profile = shipped_kernel_calibration()
+    return replace(cal, **{k: getattr(profile, k) for k in ATTENTION_KEYS})
+
+
 def _gpu_seconds(cal: KernelCalibration, row: dict[str, str]) -> float:
-    cost = KernelCostModel(
-        load_model(row["model"]), get_gpu(STEPS_GPU), 1, calibration=cal, elementwise="torch"
-    )
+    model, gpu = load_model(row["model"]), get_gpu(STEPS_GPU)
+    cost = KernelCostModel(model, gpu, 1, calibration=harness(cal), elementwise="torch")
     b, each, ctx = int(row["batch"]), int(row["tokens_each"]), int(row["context"])
     return cost.step(np.full(b, each), np.full(b, ctx)).gpu_s
 

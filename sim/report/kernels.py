@@ -47,7 +47,7 @@ def print_kernels(
                 table.add_row(dataset, gpu, rule, "gemm", op, f"{err:.1f}", f"{pooled:.1f}",
                               f"{rep['gemm_own'][op]:.1f}")  # fmt: skip
             for op, err in rep.get("elementwise_held_out", {}).items():
-                table.add_row(dataset, gpu, "others", "elementwise", op, "", f"{err:.1f}",
+                table.add_row(dataset, gpu, "others", "elementwise", op, f"{err:.1f}", "",
                               f"{rep['elementwise_own'][op]:.1f}")  # fmt: skip
     console.print(table)
     table = Table(title="Fused-MoE layers (aiconfigurator's vLLM tables) of a GPU left out, predicted from "
@@ -86,17 +86,19 @@ def print_kernels(
         table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
     console.print(table)
     table = Table(
-        title="Attention: the kernel model (the H200 profile's attention parameters, in-step "
-        "fixed cost) against aiconfigurator's vLLM kernels: median error %, all and >= 100 µs"
+        title="Attention (aiconfigurator's vLLM kernels) of a GPU left out, predicted by the transfer rule "
+        "(from: its GPUs) / own fit: median |error| %, all kernels and those of >= 100 µs"
     )
-    for col in ("GPU", "phase", "kernels", "median", "median |err|", ">= 100 µs", "median", "median |err|"):
-        table.add_column(col, justify="left" if col in ("GPU", "phase") else "right")
+    for col in ("GPU", "from", "prefill", ">= 100 µs", "decode", ">= 100 µs"):
+        table.add_column(col, justify="left" if col in ("GPU", "from") else "right")
     attention = result["attention"]
-    assert isinstance(attention, list)
-    for r in attention:
-        table.add_row(r["gpu"], r["phase"], str(r["kernels"]), f"{r['median_pct']:+.1f}",
-                      f"{r['median_abs_pct']:.1f}", str(r["long_kernels"]), f"{r['long_median_pct']:+.1f}",
-                      f"{r['long_median_abs_pct']:.1f}")  # fmt: skip
+    assert isinstance(attention, dict)
+    for gpu, rep in attention.items():
+        held, own = rep["held_out"], rep["own"]
+        cells = [
+            f"{held[k]:.1f} / {own[k]:.1f}" for k in ("prefill", "prefill_long", "decode", "decode_long")
+        ]
+        table.add_row(gpu, "+".join(rep["rule"]), *cells)
     console.print(table)
     table = Table(
         title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"

@@ -15,7 +15,8 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
 from sim.cost.allreduce import aic_allreduce_table, allreduce_table
-from sim.cost.attention_check import attention_table
+from sim.cost.attention_fit import SHIPPED_KEYS as ATTENTION_KEYS
+from sim.cost.attention_fit import fit_attention, leave_one_attention_gpu_out
 from sim.cost.gemm_fit import (
     DATASETS,
     PROFILED,
@@ -67,6 +68,11 @@ def fit_kernel_gpus(
         assert isinstance(scale, dict) and reference_elem is not None
         return scaled_elementwise(reference_elem, float(scale["weights"]))
 
+    def attention(folders: list[str]) -> dict[str, float]:
+        """Attention parameters fitted to `folders`' aiconfigurator tables (their fixed cost not shipped)."""
+        p = fit_attention(folders, root)
+        return {k: p[k] for k in ATTENTION_KEYS}
+
     def moe(folders: list[str]) -> dict[str, float]:
         """Fused-MoE parameters per format over `folders`' tables, else their generation's, else all."""
         out: dict[str, float] = {}
@@ -85,14 +91,15 @@ def fit_kernel_gpus(
             fixed[name] = gemm.pop("kernel_fixed_s")
         serving = scales["serving"]
         assert isinstance(serving, dict)
-        gpus[name] = gemm | (fit_elementwise([folder], root) or elementwise(serving[name])) | moe([folder])
+        own = fit_elementwise([folder], root) or elementwise(serving[name])
+        gpus[name] = gemm | own | moe([folder]) | attention([folder])
     base = KernelCalibration.load()
     gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
 
     def pool(folders: list[str], scale: object) -> dict[str, float]:
         gemm = fit_gemm(folders, root)
         del gemm["kernel_fixed_s"]
-        return gemm | elementwise(scale) | moe(folders)
+        return gemm | elementwise(scale) | moe(folders) | attention(folders)
 
     gens = sorted({g for f in PROFILED if (g := generation(f)) is not None}, key=int)
     by_gen_scale = scales["serving_generation"]
@@ -131,6 +138,11 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #   fit in the H100's terms (each GPU at its weight-streaming ratio, [serving.*]) times their own ratio or
 #   their pool's (aiconfigurator has no element-wise tables). Each kernel is the longer of its fixed cost and
 #   its bytes; a served step charges graph_kernel_fixed_s as the floor.
+#   Attention parameters (attn_compute_eff, attn_query_head_s, kv_bandwidth_eff, attn_row_head_s;
+#   sim.cost.attention_fit): fitted to aiconfigurator's vLLM attention kernels (profiles/<gpu>/aiconfigurator/
+#   attention.csv: FA3 on the Hoppers, FlashAttention 2 on the A100 and L40S, FlashInfer on the B200), each
+#   GPU's own, the pools over theirs; the fit's fixed cost (an isolated launch) is not shipped. The H200 steps
+#   check keeps the H200 profile's SDPA attention (kernel_calibration.toml), which its decoder runs.
 #   Fused-MoE parameters (moe_*, sim.cost.moe_fit; `_fp8` for FP8 experts): fitted to aiconfigurator's vLLM
 #   fused-MoE tables (profiles/<gpu>/aiconfigurator/moe.csv: H200, H100-SXM, L40S, B200; every expert on the
 #   GPU, a balanced gate); the A100-80GB, with no such table, takes its generation's (the L40S's).
@@ -191,7 +203,7 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     steps_cal = KernelCalibration.load(gpu=get_gpu(STEPS_GPU))
     held = {ds: leave_one_gpu_out(dataset=ds, ratios=stream_ratios(ratio_rows)) for ds in DATASETS}
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
-            "allreduce_vidur": allreduce_table(), "attention": attention_table(),
+            "allreduce_vidur": allreduce_table(), "attention": leave_one_attention_gpu_out(),
             "chunking": chunking_table(), "steps": steps_table(steps_cal),
             "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": ratio_rows}  # fmt: skip
 
