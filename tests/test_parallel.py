@@ -353,7 +353,8 @@ def test_two_batch_overlap_under_deepeps_normal_kernels_leaves_the_compute_the_s
 def test_dp_attention_over_tp_sharded_experts_gathers_the_steps_tokens_and_reads_what_they_touch() -> None:
     """vLLM's default for DP without EP: the expert layers a TP group of dp x tp GPUs. Each MoE layer
     all-gathers the step's tokens to every GPU and reduce-scatters them back, (dp - 1) / dp of tokens x hidden
-    x 2 B each over the group's link, and reads its shard of every expert the step's tokens touch."""
+    x 2 B each over the group's link, reads its shard of every expert the step's tokens touch, and runs the
+    fused-MoE kernel on that dp-times narrower shard."""
     ds = load_model("deepseek-v3")
     base = CostModel(ds, H100, 1)
     c, q = _rows(256, 2000)  # 16 decodes a rank
@@ -370,6 +371,16 @@ def test_dp_attention_over_tp_sharded_experts_gathers_the_steps_tokens_and_reads
         )
         assert b.seconds == pytest.approx(max(b.rank_s) + ds.num_moe_layers * (b.gather_s + b.group_reads_s))
         assert (b.dispatch_s, b.combine_s) == (0.0, 0.0)
+    # the experts run on shards dp times narrower: each pair costs what the fused-MoE kernel charges there
+    n_half, width = base.moe_n_half_cols, base.moe_width
+    assert n_half > 100 and width == 2048
+    for dp in (8, 16):
+        rank = ParallelCost(base, ds, H100, Placement(dp=dp)).rank_base
+        narrow = (1 + n_half / (width / dp)) / (1 + n_half / width)
+        assert rank.moe_cost_tok == pytest.approx(base.moe_cost_tok * narrow) and narrow > 1.5
+        assert rank.moe_fill_expert == pytest.approx(base.moe_fill_expert / dp * narrow)
+    expert_parallel = ParallelCost(base, ds, H100, Placement(ep=16, dp=16)).rank_base
+    assert expert_parallel.moe_cost_tok == base.moe_cost_tok  # whole experts on each EP rank
     # a prefill touches every expert on every rank already: only the gather is added
     prompts = ParallelCost(base, ds, H100, Placement(dp=8)).breakdown(*(np.full(8, 4096), np.zeros(8)))
     assert prompts.group_reads_s == pytest.approx(0.0, abs=1e-9) and prompts.gather_s > 0

@@ -107,6 +107,13 @@ class ParallelCost:
             self.rank_base.expert_bytes_per_layer = base.expert_bytes_per_layer / p.dp
             if getattr(base, "moe_fill_expert", 0.0):
                 self.rank_base.moe_fill_expert = base.moe_fill_expert / p.dp
+            n_half, width = getattr(base, "moe_n_half_cols", 0.0), getattr(base, "moe_width", 0.0)
+            if p.ep == 1 and n_half and width:
+                # Experts TP-sharded over the dp ranks run the fused-MoE kernel on shards dp times narrower
+                # than the base's: each pair costs what it does on that shard (`fused_moe_flops`, shape term).
+                narrow = (1.0 + n_half * p.dp / width) / (1.0 + n_half / width)
+                self.rank_base.moe_cost_tok = base.moe_cost_tok * narrow
+                self.rank_base.moe_fill_expert *= narrow
         self.layers = stage_layers(model.num_layers, p.pp)
         self.intra, self.inter = get_link(p.intra_node_link), get_link(p.inter_node_link)
         # Ranks are numbered stage-major (vLLM: TP innermost), so a replica over several nodes has at least

@@ -137,6 +137,8 @@ class CostModel(StepModel):
         # filling `moe_m_half_tokens` more rows. Charged at the roofline's rate, so scaled by the prefill
         # efficiency over the kernel's. Formats with no fused-MoE fit keep the experts in the linear FLOPs.
         self.moe_cost_tok = self.moe_fill_expert = 0.0
+        self.moe_width = m.expert_params / (3 * m.hidden_size) / tp if m.num_experts else 0.0  # columns a GPU
+        self.moe_n_half_cols = 0.0
         fmt = moe_format(m, gpu, self.weight_dtype, gs)
         if fmt is not None:
             fit = fused_moe(params, fmt)
@@ -150,6 +152,7 @@ class CostModel(StepModel):
             self.lin_cost_tok -= chosen * rate
             self.moe_cost_tok = pair * scale * m.experts_per_token
             self.moe_fill_expert = pair * scale * fit.moe_m_half_tokens
+            self.moe_n_half_cols = fit.moe_n_half_cols
         self.fill_cost = (self.lin_cost_tok + self.head_cost_row) * self.tile_fill_tokens
 
     def _weights(self, tokens: float) -> tuple[float, float]:
