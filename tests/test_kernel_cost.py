@@ -215,7 +215,12 @@ def test_sim_step_json_and_table() -> None:
 
 @pytest.mark.parametrize(
     ("gpu", "tp", "batch", "rule"),
-    [("H100", 8, "1", "custom"), ("H100", 8, "4096", "nccl"), ("L4", 4, "8", "prior")],
+    [
+        ("H100", 8, "1", "custom"),
+        ("H100", 8, "4096", "nccl"),
+        ("L4", 4, "8", "nccl"),  # the measured PCIe Gen4 node's (the L40S's)
+        ("T4", 4, "8", "prior"),
+    ],
 )
 def test_sim_step_names_the_all_reduce_rule(gpu: str, tp: int, batch: str, rule: str) -> None:
     """vLLM's custom kernel for a decode step's small messages, NCCL for a large prefill's, and on a GPU

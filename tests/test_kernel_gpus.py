@@ -176,11 +176,14 @@ def test_prefill_all_reduce_is_nccl_and_decode_is_vllms_custom_kernel() -> None:
     tiny = 8 * spec.hidden_size * 2  # 128 KiB: one-shot, every peer's buffer read
     assert cost.allreduce.seconds(tiny) == pytest.approx(clat + 7 * tiny / cbw)
     assert cost.allreduce.seconds(tiny) == pytest.approx(float(custom_seconds(tiny, 8, clat, cbw)))
-    assert nccl_fit(get_gpu("L4"), 2) is None  # PCIe without a profile: the prior formula
-    l4 = KernelCostModel(spec, get_gpu("L4"), 2, calibration=KernelCalibration.load(gpu=get_gpu("L4")))
-    assert l4.allreduce.seconds(small) == pytest.approx(
-        l4.cal.allreduce_latency_pcie_s + small / (get_gpu("L4").interconnect_bandwidth * 0.7)
+    t4 = get_gpu("T4")  # PCIe Gen3, no measured node: the prior formula
+    assert nccl_fit(t4, 2) is None
+    prior = KernelCostModel(spec, t4, 2, calibration=KernelCalibration.load(gpu=t4))
+    assert prior.allreduce.seconds(small) == pytest.approx(
+        prior.cal.allreduce_latency_pcie_s + small / (t4.interconnect_bandwidth * 0.7)
     )
+    for degree in (2, 4, 8):  # a PCIe Gen4 part takes the measured PCIe Gen4 node's (the L40S's) fits
+        assert nccl_fit(get_gpu("L4"), degree) == nccl_fit(get_gpu("L40S"), degree) is not None
     assert custom_allreduce_fit(get_gpu("H200"), 8) != custom_allreduce_fit(g, 8)  # its own node's table
     ar = {k.name: k for k in cost.step(np.array([4096]), np.array([0])).kernels}["allreduce"]
     assert ar.seconds == pytest.approx(2 * spec.num_layers * cost.allreduce.seconds(big))

@@ -13,7 +13,9 @@ The engine's efficiencies, fitted on H100 runs, are scaled on each GPU by its ke
 H100's (`[serving."<name>"]`, sim.cost.serving_ratios), by the same rule for a GPU without tables.
 
 All-reduce fits per profiled GPU's node (`[nccl.<folder>]`, `[custom_allreduce.<folder>]`); a GPU without one
-takes the node of its NVLink generation (an 8-GPU NVSwitch board, as SXM parts are sold)."""
+takes the node of its NVLink generation (an 8-GPU NVSwitch board, as SXM parts are sold), and a PCIe Gen4
+part (the L4, the A10G) the one measured PCIe Gen4 node's, the L40S's: the node's PCIe topology, not the GPU,
+sets the all-reduce there."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from sim.catalog.gpus import Gpu, get_gpu
 FILE = "kernel_gpus.toml"
 # catalog GPU -> its aiconfigurator node (the profile folder); others by their link's generation
 NODE = {"H200": "h200", "H100-SXM": "h100", "A100-80GB": "a100", "L40S": "l40s", "B200": "b200"}
-LINK_NODE = {"NVLink 5": "b200", "NVLink 4": "h100", "NVLink 3": "a100"}
+LINK_NODE = {"NVLink 5": "b200", "NVLink 4": "h100", "NVLink 3": "a100", "PCIe Gen4 x16": "l40s"}
 
 
 @cache

@@ -5,8 +5,9 @@ Each decoder layer reduces its activations twice (after attention and after the 
 tokens x hidden x 2 bytes each. vLLM sends a message of at most 8 MiB on 2, 4, 6 or 8 fully NVLinked GPUs
 (or 2 on PCIe) through its custom all-reduce, replayed in a CUDA graph, and larger ones through NCCL
 (sim.cost.allreduce). Each is priced from the fit to its GPU's node at that degree (sim/catalog/
-kernel_gpus.toml: aiconfigurator's measured tables). Where no table covers the node and degree (PCIe parts
-without a profile, degree 6, AMD), the stated prior: a latency (NVLink or PCIe) plus the ring bytes at a
+kernel_gpus.toml: aiconfigurator's measured tables; a GPU without its own, its NVLink generation's or, on
+PCIe Gen4, the L40S's node). Where no table covers the node and degree (other PCIe parts, degree 6, AMD),
+the stated prior: a latency (NVLink or PCIe) plus the ring bytes at a
 share of the catalog's link bandwidth."""
 
 from __future__ import annotations
