@@ -120,17 +120,29 @@ def fit_allreduce(nbytes: np.ndarray, seconds: np.ndarray, degree: int) -> tuple
     return _fit_log(lambda lat, bw: nccl_seconds(nbytes, degree, lat, bw), nbytes, seconds)
 
 
+def nccl_carries(node: str, degree: int, nbytes: np.ndarray) -> np.ndarray:
+    """Which of `nbytes` vLLM sends to NCCL on Vidur's `node` at `degree`: above `CUSTOM_ALLREDUCE_MAX_BYTES`
+    where its custom all-reduce takes the rest (2 GPUs, or up to 8 fully NVLinked: the NVSwitch boards),
+    every size on GPUs NVLinked in pairs beyond 2 (no custom all-reduce there)."""
+    custom = degree == 2 or (node.endswith("_dgx") and degree in CUSTOM_ALLREDUCE_DEGREES)
+    return nbytes > CUSTOM_ALLREDUCE_MAX_BYTES if custom else np.ones_like(nbytes, dtype=bool)
+
+
 def allreduce_table(path: Path | None = None) -> list[dict[str, object]]:
-    """Per (node, degree): the fit and its median and 90th-percentile |error| %, overall and for the
-    messages vLLM sends to NCCL (above `CUSTOM_ALLREDUCE_MAX_BYTES`)."""
+    """Per (node, degree): the fit to the messages vLLM sends to NCCL there (`nccl_carries`) with its median
+    and 90th-percentile |error| %, and beside it the fit to every size and its median (small messages on the
+    NVSwitch boards are vLLM's custom all-reduce's, fitted to aiconfigurator's tables instead)."""
     out = []
     for (node, degree), (b, s) in allreduce_data(path).items():
-        lat, bw = fit_allreduce(b, s, degree)
-        err = np.abs(nccl_seconds(b, degree, lat, bw) / s - 1.0) * 100.0
-        big = b > CUSTOM_ALLREDUCE_MAX_BYTES
+        keep = nccl_carries(node, degree, b)
+        lat, bw = fit_allreduce(b[keep], s[keep], degree)
+        err = np.abs(nccl_seconds(b[keep], degree, lat, bw) / s[keep] - 1.0) * 100.0
+        every = fit_allreduce(b, s, degree)
+        err_all = np.abs(nccl_seconds(b, degree, *every) / s - 1.0) * 100.0
         out.append({
-            "node": node, "degree": degree, "latency_s": lat, "bus_bandwidth": bw, "points": int(b.size),
+            "node": node, "degree": degree, "carried": "all" if keep.all() else "> 8 MiB",
+            "latency_s": lat, "bus_bandwidth": bw, "points": int(keep.sum()),
             "median_pct": float(np.median(err)), "p90_pct": float(np.quantile(err, 0.9)),
-            "median_large_pct": float(np.median(err[big])) if big.any() else math.nan,
+            "all_sizes_median_pct": float(np.median(err_all)),
         })  # fmt: skip
     return out

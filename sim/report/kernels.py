@@ -75,15 +75,18 @@ def print_kernels(
                       f"{r['bandwidth'] / 1e9:.0f}", f"{r['median_pct']:.1f}", f"{r['p90_pct']:.1f}",
                       f"{r['max_pct']:.1f}")  # fmt: skip
     console.print(table)
-    table = Table(title="NCCL all-reduce (Vidur): latency + ring bytes / bus bandwidth, per node and degree")
-    for col in ("node", "degree", "latency µs", "bus GB/s", "median |err| %", "p90 %", "> 8 MiB median %"):
-        table.add_column(col, justify="left" if col == "node" else "right")
+    table = Table(title="NCCL all-reduce (Vidur): latency + ring bytes / bus bandwidth, per node and degree, "
+                  "fitted to the messages vLLM sends to NCCL there")  # fmt: skip
+    for col in ("node", "degree", "messages", "latency µs", "bus GB/s", "median |err| %", "p90 %",
+                "all sizes: median %"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("node", "messages") else "right")
     rows = result["allreduce_vidur"]
     assert isinstance(rows, list)
     for r in rows:
         figures = (r["latency_s"] * 1e6, r["bus_bandwidth"] / 1e9, r["median_pct"], r["p90_pct"])
         cells = [f"{figures[0]:.1f}", f"{figures[1]:.0f}", f"{figures[2]:.1f}", f"{figures[3]:.1f}"]
-        table.add_row(r["node"], str(r["degree"]), *cells, f"{r['median_large_pct']:.1f}")
+        table.add_row(r["node"], str(r["degree"]), f"{r['carried']} ({r['points']})", *cells,
+                      f"{r['all_sizes_median_pct']:.1f}")  # fmt: skip
     console.print(table)
     table = Table(
         title="Attention (aiconfigurator's vLLM kernels) of a GPU left out, predicted by the transfer rule "
