@@ -57,8 +57,9 @@ def fit_kernel_gpus(
     """{"gpus": {catalog name: params}, "generation": {major: params}, "pooled": params, "gemm_fixed_s":
     {catalog name: the fixed cost of a GEMM fit to aiconfigurator's (in a CUDA graph), not shipped}, "nccl",
     "custom_allreduce": {profile folder: fits per degree}}. GEMM parameters from each GPU's `SHIPPED` data
-    set, element-wise from Vidur's profiles: a GPU's own fit, else the pooled fit at the GPU's (or the pool's)
-    weight-streaming ratio (`sim.cost.gemm_fit.fit_elementwise`)."""
+    set, element-wise from Vidur's profiles (a GPU's own fit, else the pooled fit at the GPU's or the pool's
+    weight-streaming ratio, `sim.cost.gemm_fit.fit_elementwise`), attention from aiconfigurator's attention
+    tables (`sim.cost.attention_fit`: the GPU's, its generation's, all of them)."""
     ratio_rows = ratio_rows or serving_ratios()
     scales = shipped_scales(ratio_rows)
     reference_elem = fit_elementwise(list(PROFILED), root, stream_ratios(ratio_rows))
