@@ -286,6 +286,7 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         "steps",
         "moe_held_out",
         "serving_ratios",
+        "mla",
     }
     assert set(out["held_out"]) == {"aiconfigurator", "profiles"}
     res = CliRunner().invoke(app, ["kernels", "--write", str(tmp_path / "k.toml")])

@@ -104,6 +104,18 @@ def print_kernels(
         table.add_row(gpu, "+".join(rep["rule"]), *cells)
     console.print(table)
     table = Table(
+        title="DeepSeek-V3's MLA attention module: the kernel model against vLLM 0.24.0's measured module "
+        "(aiconfigurator): median signed error %, all modules and those of >= 300 µs"
+    )
+    for col in ("GPU", "phase", "GEMMs / KV", "modules", "median", ">= 300 µs", "median"):
+        table.add_column(col, justify="left" if col in ("GPU", "phase", "GEMMs / KV") else "right")
+    mla = result["mla"]
+    assert isinstance(mla, list)
+    for r in mla:
+        table.add_row(r["gpu"], r["phase"], r["config"], str(r["modules"]), f"{r['median_pct']:+.1f}",
+                      str(r["long_modules"]), f"{r['long_median_pct']:+.1f}")  # fmt: skip
+    console.print(table)
+    table = Table(
         title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"
     )
     for col in ("prompt", "measured", "kernel model", "engine roofline"):

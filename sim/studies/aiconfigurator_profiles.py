@@ -22,6 +22,8 @@ Per GPU (`SYSTEMS`), from the newest vLLM version the package has for that syste
   width split over `tp` (1/2/4/8), the gate balanced, bf16 and FP8 with 128 x 128 weight blocks, each
   dtype's most used kernel on that system (Triton on the Hoppers and the L40S); a system without balanced
   rows (the A100's table has only skewed gates) gets none.
+- `mla.csv` (phase, config, kernel, heads, batch, length, seconds): vLLM's MLA attention module of
+  DeepSeek-V3 (`mla/vllm/<v>/mla_{context,generation}_module_perf.parquet`), where the system has one.
 - `SOURCES.md`: package, version, each file read, system, runtime version and device name.
 Message sizes are elements (the package's convention: an all-reduce of T tokens of width H is T·H).
 """
@@ -248,6 +250,55 @@ def moe_rows(path: Path, root: Path) -> tuple[list[list[object]], Source] | None
     return rows, _source(df, path, root)
 
 
+MLA_CONFIGS = {
+    ("bfloat16", "bfloat16"): "bf16",
+    ("fp8_block", "fp8"): "fp8",
+}  # (GEMMs, KV cache) -> mla.csv's
+MLA_HEADS = (128, 64, 32, 16)  # DeepSeek-V3's 128 heads at TP 1/2/4/8
+MLA_BATCHES = (1, 8, 32, 64, 128, 256)
+MLA_LENGTHS = (512, 1024, 2048, 4096, 8192)  # prompt tokens, or decode's cached tokens
+
+
+def mla_rows(folder: Path, root: Path) -> tuple[list[list[object]], Source] | None:
+    """vLLM's MLA attention module of DeepSeek-V3 (`mla/vllm/<v>/mla_{context,generation}_module_perf.
+    parquet`: the layer's projections, latent KV and attention kernel, timed whole), bf16 GEMMs and KV and
+    FP8 block GEMMs with FP8 KV, at `MLA_HEADS`, `MLA_BATCHES` and `MLA_LENGTHS`; or None without them."""
+    import polars as pl
+
+    paths = {ph: folder / f"mla_{ph}_module_perf.parquet" for ph in ("context", "generation")}
+    if not all(p.is_file() for p in paths.values()):
+        return None
+    rows: list[list[object]] = []
+    for phase, path in paths.items():
+        df = _read(path, root)
+        need = {
+            "model",
+            "gemm_type",
+            "kv_cache_dtype",
+            "kernel_source",
+            "num_heads",
+            "batch_size",
+            "isl",
+            "step",
+        }
+        if not need <= set(df.columns):
+            raise SimError(f"{path}: expected columns {sorted(need)}, found {df.columns}")
+        df = df.filter(pl.col("model") == "deepseek-ai/DeepSeek-V3")
+        for r in df.iter_rows(named=True):
+            config = MLA_CONFIGS.get((r["gemm_type"], r["kv_cache_dtype"]))
+            length = int(r["isl"]) if phase == "context" else int(r["step"])
+            fresh = phase == "generation" or int(r["step"]) == 0  # no cached prefix under a prompt
+            keep = int(r["num_heads"]) in MLA_HEADS and int(r["batch_size"]) in MLA_BATCHES
+            if config and fresh and keep and length in MLA_LENGTHS:
+                shape = [int(r["num_heads"]), int(r["batch_size"]), length]
+                kind = "prefill" if phase == "context" else "decode"
+                rows.append([kind, config, r["kernel_source"], *shape, r["latency"] * 1e-3])
+    if not rows:
+        return None
+    rows.sort(key=lambda c: tuple(c[:-1]))  # type: ignore[arg-type]
+    return rows, _source(df, paths["generation"], root)
+
+
 def _sources_md(gpu: str, system: str, version: str, files: dict[str, Source]) -> str:
     lines = [
         f"# {gpu}: kernel tables from NVIDIA aiconfigurator",
@@ -266,7 +317,7 @@ def _sources_md(gpu: str, system: str, version: str, files: dict[str, Source]) -
 
 
 def import_aiconfigurator(source: Path, dest: Path) -> list[Path]:
-    """Write dest/<gpu>/aiconfigurator/{gemm,custom_allreduce,nccl_allreduce,attention,moe}.csv and
+    """Write dest/<gpu>/aiconfigurator/{gemm,custom_allreduce,nccl_allreduce,attention,moe,mla}.csv and
     SOURCES.md for every system of `SYSTEMS` from the package folder `source`; returns the files written."""
     root = data_root(source)
     version = package_version(root)
@@ -298,6 +349,18 @@ def import_aiconfigurator(source: Path, dest: Path) -> list[Path]:
             _write(out / "moe.csv", header, moe[0])
             sources["moe.csv"] = moe[1]
             names.append("moe.csv")
+        mla_dir = base / "mla" / "vllm"
+        mla = (
+            mla_rows(_newest(mla_dir, "mla_generation_module_perf.parquet").parent, root)
+            if mla_dir.is_dir()
+            else None
+        )
+        if mla is not None:
+            _write(
+                out / "mla.csv", ["phase", "config", "kernel", "heads", "batch", "length", "seconds"], mla[0]
+            )
+            sources["mla.csv"] = mla[1]
+            names.append("mla.csv")
         (out / "SOURCES.md").write_text(_sources_md(gpu, system, version, sources))
         written += [out / n for n in (*names, "SOURCES.md")]
     return written

@@ -29,6 +29,7 @@ from sim.cost.gemm_fit import (
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
+from sim.cost.mla_check import mla_table
 from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
 from sim.cost.serving_ratios import serving_ratios, shipped_scales, stream_ratios
@@ -206,7 +207,8 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
     return {"fits": fits, "held_out": held, "allreduce": aic_allreduce_table(nvlinked()),
             "allreduce_vidur": allreduce_table(), "attention": leave_one_attention_gpu_out(),
             "chunking": chunking_table(), "steps": steps_table(steps_cal),
-            "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": ratio_rows}  # fmt: skip
+            "moe_held_out": leave_one_moe_gpu_out(), "serving_ratios": ratio_rows,
+            "mla": mla_table()}  # fmt: skip
 
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
