@@ -23,6 +23,7 @@ from sim.cost.attention_fit import (
 )
 from sim.cost.graph_fit import harness
 from sim.cost.kernel_model import KernelCostModel
+from sim.cost.kernels import attention_step_fixed
 from sim.cost.mla_check import mla_data, mla_table, module_seconds
 from sim.studies.aiconfigurator_profiles import mla_rows
 
@@ -68,6 +69,17 @@ def test_sim_step_charges_each_gpu_its_fitted_attention_and_the_h200_steps_keep_
     profile = shipped_kernel_calibration()
     assert h200.attn_compute_eff != profile.attn_compute_eff
     assert all(getattr(harness(h200), k) == getattr(profile, k) for k in SHIPPED_KEYS)
+    # the fitted fixed cost, timed in a CUDA graph, is what a served step's attention pays
+    assert (
+        a100.attn_graph_fixed_s
+        == table["gpus"]["A100-80GB"]["attn_graph_fixed_s"]
+        == pytest.approx(fit_attention(["a100"])["attn_fixed_s"], rel=1e-3)
+    )
+    assert attention_step_fixed(a100) == a100.attn_graph_fixed_s > 1e-5
+    assert harness(h200).attn_graph_fixed_s == 0.0  # the profile's SDPA: its own rule
+    assert attention_step_fixed(profile) == pytest.approx(
+        profile.graph_kernel_fixed_s + profile.attn_fixed_s - profile.kernel_fixed_s
+    )
     # a long prompt's attention on the A100 costs more at its own (FlashAttention 2) efficiency
     spec, g = load_model("llama-3.1-8b"), get_gpu("A100-80GB")
     own = KernelCostModel(spec, g, calibration=a100).attention(8192 * 8193 / 2, 0, 8192, 8192, 32, 1)

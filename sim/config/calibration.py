@@ -118,6 +118,9 @@ class KernelCalibration:
     kv_bandwidth_eff: float = 0.8558  # decode attention KV reads, fraction of HBM peak (H200 profile)
     attn_fixed_s: float = 1.191e-05  # per attention kernel (H200 profile)
     attn_row_head_s: float = 8.218e-09  # per (sequence x KV head) decode work item (H200 profile)
+    # attention's fixed cost in a replayed step as measured in a CUDA graph (vLLM's kernels, aiconfigurator);
+    # 0: graph_kernel_fixed_s plus the isolated prologue, attn_fixed_s - kernel_fixed_s (the H200 profile)
+    attn_graph_fixed_s: float = 0.0
     graph_kernel_fixed_s: float = 3.068e-06  # per kernel in a replayed serving step (end-to-end fit)
     elementwise_fixed_s: float = 3e-06  # per element-wise kernel (prior: aiconfigurator's 3 µs latency)
     allreduce_latency_s: float = 2e-06  # per all-reduce over NVLink (end-to-end fit)

@@ -7,9 +7,11 @@ Per kernel, as the model counts one layer's attention: causal prefill of `q_len`
 (q(q + 1)/2 (query, key) pairs, its K and V written), decode of one token over `kv_len` cached ones (K and V
 read); 4 · heads · head_dim FLOPs a pair, 16-bit K and V. Fitted: the prefill's compute efficiency and work
 per (query x head), the decode's KV streaming efficiency and work per (sequence x KV head) (`SHIPPED_KEYS`),
-and a fixed cost per kernel that is not shipped: aiconfigurator's collector times vLLM's attention forward
-without a CUDA graph (its GEMM collector asks for one), so that fixed cost is an isolated launch's, and a
-served step charges its in-graph one (graph_kernel_fixed_s plus the H200 profile's attention prologue).
+and a fixed cost per kernel. aiconfigurator's collector times vLLM's attention forward (the cache write and
+the kernel) with its benchmark helper, which captures the call in a CUDA graph and replays it
+(`collector/helper.py` `benchmark_with_power`, `use_cuda_graph` True unless a collector asks otherwise;
+`collect_attn.py` does not), so that fixed cost is an in-graph one and is shipped as the served step's
+(`attn_graph_fixed_s`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from sim.catalog.gpus import get_gpu
 from sim.config.calibration import KernelCalibration
 from sim.cost.gemm_fit import POOL, PROFILED, TRANSFER, Params, rule_pool, solve
 from sim.cost.kernel_fit import KERNEL_BOUNDS
-from sim.cost.kernels import attention_seconds
+from sim.cost.kernels import attention_seconds, attention_step_fixed
 
 LONG_S = 1e-4
 SHIPPED_KEYS = ("attn_compute_eff", "attn_query_head_s", "kv_bandwidth_eff", "attn_row_head_s")
-FIT_KEYS = (*SHIPPED_KEYS, "attn_fixed_s")  # attn_fixed_s here: the table's isolated fixed cost
+FIT_KEYS = (*SHIPPED_KEYS, "attn_fixed_s")  # attn_fixed_s here: the table's in-graph fixed cost
+GRAPH_FIXED = "attn_graph_fixed_s"  # the shipped name of the fitted fixed cost (`shipped`)
 
 
 def attention_data(gpu: str, root: Path | None = None) -> dict[str, np.ndarray]:
@@ -56,7 +59,7 @@ def predict_attention(
     flops = 4 * d["heads"] * d["head_dim"] * pairs
     nbytes = 2 * 2 * d["kv_heads"] * d["head_dim"] * b * np.where(pre, q, kv)
     if fixed_s is None:
-        fixed_s = cal.graph_kernel_fixed_s + max(cal.attn_fixed_s - cal.kernel_fixed_s, 0.0)
+        fixed_s = attention_step_fixed(cal)
     query_heads = np.where(pre, b * q * d["heads"], 0.0)
     return attention_seconds(cal, flops, query_heads, nbytes, g.flops_16bit, g.hbm_bandwidth, fixed_s,
                              b * d["kv_heads"])  # fmt: skip
@@ -75,6 +78,12 @@ def fit_attention(gpus: Sequence[str], root: Path | None = None) -> Params:
     bounds = {k: KERNEL_BOUNDS[k] for k in FIT_KEYS}
     start = {k: float(getattr(base, k)) for k in FIT_KEYS}
     return solve(bounds, start, _table_predict, [(g, attention_data(g, root)) for g in gpus])
+
+
+def shipped(p: Params) -> Params:
+    """The parameters `fit_attention` fitted as sim/catalog/kernel_gpus.toml ships them: the fixed cost as the
+    served step's in-graph one."""
+    return {k: p[k] for k in SHIPPED_KEYS} | {GRAPH_FIXED: p["attn_fixed_s"]}
 
 
 def attention_errors(p: Params, gpu: str, root: Path | None = None) -> dict[str, float]:

@@ -26,6 +26,7 @@ from scipy.optimize import least_squares
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration, shipped_kernel_calibration
+from sim.cost.attention_fit import GRAPH_FIXED
 from sim.cost.attention_fit import SHIPPED_KEYS as ATTENTION_KEYS
 from sim.cost.kernel_model import KernelCostModel
 
@@ -44,7 +45,7 @@ def harness(cal: KernelCalibration) -> KernelCalibration:
     """`cal` with the attention the profile's decoder runs: PyTorch's SDPA, whose parameters are the H200
     profile's (kernel_calibration.toml), not vLLM's kernels' (kernel_gpus.toml, `sim step`'s)."""
     profile = shipped_kernel_calibration()
-    return replace(cal, **{k: getattr(profile, k) for k in ATTENTION_KEYS})
+    return replace(cal, **{k: getattr(profile, k) for k in (*ATTENTION_KEYS, GRAPH_FIXED)})
 
 
 def _gpu_seconds(cal: KernelCalibration, row: dict[str, str]) -> float:

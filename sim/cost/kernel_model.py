@@ -26,9 +26,10 @@ NCCL as measured above vLLM's custom all-reduce size, the custom all-reduce as m
 (sim/cost/allreduce_pricing.py, the roofline's pricing too).
 
 Inside a step (replayed as a graph) a GEMM pays graph_kernel_fixed_s instead of the isolated kernel's
-kernel_fixed_s, and attention pays graph_kernel_fixed_s plus the rest of its larger isolated fixed cost
-(attn_fixed_s - kernel_fixed_s: its prologue). The host's time per step and per row (scheduling, input
-preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
+kernel_fixed_s, and attention its fixed cost as measured in a graph (attn_graph_fixed_s, vLLM's kernels),
+else graph_kernel_fixed_s plus the rest of its larger isolated fixed cost (attn_fixed_s - kernel_fixed_s:
+its prologue; `sim.cost.kernels.attention_step_fixed`). The host's time per step and per row (scheduling,
+input preparation, sampling) overlaps the GPU's (asynchronous scheduling): a step takes the longer of the two.
 
 Parameters: sim/catalog/kernel_calibration.toml (attention, FP8, host and in-step terms, fitted to the H200
 profile and end to end), with each GPU's GEMM and element-wise parameters from sim/catalog/kernel_gpus.toml
@@ -55,6 +56,7 @@ from sim.cost.kernels import (
     LayerSums,
     StepCost,
     attention_seconds,
+    attention_step_fixed,
     elementwise_seconds,
     fused_moe,
     fused_moe_seconds,
@@ -268,10 +270,8 @@ class KernelCostModel(StepModel):
     ) -> float:
         flops = self.attn_flops_pair * pairs
         nbytes = self.kv_layer_bytes * (kv_tokens + tokens)
-        # In a replayed step attention saves the same launch cost as a GEMM and keeps the rest of its larger
-        # isolated fixed cost (its prologue: scheduling metadata, split-KV reduction).
         cal = self.cal
-        fixed = cal.graph_kernel_fixed_s + max(cal.attn_fixed_s - cal.kernel_fixed_s, 0.0)
+        fixed = attention_step_fixed(cal)
         items = rows * self.kv_heads
         return attention_seconds(
             cal, flops, query_tokens * self.heads, nbytes, self.peak16, self.hbm, fixed, items

@@ -173,6 +173,15 @@ def elementwise_seconds(nbytes, bytes_per_s, fixed_s):  # type: ignore[no-untype
     return np.maximum(nbytes / bytes_per_s, fixed_s)
 
 
+def attention_step_fixed(cal) -> float:  # type: ignore[no-untyped-def]
+    """An attention kernel's fixed cost inside a replayed step: as measured in a CUDA graph where the GPU's
+    parameters have it (`attn_graph_fixed_s`), else a GEMM's in-graph cost plus the rest of attention's larger
+    isolated fixed cost (its prologue: scheduling metadata, split-KV reduction)."""
+    if cal.attn_graph_fixed_s > 0.0:
+        return float(cal.attn_graph_fixed_s)
+    return float(cal.graph_kernel_fixed_s + max(cal.attn_fixed_s - cal.kernel_fixed_s, 0.0))
+
+
 def attention_seconds(cal, flops, query_heads, nbytes, peak16, hbm, fixed_s, items=0.0):  # type: ignore[no-untyped-def]
     """One attention kernel: FLOPs at the 16-bit peak plus per-(query token x head) work, against KV bytes
     streamed plus the per-(sequence x KV head) work items of a decode kernel (each loads its queries,

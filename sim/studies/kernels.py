@@ -15,8 +15,8 @@ from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import KernelCalibration
 from sim.cost.allreduce import aic_allreduce_table, allreduce_table
-from sim.cost.attention_fit import SHIPPED_KEYS as ATTENTION_KEYS
 from sim.cost.attention_fit import fit_attention, leave_one_attention_gpu_out
+from sim.cost.attention_fit import shipped as shipped_attention
 from sim.cost.gemm_fit import (
     DATASETS,
     PROFILED,
@@ -71,9 +71,8 @@ def fit_kernel_gpus(
         return scaled_elementwise(reference_elem, float(scale["weights"]))
 
     def attention(folders: list[str]) -> dict[str, float]:
-        """Attention parameters fitted to `folders`' aiconfigurator tables (their fixed cost not shipped)."""
-        p = fit_attention(folders, root)
-        return {k: p[k] for k in ATTENTION_KEYS}
+        """Attention parameters fitted to `folders`' aiconfigurator tables, the fixed cost an in-graph one."""
+        return shipped_attention(fit_attention(folders, root))
 
     def moe(folders: list[str]) -> dict[str, float]:
         """Fused-MoE parameters per format over `folders`' tables, else their generation's, else all."""
@@ -143,8 +142,9 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #   Attention parameters (attn_compute_eff, attn_query_head_s, kv_bandwidth_eff, attn_row_head_s;
 #   sim.cost.attention_fit): fitted to aiconfigurator's vLLM attention kernels (profiles/<gpu>/aiconfigurator/
 #   attention.csv: FA3 on the Hoppers, FlashAttention 2 on the A100 and L40S, FlashInfer on the B200), each
-#   GPU's own, the pools over theirs; the fit's fixed cost (an isolated launch) is not shipped. The H200 steps
-#   check keeps the H200 profile's SDPA attention (kernel_calibration.toml), which its decoder runs.
+#   GPU's own, the pools over theirs; the fit's fixed cost, timed in a CUDA graph, as the served step's
+#   (attn_graph_fixed_s). The H200 steps check keeps the H200 profile's SDPA attention
+#   (kernel_calibration.toml), which its decoder runs.
 #   Fused-MoE parameters (moe_*, sim.cost.moe_fit; `_fp8` for FP8 experts): fitted to aiconfigurator's vLLM
 #   fused-MoE tables (profiles/<gpu>/aiconfigurator/moe.csv: H200, H100-SXM, L40S, B200; every expert on the
 #   GPU, a balanced gate); the A100-80GB, with no such table, takes its generation's (the L40S's).
