@@ -91,7 +91,7 @@ def test_sim_step_charges_each_gpu_its_fitted_attention_and_the_h200_steps_keep_
 
 def test_mla_module_check_against_vllms_measured_module() -> None:
     """vLLM 0.24.0's DeepSeek-V3 MLA module (aiconfigurator, mla.csv) against the kernel model's (a layer's
-    projections and attention kernel): on the H100 the model's modules of 300 µs and more come out 27-46%
+    projections and attention kernel): on the H100 the model's modules of 300 µs and more come out 23-41%
     under the measurement, in both phases and both configurations. A stated gap, not a fit."""
     rows = {(r["gpu"], r["phase"], r["config"]): r for r in mla_table()}
     assert {("h100", p, c) for p in ("prefill", "decode") for c in ("bf16", "fp8")} <= set(rows)
@@ -105,7 +105,7 @@ def test_mla_module_check_against_vllms_measured_module() -> None:
     cost = KernelCostModel(spec, g, 1, None, "fp8", calibration=KernelCalibration.load(gpu=g))
     layer = module_seconds(cost, "decode", 256, 2048)
     kernels = {k.name: k.seconds for k in cost.step(np.ones(256, dtype=int), np.full(256, 2048)).kernels}
-    whole = (kernels["qkv"] + kernels["o_proj"] + kernels["attention"]) / spec.num_layers
+    whole = (kernels["qkv_a"] + kernels["qkv"] + kernels["o_proj"] + kernels["attention"]) / spec.num_layers
     assert layer == pytest.approx(whole) and 1e-4 < layer < 5e-4
 
 

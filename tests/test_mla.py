@@ -72,3 +72,25 @@ def test_totals_give_the_rows_seconds_or_defer_to_them(kind: type) -> None:
     mixed = (np.array([1, 1, 300]), np.array([10, 200, 1200]))
     assert totals(*mixed) is None  # the one-token rows' context is not in the totals
     assert cost.step_time(*mixed)[0] > 0.0
+
+
+def test_mlas_down_projections_are_whole_on_every_tensor_parallel_rank() -> None:
+    """vLLM builds DeepSeek's q_a_proj and kv_a_proj_with_mqa as ReplicatedLinear: each TP rank holds and
+    runs them whole (7,168 x 2,112 weights a layer, with their norms), the rest of attention sharded."""
+    ds = load_model("deepseek-v3")
+    per_layer = ds.replicated_attention_params / ds.num_layers
+    assert per_layer == 7168 * 1536 + 1536 + 7168 * (512 + 64) + 512
+    replicated = ds.replicated_weight_bytes()
+    assert ds.weight_bytes_per_gpu(8) == pytest.approx((ds.weight_bytes() - replicated) / 8 + replicated)
+    assert ds.linear_flops_per_token_per_gpu(8) == pytest.approx(
+        (ds.linear_flops_per_token - 2 * ds.replicated_attention_params) / 8
+        + 2 * ds.replicated_attention_params
+    )
+    gpu = get_gpu("H100")
+    tp1, tp8 = CostModel(ds, gpu, 1), CostModel(ds, gpu, 8)
+    assert tp8.static_weight_bytes - tp1.static_weight_bytes / 8 == pytest.approx(replicated * 7 / 8)
+    kernels = {k.name: k for k in KernelCostModel(ds, gpu, 8).linear_kernels(1, 1)}
+    assert kernels["qkv_a"].bytes == pytest.approx(replicated, rel=1e-2)  # the whole weights, on each GPU
+    dense = load_model("llama-3.1-8b")
+    assert dense.replicated_attention_params == 0
+    assert dense.weight_bytes_per_gpu(4) == pytest.approx(dense.weight_bytes() / 4)

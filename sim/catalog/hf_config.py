@@ -370,6 +370,7 @@ def _parse_deepseek(c: _Cfg) -> dict[str, Any]:
         routed_expert_params=moe_layers * n * expert,
         embedding_params=s["vocab_size"] * H,
         attention_params=L * attn,
+        replicated_attention_params=L * ((H * qlr + qlr if qlr else 0) + H * (kvl + rope) + kvl),
         dense_params=dense,
         norm_params=L * 2 * H + H,
     )

@@ -116,6 +116,10 @@ class ModelSpec:
     # `expert_groups` contiguous groups, a token's top-k in `expert_groups_per_token` of them; 0: no limit.
     expert_groups: int = 0
     expert_groups_per_token: int = 0
+    # Attention weights every tensor-parallel rank holds whole and runs for every token: MLA's
+    # down-projections (q_a_proj and kv_a_proj_with_mqa with their norms, `ReplicatedLinear` in vLLM's
+    # deepseek_v2.py); all layers, part of attention_params.
+    replicated_attention_params: int = 0
 
     def check_length(self, length: int, what: str = "") -> None:
         """Refuse a sequence of `length` positions (`what` describes it) past `position_limit`, as vLLM
@@ -192,6 +196,15 @@ class ModelSpec:
             return kept * sixteen + (1.0 - kept) * q.group_bytes(group)
         return dtype_bytes(d)
 
+    def replicated_weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
+        """Bytes of the weights each tensor-parallel rank holds whole (`replicated_attention_params`)."""
+        return self.replicated_attention_params * self.param_bytes("attention", dtype, group_size)
+
+    def weight_bytes_per_gpu(self, tp: int, dtype: str | None = None, group_size: int | None = None) -> float:
+        """Bytes of weights one of `tp` tensor-parallel GPUs holds: a 1/tp shard, the replicated whole."""
+        replicated = self.replicated_weight_bytes(dtype, group_size)
+        return (self.weight_bytes(dtype, group_size) - replicated) / tp + replicated
+
     def weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
         """Bytes of all weights served with weight dtype `dtype` (default: the model's own, as quantized)."""
         groups = (*LINEAR_GROUPS, "embedding", "norm")
@@ -215,6 +228,11 @@ class ModelSpec:
         if self.attention == "MLA":
             return self.kv_values_per_token_layer * kvb
         return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * kvb
+
+    def linear_flops_per_token_per_gpu(self, tp: int) -> float:
+        """`linear_flops_per_token` on one of `tp` GPUs: a 1/tp shard, the replicated weights' whole."""
+        replicated = 2.0 * self.replicated_attention_params
+        return (self.linear_flops_per_token - replicated) / tp + replicated
 
     @property
     def linear_flops_per_token(self) -> float:

@@ -130,15 +130,19 @@ class KernelCostModel(StepModel):
     # ----------------------------------------------------------------------------------------- shapes
 
     def _gemm_shapes(self) -> list[Gemm]:
-        """The layers' GEMMs per GPU: q/k/v, output projection, MLP up (gated: gate and up) and down."""
+        """The layers' GEMMs per GPU: q/k/v (MLA: its replicated down-projections apart, `qkv_a`), output
+        projection, MLP up (gated: gate and up) and down."""
         m, tp, wd, gs = self.model, self.tp, self.weight_dtype, self.group_size
         L, H = m.num_layers, m.hidden_size
         attn = m.attention_params / L
         o = m.num_heads * m.v_head_dim * H
-        qkv = max(attn - o, 0.0)
-        out = [
-            Gemm("qkv", L, H, qkv / H / tp, m.param_bytes("attention", wd, gs), "attention"),
-            Gemm("o_proj", L, o / H / tp, H, m.param_bytes("attention", wd, gs), "attention"),
+        whole = m.replicated_attention_params / L  # MLA's down-projections, on every GPU whole
+        qkv = max(attn - o - whole, 0.0)
+        ab = m.param_bytes("attention", wd, gs)
+        out = [Gemm("qkv_a", L, H, whole / H, ab, "attention")] if whole else []
+        out += [
+            Gemm("qkv", L, H, qkv / H / tp, ab, "attention"),
+            Gemm("o_proj", L, o / H / tp, H, ab, "attention"),
         ]
         # An MoE layer's router (hidden x experts, replicated on every GPU) is a GEMM of its own; the rest of
         # the dense parameters (dense layers' MLPs, shared experts) spread over the layers as one MLP.

@@ -124,7 +124,7 @@ def check_tp(model: ModelSpec, tp: int) -> None:
 def _usable(model: ModelSpec, gpu: Gpu, tp: int, util: float, wdtype: str) -> float:
     """Bytes left for KV per GPU (negative when weights and reserve do not fit)."""
     budget = gpu.memory_bytes * util
-    return budget - model.weight_bytes(wdtype) / tp - reserve_bytes(model, tp)
+    return budget - model.weight_bytes_per_gpu(tp, wdtype) - reserve_bytes(model, tp)
 
 
 def _suggest(model: ModelSpec, gpu: Gpu, tp: int, util: float, wdtype: str) -> str:
@@ -161,7 +161,7 @@ def kv_memory(
     wdt = normalize_dtype(weight_dtype or model.default_weight_dtype)
     kvdt = normalize_dtype(kv_dtype or model.torch_dtype)
     budget = int(gpu.memory_bytes * gpu_memory_utilization)
-    weights = int(model.weight_bytes(wdt, weight_group_size) / tp)
+    weights = int(model.weight_bytes_per_gpu(tp, wdt, weight_group_size))
     reserve = reserve_bytes(model, tp)
     available = budget - weights - reserve
     per_token = kv_bytes_per_token_per_gpu(model, tp, kvdt)

@@ -3,9 +3,9 @@
 aiconfigurator times vLLM 0.24.0's whole MLA attention layer of DeepSeek-V3 (its projections, the latent KV
 cache and the attention kernel: FLASH_ATTN / FLASH_ATTN_MLA with bf16 GEMMs and KV, FlashMLA with FP8 block
 GEMMs and FP8 KV; sim/catalog/profiles/<gpu>/aiconfigurator/mla.csv). The kernel model's module is a layer's
-share of the step's `qkv` and `o_proj` GEMMs (MLA's projections, their weight bytes as stored) and its
-attention kernel (absorbed for decode, the latents up-projected for a prompt), as `sim step` gives them; the
-layer norms and rotary embedding inside the module are not in it. Heads per GPU are 128 / TP.
+share of the step's `qkv_a` (replicated), `qkv` and `o_proj` GEMMs (MLA's projections, their weight bytes as
+stored) and its attention kernel (absorbed for decode, the latents up-projected for a prompt), as `sim step`
+gives them; the layer norms and rotary embedding inside the module are not in it. Heads per GPU are 128 / TP.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def module_seconds(cost: KernelCostModel, phase: str, batch: int, length: int) -
         new, ctx = np.full(batch, length), np.zeros(batch, dtype=np.int64)
     else:
         new, ctx = np.ones(batch, dtype=np.int64), np.full(batch, length)
-    kernels = {k.name: k for k in cost.step(new, ctx).kernels}
-    layers = cost.model.num_layers
-    return (kernels["qkv"].seconds + kernels["o_proj"].seconds + kernels["attention"].seconds) / layers
+    kernels = {k.name: k.seconds for k in cost.step(new, ctx).kernels}
+    module = ("qkv_a", "qkv", "o_proj", "attention")
+    return sum(kernels.get(name, 0.0) for name in module) / cost.model.num_layers
 
 
 def mla_table(root: Path | None = None) -> list[dict[str, object]]:

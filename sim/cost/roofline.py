@@ -113,8 +113,10 @@ class CostModel(StepModel):
         # gathered (untied) input embedding.
         wd, gs = self.weight_dtype, weight_group_size
         groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
-        self.static_weight_bytes = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups) / tp
-        self.lin_flops_tok = m.linear_flops_per_token / tp
+        replicated = m.replicated_weight_bytes(wd, gs)  # held whole by every TP rank (MLA's down-projections)
+        static = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups)
+        self.static_weight_bytes = (static - replicated) / tp + replicated
+        self.lin_flops_tok = m.linear_flops_per_token_per_gpu(tp)
         self.head_flops_row = m.lm_head_flops / tp
         # The same FLOPs as charged at peak_flops (equal to the above for unquantized weights).
         self.lin_cost_tok = self.lin_flops_tok
