@@ -200,10 +200,17 @@ class ModelSpec:
         """Bytes of the weights each tensor-parallel rank holds whole (`replicated_attention_params`)."""
         return self.replicated_attention_params * self.param_bytes("attention", dtype, group_size)
 
-    def weight_bytes_per_gpu(self, tp: int, dtype: str | None = None, group_size: int | None = None) -> float:
-        """Bytes of weights one of `tp` tensor-parallel GPUs holds: a 1/tp shard, the replicated whole."""
+    def shard_bytes(
+        self, nbytes: float, tp: int, dtype: str | None = None, group_size: int | None = None
+    ) -> float:
+        """One of `tp` tensor-parallel GPUs' part of `nbytes` of weights that include the replicated ones: a
+        1/tp shard of the rest, the replicated whole."""
         replicated = self.replicated_weight_bytes(dtype, group_size)
-        return (self.weight_bytes(dtype, group_size) - replicated) / tp + replicated
+        return (nbytes - replicated) / tp + replicated
+
+    def weight_bytes_per_gpu(self, tp: int, dtype: str | None = None, group_size: int | None = None) -> float:
+        """Bytes of weights one of `tp` tensor-parallel GPUs holds (`shard_bytes` of all of them)."""
+        return self.shard_bytes(self.weight_bytes(dtype, group_size), tp, dtype, group_size)
 
     def weight_bytes(self, dtype: str | None = None, group_size: int | None = None) -> float:
         """Bytes of all weights served with weight dtype `dtype` (default: the model's own, as quantized)."""

@@ -205,8 +205,8 @@ def leave_one_gpu_out(
     `TRANSFER[dataset]` predicted by the rule from the whole pool. Median |error| % per op kind:
     {gpu: {"rule": [GPUs], "gemm_held_out": ..., "gemm_pooled": ..., "gemm_own": ..., and where profiled
     "elementwise_held_out", "elementwise_own"}}. Element-wise kernels held out are predicted from the
-    other profiled GPUs at the weight-streaming `ratios` (`fit_elementwise`), as shipped; without them, at
-    the other GPUs' fractions of peak."""
+    other profiled GPUs at the weight-streaming `ratios` (`fit_elementwise`, `scaled_elementwise`), as
+    shipped; without them, at the other GPUs' fractions of peak."""
     out: dict[str, dict[str, object]] = {}
     for gpu in (*POOL, *TRANSFER[dataset]):
         others = [g for g in POOL if g != gpu]
@@ -221,8 +221,8 @@ def leave_one_gpu_out(
         e = elementwise_data(gpu, root)
         held = fit_elementwise(others, root, ratios)
         if e is not None and held is not None:
-            ratio = ratios[gpu] if ratios else 1.0
-            report["elementwise_held_out"] = errors_by_op(predict_elementwise(held, e, gpu, ratio), e)
+            as_shipped = scaled_elementwise(held, ratios[gpu]) if ratios else held
+            report["elementwise_held_out"] = errors_by_op(predict_elementwise(as_shipped, e, gpu), e)
             own = fit_elementwise([gpu], root)
             assert own is not None
             report["elementwise_own"] = errors_by_op(predict_elementwise(own, e, gpu), e)

@@ -144,8 +144,8 @@ def rank_memory(
     held = experts  # each rank holds (E + R) / ep experts: the redundant ones are copies
     if p.ep_redundant_experts:
         held = experts * p.physical_experts(model) / model.num_experts
-    replicated = model.replicated_weight_bytes(wdt, group_size)  # whole on every TP rank
-    weights = int(((total - experts - replicated) / p.tp + replicated + held / (p.tp * p.dp)) * frac)
+    shard = model.shard_bytes(total - experts, p.tp, wdt, group_size)  # MLA's down-projections whole
+    weights = int((shard + held / (p.tp * p.dp)) * frac)
     reserve = reserve_bytes(model, p.tp)
     budget = int(gpu.memory_bytes * util)
     per_token = int(layers * model.kv_layer_bytes_per_gpu(p.tp, kvdt))

@@ -113,9 +113,8 @@ class CostModel(StepModel):
         # gathered (untied) input embedding.
         wd, gs = self.weight_dtype, weight_group_size
         groups = ("attention", "dense", "lm_head", "norm") + (("embedding",) if m.lm_head_params == 0 else ())
-        replicated = m.replicated_weight_bytes(wd, gs)  # held whole by every TP rank (MLA's down-projections)
         static = sum(m.group_params(g) * m.param_bytes(g, wd, gs) for g in groups)
-        self.static_weight_bytes = (static - replicated) / tp + replicated
+        self.static_weight_bytes = m.shard_bytes(static, tp, wd, gs)  # MLA's down-projections whole
         self.lin_flops_tok = m.linear_flops_per_token_per_gpu(tp)
         self.head_flops_row = m.lm_head_flops / tp
         # The same FLOPs as charged at peak_flops (equal to the above for unquantized weights).
