@@ -372,7 +372,7 @@ def test_dp_attention_over_tp_sharded_experts_gathers_the_steps_tokens_and_reads
         assert b.seconds == pytest.approx(max(b.rank_s) + ds.num_moe_layers * (b.gather_s + b.group_reads_s))
         assert (b.dispatch_s, b.combine_s) == (0.0, 0.0)
     # the experts run on shards dp times narrower: each pair costs what the fused-MoE kernel charges there
-    n_half, width = base.moe_n_half_cols, base.moe_width
+    n_half, width = base.moe_n_half_cols, ds.expert_params / (3 * ds.hidden_size)
     assert n_half > 100 and width == 2048
     for dp in (8, 16):
         rank = ParallelCost(base, ds, H100, Placement(dp=dp)).rank_base

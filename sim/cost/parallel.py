@@ -107,7 +107,8 @@ class ParallelCost:
             self.rank_base.expert_bytes_per_layer = base.expert_bytes_per_layer / p.dp
             if getattr(base, "moe_fill_expert", 0.0):
                 self.rank_base.moe_fill_expert = base.moe_fill_expert / p.dp
-            n_half, width = getattr(base, "moe_n_half_cols", 0.0), getattr(base, "moe_width", 0.0)
+            n_half = getattr(base, "moe_n_half_cols", 0.0)
+            width = model.expert_params / (3 * model.hidden_size) / base.tp  # an expert's columns a GPU
             if p.ep == 1 and n_half and width:
                 # Experts TP-sharded over the dp ranks run the fused-MoE kernel on shards dp times narrower
                 # than the base's: each pair costs what it does on that shard (`fused_moe_flops`, shape term).

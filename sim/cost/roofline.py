@@ -138,7 +138,6 @@ class CostModel(StepModel):
         # filling `moe_m_half_tokens` more rows. Charged at the roofline's rate, so scaled by the prefill
         # efficiency over the kernel's. Formats with no fused-MoE fit keep the experts in the linear FLOPs.
         self.moe_cost_tok = self.moe_fill_expert = 0.0
-        self.moe_width = m.expert_params / (3 * m.hidden_size) / tp if m.num_experts else 0.0  # columns a GPU
         self.moe_n_half_cols = 0.0
         fmt = moe_format(m, gpu, self.weight_dtype, gs)
         if fmt is not None:
