@@ -157,6 +157,21 @@ class KernelCalibration:
     moe_n_half_cols_fp8: float = 284.5
     moe_overlap_loss_fp8: float = 0.07762
     moe_fixed_s_fp8: float = 3.637e-05
+    # vLLM's MLA attention module beyond its projections and attention kernel (sim.cost.mla_fit), per phase:
+    # fixed per layer, per (token x head on the GPU), per token; `_fp8` for FP8 weights. 0: not charged (the
+    # fits are per GPU in kernel_gpus.toml).
+    mla_prefill_fixed_s: float = 0.0
+    mla_prefill_token_head_s: float = 0.0
+    mla_prefill_token_s: float = 0.0
+    mla_prefill_fixed_s_fp8: float = 0.0
+    mla_prefill_token_head_s_fp8: float = 0.0
+    mla_prefill_token_s_fp8: float = 0.0
+    mla_decode_fixed_s: float = 0.0
+    mla_decode_token_head_s: float = 0.0
+    mla_decode_token_s: float = 0.0
+    mla_decode_fixed_s_fp8: float = 0.0
+    mla_decode_token_head_s_fp8: float = 0.0
+    mla_decode_token_s_fp8: float = 0.0
 
     @classmethod
     def load(cls, path: str | Path | None = None, gpu: Gpu | None = None) -> KernelCalibration:

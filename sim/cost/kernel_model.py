@@ -64,6 +64,9 @@ from sim.cost.kernels import (
     host_seconds,
     kernel_seconds,
     layer_elementwise,
+    mla_fp8,
+    mla_rest_seconds,
+    mla_rest_terms,
     moe_format,
     moe_peak,
     overlapped,
@@ -116,6 +119,12 @@ class KernelCostModel(StepModel):
         qk = (m.num_heads + m.num_kv_heads) * m.head_dim / tp
         q = m.num_heads * m.head_dim / tp
         kinds = layer_elementwise(m.hidden_size, qk, q, inter, 1, elementwise)
+        # MLA's measured module carries its rotary embedding with its other kernels beyond the projections and
+        # attention (`mla_rest`, fitted per GPU: sim.cost.mla_fit).
+        self.mla_terms: tuple[float, ...] = ()
+        if self.mla:
+            self.mla_terms = mla_rest_terms(vars(cal), mla_fp8(m, self.weight_dtype, weight_group_size))
+            kinds = tuple(k for k in kinds if k[0] != "rope")
         self.elem_bytes_token = L * sum(n * b for _, n, b in kinds)
         # (kernels a layer, bytes per token, bytes per second, in-graph fixed seconds) of each kernel kind
         self.elem_kinds = tuple(
@@ -296,7 +305,14 @@ class KernelCostModel(StepModel):
         ns = self.model.num_sliding_layers
         if ns:
             t += ns * self._attention_time(s_pairs, s_ctx, queries, tokens, rows)
+        if self.mla_terms:
+            t += self._mla_rest(tokens, queries)
         return float(overlapped(t, host_seconds(self.cal, rows)))
+
+    def _mla_rest(self, tokens: float, queries: float) -> float:
+        """MLA's module beyond its projections and attention kernel, over the layers (`mla_rest_seconds`)."""
+        rest = mla_rest_seconds(self.mla_terms, queries, tokens - queries, self.heads)
+        return self.model.num_layers * rest
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
         """Full breakdown of one step, kernel by kernel."""
@@ -313,6 +329,9 @@ class KernelCostModel(StepModel):
         if self.model.num_sliding_layers:
             k = self.attention(s_pairs, s_ctx, queries, tokens, self.model.num_sliding_layers, rows)
             kernels.append(Kernel("attention_sliding", k.count, k.seconds, k.bound, k.flops, k.bytes))
+        if self.mla_terms:
+            L = self.model.num_layers
+            kernels.append(Kernel("mla_rest", L, self._mla_rest(tokens, queries), "memory", 0.0, 0.0))
         host = float(host_seconds(self.cal, rows))
         seconds = self._wall(tokens, rows, sums)  # max(GPU kernels, host): asynchronous scheduling
         compute = sum(k.seconds for k in kernels if k.bound == "compute")

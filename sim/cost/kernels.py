@@ -246,3 +246,43 @@ class Gemm:
     # the fitted shape terms apply (`gemm_seconds`); False for a GEMM far narrower than any fitted one (a MoE
     # router, N = experts, against N >= 768 in the tables): max(compute, memory) + fixed cost
     shaped: bool = True
+
+
+# MLA's attention module beyond the projections and the attention kernel (sim.cost.mla_fit): per phase, a
+# fixed cost per layer, a cost per (token x head on the GPU) and one per token; `_fp8` for FP8 weights.
+MLA_PHASES = ("prefill", "decode")
+MLA_TERMS = ("fixed_s", "token_head_s", "token_s")
+
+
+def mla_key(phase: str, term: str, fp8: bool) -> str:
+    """The KernelCalibration field of one MLA term."""
+    return f"mla_{phase}_{term}" + ("_fp8" if fp8 else "")
+
+
+def mla_rest_terms(params: Mapping[str, float], fp8: bool) -> tuple[float, ...]:
+    """The six MLA terms of a GPU's kernel parameters (prefill's three, then decode's; absent: 0) for 16-bit
+    or FP8 weights."""
+    return tuple(float(params.get(mla_key(p, t, fp8), 0.0)) for p in MLA_PHASES for t in MLA_TERMS)
+
+
+def mla_rest_seconds(
+    terms: tuple[float, ...], prefill_tokens: float, decode_tokens: float, heads: float
+) -> float:
+    """One layer's MLA module beyond its listed kernels (`mla_rest_terms`): vLLM runs a step's prompt tokens
+    and its one-token rows down separate paths, each paying its own fixed cost when it has tokens."""
+    pf, ph, pt, df, dh, dt = terms
+    seconds = 0.0
+    if prefill_tokens > 0.0:
+        seconds += pf + prefill_tokens * (ph * heads + pt)
+    if decode_tokens > 0.0:
+        seconds += df + decode_tokens * (dh * heads + dt)
+    return seconds
+
+
+def mla_fp8(model: ModelSpec, weight_dtype: str, group_size: int | None) -> bool:
+    """Whether an MLA model's attention projections run as W8A8 FP8 (the `_fp8` MLA terms)."""
+    q = model.serving_quant(weight_dtype, group_size)
+    if not q.dtype:
+        return False
+    dtype, activations, _ = q.format_of("attention")
+    return dtype == "fp8" and bool(activations)

@@ -38,6 +38,9 @@ from sim.cost.kernels import (
     fused_moe,
     fused_moe_flops,
     kernel_seconds,
+    mla_fp8,
+    mla_rest_seconds,
+    mla_rest_terms,
     moe_format,
     moe_peak,
     step_arrays,
@@ -154,6 +157,18 @@ class CostModel(StepModel):
             self.moe_fill_expert = pair * scale * fit.moe_m_half_tokens
             self.moe_n_half_cols = fit.moe_n_half_cols
         self.fill_cost = (self.lin_cost_tok + self.head_cost_row) * self.tile_fill_tokens
+        # MLA's attention module beyond its projections and attention kernel, as vLLM's measured module takes
+        # it on this GPU (sim.cost.mla_fit; the kernel model charges the same).
+        self.mla_terms = mla_rest_terms(params, mla_fp8(m, wd, gs)) if self.mla else ()
+        self.heads_per_gpu = max(1.0, m.num_heads / tp)
+
+    def mla_rest(self, tokens: float, prefill: float) -> float:
+        """Seconds of MLA's module beyond its listed kernels over the layers of a step of `tokens` tokens,
+        `prefill` of them a prompt's (`sim.cost.kernels.mla_rest_seconds`); 0 for other attention."""
+        if not self.mla_terms:
+            return 0.0
+        rest = mla_rest_seconds(self.mla_terms, prefill, tokens - prefill, self.heads_per_gpu)
+        return self.model.num_layers * rest
 
     def _weights(self, tokens: float) -> tuple[float, float]:
         m = self.model
@@ -190,6 +205,8 @@ class CostModel(StepModel):
             self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduce_seconds(t),
             flops, prefill / t, weight_bytes, kv_bytes, rows,
         )  # fmt: skip
+        if self.mla_terms:
+            seconds += self.mla_rest(t, prefill)
         return seconds, bool(compute_bound)
 
     def step(self, new_tokens: np.ndarray, context: np.ndarray) -> StepCost:
@@ -216,6 +233,7 @@ class CostModel(StepModel):
         )
         allreduce_s = self.allreduce_seconds(tokens) * cal.allreduce_scale
         overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
+        overhead_s += self.mla_rest(tokens, prefill)
         seconds, compute_bound = self._seconds(int(tokens), rows, sums)
         return StepCost(
             seconds=seconds,
@@ -261,6 +279,7 @@ class CostModel(StepModel):
         kv_speed = self.hbm * cal.kv_bandwidth_eff
         allreduce_s = self.allreduce_seconds(t) * cal.allreduce_scale
         extra = overhead_seconds(cal, m.num_layers, m.vocab_size, rows, allreduce_s)
+        rest = self.mla_rest(t, 0.0)
 
         def seconds(ctx: int) -> tuple[float, bool]:
             q = float(ctx) + half
@@ -273,7 +292,7 @@ class CostModel(StepModel):
                 kv_tokens += ns * float(ctx)
             compute = (head + attn * pairs) / speed
             memory = weights_s + (kv_layer * kv_tokens + kv_new) / kv_speed
-            return 0.5 * (compute + memory + abs(compute - memory)) + extra, bool(compute > memory)
+            return 0.5 * (compute + memory + abs(compute - memory)) + extra + rest, bool(compute > memory)
 
         return seconds, self.window if ns else math.inf
 

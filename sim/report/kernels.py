@@ -104,16 +104,19 @@ def print_kernels(
         table.add_row(gpu, "+".join(rep["rule"]), *cells)
     console.print(table)
     table = Table(
-        title="DeepSeek-V3's MLA attention module: the kernel model against vLLM 0.24.0's measured module "
-        "(aiconfigurator): median signed error %, all modules and those of >= 300 µs"
+        title="DeepSeek-V3's MLA attention module against vLLM 0.24.0's measured module (aiconfigurator): "
+        "the projections and attention kernel alone, median signed error % (all, >= 300 µs); with the "
+        "module's other kernels fitted (from: GPUs / own), median |error| %"
     )
-    for col in ("GPU", "phase", "GEMMs / KV", "modules", "median", ">= 300 µs", "median"):
-        table.add_column(col, justify="left" if col in ("GPU", "phase", "GEMMs / KV") else "right")
+    cols = ("GPU", "phase", "GEMMs / KV", "modules", "listed", ">= 300 µs", "listed", "from", "fitted")
+    for i, col in enumerate(cols):
+        table.add_column(col, justify="left" if i < 3 or col == "from" else "right")
     mla = result["mla"]
     assert isinstance(mla, list)
     for r in mla:
         table.add_row(r["gpu"], r["phase"], r["config"], str(r["modules"]), f"{r['median_pct']:+.1f}",
-                      str(r["long_modules"]), f"{r['long_median_pct']:+.1f}")  # fmt: skip
+                      str(r["long_modules"]), f"{r['long_median_pct']:+.1f}", r["from"],
+                      f"{r['held_out_abs_pct']:.1f} / {r['own_abs_pct']:.1f}")  # fmt: skip
     console.print(table)
     table = Table(
         title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"

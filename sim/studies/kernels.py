@@ -29,7 +29,7 @@ from sim.cost.gemm_fit import (
 )
 from sim.cost.graph_fit import STEPS_GPU, fit_graph_fixed, steps_table
 from sim.cost.kernel_model import KernelCostModel
-from sim.cost.mla_check import mla_table
+from sim.cost.mla_fit import mla_params, mla_table
 from sim.cost.moe_fit import FORMATS, fit_moe, leave_one_moe_gpu_out, suffixed
 from sim.cost.roofline import CostModel
 from sim.cost.serving_ratios import serving_ratios, shipped_scales, stream_ratios
@@ -93,14 +93,14 @@ def fit_kernel_gpus(
         serving = scales["serving"]
         assert isinstance(serving, dict)
         own = fit_elementwise([folder], root) or elementwise(serving[name])
-        gpus[name] = gemm | own | moe([folder]) | attention([folder])
+        gpus[name] = gemm | own | moe([folder]) | attention([folder]) | mla_params([folder], root)
     base = KernelCalibration.load()
     gpus[STEPS_GPU]["graph_kernel_fixed_s"] = fit_graph_fixed(replace(base, **gpus[STEPS_GPU]))
 
     def pool(folders: list[str], scale: object) -> dict[str, float]:
         gemm = fit_gemm(folders, root)
         del gemm["kernel_fixed_s"]
-        return gemm | elementwise(scale) | moe(folders) | attention(folders)
+        return gemm | elementwise(scale) | moe(folders) | attention(folders) | mla_params(folders, root)
 
     gens = sorted({g for f in PROFILED if (g := generation(f)) is not None}, key=int)
     by_gen_scale = scales["serving_generation"]
@@ -148,6 +148,10 @@ def kernel_gpus_toml(fits: dict[str, object], command: str) -> str:
 #   Fused-MoE parameters (moe_*, sim.cost.moe_fit; `_fp8` for FP8 experts): fitted to aiconfigurator's vLLM
 #   fused-MoE tables (profiles/<gpu>/aiconfigurator/moe.csv: H200, H100-SXM, L40S, B200; every expert on the
 #   GPU, a balanced gate); the A100-80GB, with no such table, takes its generation's (the L40S's).
+#   MLA parameters (mla_<phase>_<term>, `_fp8` for FP8 weights; sim.cost.mla_fit): what vLLM's measured MLA
+#   module of DeepSeek-V3 (profiles/<gpu>/aiconfigurator/mla.csv: H200, H100-SXM, L40S, B200, in a CUDA
+#   graph) takes beyond its projections and attention kernel, per layer, per (token x head) and per token;
+#   a GPU without a table (or a configuration) takes its generation's, else all of them.
 #   H200 graph_kernel_fixed_s: fitted to the graphed decode steps of sim/catalog/profiles/h200/steps.csv
 #     (batch <= 128) with its other parameters (sim.cost.graph_fit); other GPUs keep
 #     kernel_calibration.toml's (fitted end to end on H100 vLLM runs).
