@@ -129,10 +129,11 @@ def print_step(
     console.print(table)
     e: dict[str, float] = summary["engine"]  # type: ignore[assignment]
     moe = f"; routed experts as the fused-MoE kernel's {e['moe_kernel']} fit" if e.get("moe_kernel") else ""
+    mla = f" (MLA's module kernels {e['mla_module_s'] * 1e3:.3f} of them)" if e.get("mla_module_s") else ""
     console.print(
         f"engine step: {float(summary['seconds']) * 1e3:.3f} ms (calibrated roofline, {e['bound']}-bound: "
         f"compute {e['compute_s'] * 1e3:.3f}, memory {e['memory_s'] * 1e3:.3f}, "
-        f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms; "
+        f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms{mla}; "
         f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows{moe}; weights streamed at "
         f"{e['bandwidth_eff']:.3f} of HBM, KV at {e['kv_bandwidth_eff']:.3f}, compute at "
         f"{e['compute_eff_prefill']:.3f} of peak: the H100-fitted efficiencies times the ratios "
@@ -156,6 +157,7 @@ def step_summary(
     (`sim step --json`): `seconds` is the engine's, `kernel_seconds` the kernel profiles'."""
     s = cost.step(new_tokens, context)
     r = engine.step(new_tokens, context)
+    c = np.asarray(new_tokens)
     rule = cost.allreduce.source(cost.ar_bytes_token * s.tokens) if cost.allreduces else None
     notes = [n for n in (cost.note,) if n]
     if rule == "prior":
@@ -179,6 +181,8 @@ def step_summary(
             "memory_s": r.memory_s,
             "allreduce_s": r.allreduce_s,
             "overhead_s": r.overhead_s,
+            # of the serving terms, MLA's module beyond its projections and attention (sim.cost.mla_fit)
+            "mla_module_s": engine.mla_rest(float(r.tokens), float(np.sum(c[c > 1]))),
             "tile_fill_tokens": engine.tile_fill_tokens,  # rows the 16-bit GEMMs' tiles add (the GPU's fit)
             # the fused-MoE fit the routed experts are charged by ("bf16", "fp8"), or None
             "moe_kernel": moe_format(engine.model, engine.gpu, engine.weight_dtype, engine.group_size),
