@@ -29,6 +29,7 @@ MARK = "SERVESIM_INTERRUPT_TEST"  # in the environment of the sweep and of every
 START_S = 120.0  # for the first point file (the process pool starts its workers first)
 EXIT_S = 30.0  # for the sweep to exit after the signal
 GONE_S = 3.0  # for every process it started to be gone after it exited
+RESUME_S = 300.0  # for the re-run to finish the sweep
 
 
 def sweep_files(out: Path) -> dict[str, bytes]:
@@ -130,10 +131,10 @@ def test_an_interrupted_sweep_leaves_no_process_and_resumes_to_identical_files(
     assert code == 128 + signum, (code, text)
     assert "Traceback" not in text, text
     assert sweep_files(out) != uninterrupted  # the sweep was stopped before its end
-    if address is None:
-        sweep.run_sweep(scenario, jobs=2, out=out)
-    else:
-        sweep.run_sweep(scenario, jobs=2, executor="dask", address=address, out=out)
+    # The same command again, as a user resumes; in a process of its own, so that its pool does not share
+    # the test's process with the in-process dask cluster's threads.
+    resumed = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=RESUME_S)
+    assert resumed.returncode == 0, resumed.stderr.decode()
     assert sweep_files(out) == uninterrupted
 
 
