@@ -299,18 +299,26 @@ def test_sim_kernels_json_and_table(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 
 def test_chunked_prefill_overhead_near_sarathis_measurement() -> None:
-    """Yi-34B TP 2, 512-token chunks (Sarathi-Serve artifact, figure 9): +15.2 / +18.9 / +11.7% at 2K / 4K
-    / 8K. The kernel model, each chunk re-reading the KV before it and paying the step's weights and fixed
-    costs, with the A100's aiconfigurator fits: +14.3 / +17.6 / +18.4% (6.8 points over at 8K; +15.3 / +18.9 /
-    +19.9% while element-wise kernels paid their fixed cost on top of their bytes and attention took the H200
-    profile's SDPA rate). The engine's roofline, its
-    GEMMs filling the A100's tiles (93 tokens): +12.7 / +15.8 / +16.8% (1-2% without)."""
+    """Yi-34B TP 2, 512-token chunks over unchunked (Sarathi-Serve artifact, figure 9, every prompt length):
+    +15.2 / +18.9 / +11.7 / -0.5% at 2K / 4K / 8K / 16K. The kernel model, each chunk re-reading the KV before
+    it and paying the step's weights and fixed costs, with the A100's aiconfigurator fits: +15.0 / +18.5 /
+    +19.3 / +18.1%; the engine's roofline, its GEMMs filling the A100's tiles (93 tokens): +12.7 / +15.8 /
+    +16.8 / +16.3%. The long prompts' miss is their unchunked baseline: against it the kernel model drifts
+    from -11.5% to -31.8%, against the same prompts in chunks of 2,048 it stays at -11 to -13% (a PCIe
+    A100 costed as the catalog's SXM part). Over chunks of 2,048, 512-token chunks measure +15.3 / +16.1 /
+    +19.2 / +23.6% and the model gives +15.0 / +14.6 / +13.7 / +12.4%: short chunks over a long cached
+    prefix cost more than modelled."""
     rows = chunking_table()
-    assert [int(r["prompt"]) for r in rows] == [2047, 4095, 8191]
+    assert [int(r["prompt"]) for r in rows] == [2047, 4095, 8191, 16383]
     gaps = [r["kernel_pct"] - r["measured_pct"] for r in rows]
-    assert abs(gaps[0]) < 1.5 and abs(gaps[1]) < 1.5 and 0 < gaps[2] < 8 and abs(sum(gaps) / len(gaps)) < 4
+    assert abs(gaps[0]) < 1.5 and abs(gaps[1]) < 1.5 and 0 < gaps[2] < 8 and 15 < gaps[3] < 22
     engine = [r["roofline_pct"] - r["measured_pct"] for r in rows]
-    assert abs(engine[0]) < 4 and abs(engine[1]) < 4 and 0 < engine[2] < 6 and abs(sum(engine) / 3) < 1
+    assert abs(engine[0]) < 4 and abs(engine[1]) < 4 and 0 < engine[2] < 6 and 14 < engine[3] < 20
+    wide = [r["kernel_wide_err_pct"] for r in rows]
+    whole = [r["kernel_whole_err_pct"] for r in rows]
+    assert all(-14 < e < -10 for e in wide) and whole[2] < -20 and whole[3] < -30
+    under = [r["kernel_wide_pct"] - r["measured_wide_pct"] for r in rows]
+    assert abs(under[0]) < 1 and under[1] > -2 and under[2] < -5 and under[3] < -10
     spec, g = load_model("yi-34b"), get_gpu("A100-80GB")
     cost = KernelCostModel(spec, g, 2, calibration=KernelCalibration.load(gpu=g))
     second = cost.step_time(np.array([512]), np.array([512]))[0]

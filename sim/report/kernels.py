@@ -119,15 +119,19 @@ def print_kernels(
                       f"{r['held_out_abs_pct']:.1f} / {r['own_abs_pct']:.1f}")  # fmt: skip
     console.print(table)
     table = Table(
-        title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked, % (Sarathi-Serve)"
+        title="Yi-34B TP 2 on A100-80GB: a prompt in 512-token chunks over unchunked and over 2,048-token "
+        "chunks, % (Sarathi-Serve); the kernel model's error, unchunked and in 2,048-token chunks"
     )
-    for col in ("prompt", "measured", "kernel model", "engine roofline"):
+    for col in ("prompt", "measured", "kernel model", "engine roofline", "measured, over 2,048",
+                "kernel model, over 2,048", "engine, over 2,048", "kernel error, unchunked",
+                "kernel error, 2,048"):  # fmt: skip
         table.add_column(col, justify="right")
     chunking = result["chunking"]
     assert isinstance(chunking, list)
     for r in chunking:
-        cells = (f"{r['measured_pct']:+.1f}", f"{r['kernel_pct']:+.1f}", f"{r['roofline_pct']:+.1f}")
-        table.add_row(str(int(r["prompt"])), *cells)
+        keys = ("measured_pct", "kernel_pct", "roofline_pct", "measured_wide_pct", "kernel_wide_pct",
+                "roofline_wide_pct", "kernel_whole_err_pct", "kernel_wide_err_pct")  # fmt: skip
+        table.add_row(str(int(r["prompt"])), *(f"{r[k]:+.1f}" for k in keys))
     console.print(table)
     table = Table(title="Whole H200 steps (Llama-3.1-8B shape): measured against the kernel model's GPU time")
     for col in ("phase", "graph", "batch", "tokens", "context", "measured ms", "model ms", "error %"):

@@ -217,9 +217,16 @@ def run_kernels(write: Path | None, command: str) -> dict[str, object]:
 
 # Sarathi-Serve's artifact (microsoft/sarathi-serve, branch osdi-sarathi-serve,
 # osdi-experiments/figure-9/chunking-overhead.csv): Yi-34B, TP 2, A100-80GB PCIe GPUs NVLinked in pairs; a
-# prompt's prefill time chunked by 512 over unchunked (chunk 16,384), by prompt length.
-SARATHI_CHUNK = 512
-SARATHI_OVERHEAD = {2047: 1.152179444326152, 4095: 1.1889427456953752, 8191: 1.1165034734755017}
+# prompt's prefill time in ms (`prefill_execution_time`) by prompt length and chunk size, 16,384 being
+# unchunked. Every row of the file.
+SARATHI_CHUNK, SARATHI_WIDE, SARATHI_WHOLE = 512, 2048, 16384
+SARATHI_CHUNKS = (512, 1024, 2048, 16384)
+SARATHI_MS = {  # prompt: ms at each of SARATHI_CHUNKS
+    2047: (435.6786895543335, 444.16782539337873, 377.7101621031761, 378.13440579921007),
+    4095: (921.9583958387371, 932.2625610977409, 793.903593160212, 775.4438968375325),
+    8191: (1958.530533500015, 1946.2371833622456, 1643.3718785643578, 1754.1642995551229),
+    16383: (4512.830304540692, 4357.553739473224, 3651.589503698051, 4535.00157520175),
+}
 
 
 def chunked_prefill_seconds(cost: object, prompt: int, chunk: int) -> float:
@@ -233,16 +240,26 @@ def chunked_prefill_seconds(cost: object, prompt: int, chunk: int) -> float:
 
 
 def chunking_table(gpu: str = "A100-80GB") -> list[dict[str, float]]:
-    """Per Sarathi prompt length: measured and modelled overhead of 512-token chunks (kernel model with the
-    GPU's fitted parameters; the engine's roofline beside it), in percent."""
+    """Per Sarathi prompt length: the overhead of 512-token chunks in percent, measured and modelled (kernel
+    model with the GPU's fitted parameters; the engine's roofline beside it), over the unchunked prompt
+    (`<name>_pct`) and over chunks of 2,048 (`<name>_wide_pct`); and the kernel model's error in percent on
+    the unchunked prompt and on chunks of 2,048 (`kernel_whole_err_pct`, `kernel_wide_err_pct`)."""
     g, spec = get_gpu(gpu), load_model("yi-34b")
     kernel = KernelCostModel(spec, g, 2, calibration=KernelCalibration.load(gpu=g))
     roof = CostModel(spec, g, 2)
     out = []
-    for prompt, measured in SARATHI_OVERHEAD.items():
-        row = {"prompt": float(prompt), "measured_pct": (measured - 1) * 100}
+    for prompt, times in SARATHI_MS.items():
+        ms = dict(zip(SARATHI_CHUNKS, times, strict=True))
+        small, wide, whole = ms[SARATHI_CHUNK], ms[SARATHI_WIDE], ms[SARATHI_WHOLE]
+        row = {"prompt": float(prompt), "measured_pct": (small / whole - 1) * 100,
+               "measured_wide_pct": (small / wide - 1) * 100}  # fmt: skip
         for name, cost in (("kernel", kernel), ("roofline", roof)):
-            whole = cost.step_time(np.array([prompt]), np.array([0]))[0]
-            row[f"{name}_pct"] = (chunked_prefill_seconds(cost, prompt, SARATHI_CHUNK) / whole - 1) * 100
+            t = {c: chunked_prefill_seconds(cost, prompt, c) * 1e3 for c in (SARATHI_CHUNK, SARATHI_WIDE)}
+            t[SARATHI_WHOLE] = cost.step_time(np.array([prompt]), np.array([0]))[0] * 1e3
+            row[f"{name}_pct"] = (t[SARATHI_CHUNK] / t[SARATHI_WHOLE] - 1) * 100
+            row[f"{name}_wide_pct"] = (t[SARATHI_CHUNK] / t[SARATHI_WIDE] - 1) * 100
+            if name == "kernel":
+                row["kernel_whole_err_pct"] = (t[SARATHI_WHOLE] / whole - 1) * 100
+                row["kernel_wide_err_pct"] = (t[SARATHI_WIDE] / wide - 1) * 100
         out.append(row)
     return out
