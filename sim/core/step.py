@@ -59,8 +59,9 @@ class StepPlan:
 
 
 class QuietSteps(NamedTuple):
-    """Decode-only steps a scheduler can vouch for, from its next step on: no row is admitted, resumed,
-    preempted or finished, and every row decodes one token on a context one longer each step. Step j
+    """Decode-only steps a scheduler can vouch for, from its next step on: no row is admitted, resumed or
+    preempted, none finishes before the last, and every row decodes one token on a context one longer each
+    step (rows that finish in the last step leave after it: `advance_quiet` returns them). Step j
     (from 0) has the totals (rows, rows, rows, ctx + j·rows, rows, ctx + j·rows, max_end + j), no prefill
     token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`)."""
 

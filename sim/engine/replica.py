@@ -140,7 +140,7 @@ class Replica:
 
         return timer
 
-    def _quiet_runner(self) -> Callable[[float], None] | None:
+    def _quiet_runner(self) -> Callable[[float], bool] | None:
         """What advances a scheduler's decode-only steps at once (`quiet_steps`) in `run_open`, or None where
         the scheduler has none, the step time reads more than the plan's totals, or the recorder records a
         step in its own way."""
@@ -163,12 +163,13 @@ class Replica:
                 got = timers[rows] = decode_timer(rows)  # type: ignore[misc]
             return got
 
-        def run(limit: float) -> None:
+        def run(limit: float) -> bool:
             """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event): each
-            costed from its own totals, as `timer` costs its plan, and recorded as `step` records it."""
+            costed from its own totals, as `timer` costs its plan, and recorded as `step` records it. True
+            when the last of them finished requests (recorded here): the next steps may be quiet too."""
             quiet = quiet_steps()
             if quiet is None:
-                return
+                return False
             rows, ctx, max_end = quiet.rows, quiet.ctx, quiet.max_end
             start = now = env._now
             durations: list[float] = []
@@ -192,10 +193,15 @@ class Replica:
                 now = end
                 ctx += rows
                 max_end += 1
-            if durations:
-                env._now = now  # type: ignore[attr-defined]
-                advance(start, ends)
-                record(start, durations, ends, compute, quiet, sched.num_waiting)
+            if not durations:
+                return False
+            env._now = now  # type: ignore[attr-defined]
+            finished = advance(start, ends)
+            record(start, durations, ends, compute, quiet, sched.num_waiting)
+            if finished:
+                self._finished(finished)
+                return True
+            return False
 
         return run
 
@@ -266,11 +272,12 @@ class Replica:
         fresh = False  # an arrival was queued since the latest `schedule`
         quiet_run = self._quiet_runner()
         while True:
-            if quiet_run is not None:  # decode-only steps before the next arrival or event, at once
+            while quiet_run is not None:  # decode-only steps before the next arrival or event, at once
                 limit = nxt_at if nxt_at < stop else inf
                 if queue and queue[0][0] < limit:
                     limit = queue[0][0]
-                quiet_run(limit)
+                if not quiet_run(limit):
+                    break
             plan = schedule(env._now)
             fresh = False
             if plan is None:

@@ -149,15 +149,13 @@ class ContinuousScheduler(ReservationQueue):
         return ContinuousPlan(totals, self._rows, admitted, prefill, seqs, usage)
 
     def quiet_steps(self) -> QuietSteps | None:
-        """The decode-only steps from the next one on in which nobody is admitted or finishes (the head of
-        the queue cannot be admitted, and nothing that could change that happens before the first finish):
-        each is `schedule` and `update` of a step with no admission, and the engine may advance them at once
-        (`advance_quiet`). None when the next step admits or finishes someone."""
+        """The decode-only steps from the next one on in which nobody is admitted (the head of the queue
+        cannot be admitted, and nothing that could change that happens before the first finish), up to and
+        including the first step where somebody finishes: each is `schedule` and `update` of a step with no
+        admission, and the engine may advance them at once (`advance_quiet`). None when the next step admits
+        someone."""
         running = self.running
         if not running:
-            return None
-        steps = self.finish_heap[0][0] - self.step  # steps before the first one where somebody finishes
-        if steps <= 0:
             return None
         kv = self.kv
         if self.waiting:
@@ -165,18 +163,24 @@ class ContinuousScheduler(ReservationQueue):
             room = self.cfg.max_num_seqs - self._seqs
             if head.n <= room and kv.reserved + kv.need(head) <= kv.capacity:
                 return None  # the next step admits it
+        steps = self.finish_heap[0][0] - self.step + 1  # through the first step where somebody finishes
         rows, first_end = self._seqs, self._end_bound + self.step
         return QuietSteps(steps, rows, self._seqs_ctx, first_end, kv.used(), rows, kv.reserved, kv.capacity)
 
-    def advance_quiet(self, start: float, ends: list[float]) -> None:
+    def advance_quiet(self, start: float, ends: list[float]) -> list[Request]:
         """Apply the first `len(ends)` of `quiet_steps`'s steps, as `schedule` and `update` of each would
-        (the first starting at `start`, step j ending at `ends[j]`)."""
+        (the first starting at `start`, step j ending at `ends[j]`); the requests that finished in the last
+        one, as `update` returns them."""
         steps = len(ends)
         tokens = steps * self._seqs
         self._seqs_ctx += tokens
         self.kv.store(tokens)
-        self.step += steps
-        self.last_end = ends[-1]
+        k = self.step + steps - 1  # the last step applied
+        self.step = k + 1
+        now = self.last_end = ends[-1]
+        if self.finish_heap[0][0] > k:
+            return []
+        return self._finish(k, now)
 
     def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """The step's row arrays: running sequences' decodes, then the admitted sequences' prompts."""
@@ -216,8 +220,14 @@ class ContinuousScheduler(ReservationQueue):
             self._seqs_ctx += n * p
             if p - k > self._end_bound:
                 self._end_bound = p - k
+        finished = self._finish(k, now)
+        self.step = k + 1
+        return finished
+
+    def _finish(self, k: int, now: float) -> list[Request]:
+        """Take out the requests whose last token step `k` (applied, ending at `now`) emitted."""
         finished: list[Request] = []
-        heap = self.finish_heap
+        running, kv, heap = self.running, self.kv, self.finish_heap
         while heap and heap[0][0] <= k:
             req = heapq.heappop(heap)[2]
             first = running.pop(req)
@@ -231,7 +241,6 @@ class ContinuousScheduler(ReservationQueue):
             finished.append(req)
         if not running:
             self._end_bound = 0
-        self.step = k + 1
         return finished
 
     def in_flight(self) -> list[Request]:
