@@ -140,7 +140,7 @@ class Replica:
 
         return timer
 
-    def _quiet_runner(self) -> Callable[[float], bool] | None:
+    def _quiet_runner(self) -> Callable[[float, float, Callable[[float], None] | None], bool] | None:
         """What advances a scheduler's decode-only steps at once (`quiet_steps`) in `run_open`, or None where
         the scheduler has none, the step time reads more than the plan's totals, or the recorder records a
         step in its own way."""
@@ -163,10 +163,13 @@ class Replica:
                 got = timers[rows] = decode_timer(rows)  # type: ignore[misc]
             return got
 
-        def run(limit: float) -> bool:
-            """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event): each
-            costed from its own totals, as `timer` costs its plan, and recorded as `step` records it. True
-            when the last of them finished requests (recorded here): the next steps may be quiet too."""
+        def run(limit: float, event_at: float, deliver: Callable[[float], None] | None) -> bool:
+            """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event), each
+            costed from its own totals, as `timer` costs its plan, and recorded as `step` records it. With
+            `deliver` (the limit is the next arrival), the step that arrival lands in is taken too when it
+            ends before the next scheduled event (`event_at`): `deliver(end)` queues the arrivals up to its
+            end before it is applied, as `run_open` queues a step's. True when the last step taken finished
+            requests (recorded here) or had arrivals: the next steps may be quiet too."""
             quiet = quiet_steps()
             if quiet is None:
                 return False
@@ -176,6 +179,7 @@ class Replica:
             ends: list[float] = []
             compute: list[bool] = []
             seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
+            spanned = False
             for _ in range(quiet.steps):
                 if max_end <= window:
                     seconds, bound = seconds_of(ctx)  # type: ignore[misc]
@@ -186,22 +190,28 @@ class Replica:
                     seconds, bound = timed
                 end = now + seconds
                 if not end < limit:
-                    break
+                    if deliver is None or not end < event_at:
+                        break
+                    spanned = True  # the step the next arrival lands in, taken as the last
                 durations.append(seconds)
                 ends.append(end)
                 compute.append(bound)
                 now = end
+                if spanned:
+                    break
                 ctx += rows
                 max_end += 1
             if not durations:
                 return False
+            waiting = sched.num_waiting
+            if spanned:
+                deliver(now)  # type: ignore[misc]
             env._now = now  # type: ignore[attr-defined]
             finished = advance(start, ends)
-            record(start, durations, ends, compute, quiet, sched.num_waiting)
+            record(start, durations, ends, compute, quiet, waiting, sched.num_waiting if spanned else None)
             if finished:
                 self._finished(finished)
-                return True
-            return False
+            return spanned or bool(finished)
 
         return run
 
@@ -270,13 +280,37 @@ class Replica:
         nxt_at = inf if nxt is None else max(clock, nxt.arrival)  # its delivery time; inf: none left
         timed = nxt is not None and nxt.arrival > clock  # delivered by a timer, not with the previous one
         fresh = False  # an arrival was queued since the latest `schedule`
+
+        def deliver(end: float, stepping: bool = True) -> None:
+            """Queue the arrivals up to `end`: before the step in progress (`stepping`) ending then is applied,
+            or on waking idle at `end`."""
+            nonlocal nxt, nxt_at, timed, fresh, clock
+            while nxt_at <= end and nxt_at < stop:
+                if timed and fresh and nxt_at == end and stepping:
+                    break
+                assert nxt is not None
+                admit(nxt, nxt_at)
+                fresh = True
+                clock = nxt_at
+                nxt = next(source, None)
+                if nxt is None:
+                    nxt_at, timed = inf, False
+                elif nxt.arrival > clock:
+                    nxt_at, timed = clock + (nxt.arrival - clock), True
+                else:
+                    nxt_at, timed = clock, False
+
         quiet_run = self._quiet_runner()
         while True:
             while quiet_run is not None:  # decode-only steps before the next arrival or event, at once
+                event_at = queue[0][0] if queue else inf
                 limit = nxt_at if nxt_at < stop else inf
-                if queue and queue[0][0] < limit:
-                    limit = queue[0][0]
-                if not quiet_run(limit):
+                fresh = False  # each quiet step is scheduled at its start
+                if limit < event_at:
+                    more = quiet_run(limit, event_at, deliver)
+                else:
+                    more = quiet_run(event_at, event_at, None)
+                if not more:
                     break
             plan = schedule(env._now)
             fresh = False
@@ -292,28 +326,12 @@ class Replica:
                     yield self._wakeup  # nothing will ever come
                 if not env.jump(t):
                     yield env.at(t)
-                end = t
-            else:
-                start = env._now
-                seconds, compute_bound = timer(plan)
-                end = start + seconds
-            # Arrivals up to `end`, queued before the step (if any) is applied.
-            while nxt_at <= end and nxt_at < stop:
-                if timed and fresh and nxt_at == end and plan is not None:
-                    break
-                assert nxt is not None
-                admit(nxt, nxt_at)
-                fresh = True
-                clock = nxt_at
-                nxt = next(source, None)
-                if nxt is None:
-                    nxt_at, timed = inf, False
-                elif nxt.arrival > clock:
-                    nxt_at, timed = clock + (nxt.arrival - clock), True
-                else:
-                    nxt_at, timed = clock, False
-            if plan is None:
+                deliver(t, False)
                 continue
+            start = env._now
+            seconds, compute_bound = timer(plan)
+            end = start + seconds
+            deliver(end)  # queued before the step is applied
             if not queue or end < queue[0][0]:  # `env.advance(seconds)`, inline
                 env._now = end
             else:
