@@ -282,8 +282,8 @@ class Replica:
         fresh = False  # an arrival was queued since the latest `schedule`
 
         def deliver(end: float, stepping: bool = True) -> None:
-            """Queue the arrivals up to `end`: before the step in progress (`stepping`) ending then is applied,
-            or on waking idle at `end`."""
+            """Queue the arrivals up to `end`: before the step in progress (`stepping`) that ends then is
+            applied, or on waking idle at `end`."""
             nonlocal nxt, nxt_at, timed, fresh, clock
             while nxt_at <= end and nxt_at < stop:
                 if timed and fresh and nxt_at == end and stepping:
