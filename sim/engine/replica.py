@@ -331,7 +331,8 @@ class Replica:
             start = env._now
             seconds, compute_bound = timer(plan)
             end = start + seconds
-            deliver(end)  # queued before the step is applied
+            if nxt_at <= end:
+                deliver(end)  # queued before the step is applied
             if not queue or end < queue[0][0]:  # `env.advance(seconds)`, inline
                 env._now = end
             else:
