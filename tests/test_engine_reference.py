@@ -207,9 +207,20 @@ class FixedStep:
         return DT, False
 
 
-@pytest.fixture
-def fixed_steps(monkeypatch: pytest.MonkeyPatch) -> FixedStep:
-    fixed = FixedStep()
+class FixedTotalsStep(FixedStep):
+    """The same step time from a plan's integer sums, as a cost model gives it: the engine then advances the
+    continuous policy's decode-only steps in runs (`quiet_steps`), so arrivals land exactly on a run's
+    step ends."""
+
+    def step_time_totals(
+        self, rows: int, tokens: int, ones: int, cq: int, cc: int, ctx: int, max_end: int
+    ) -> tuple[float, bool]:
+        return DT, False
+
+
+@pytest.fixture(params=[FixedStep, FixedTotalsStep], ids=["rows", "totals"])
+def fixed_steps(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FixedStep:
+    fixed: FixedStep = request.param()
     monkeypatch.setattr(__import__(__name__), "COST", fixed)
     return fixed
 
@@ -238,6 +249,28 @@ def test_arrivals_at_step_ends_match_the_reference(
     ]
     out = simulate(_scheduler(policy), fixed_steps.step_time, horizon, open_loop=iter(_requests_copy(reqs)))
     ref = reference(_scheduler(policy), horizon, requests=_requests_copy(reqs))
+    _assert_same(out.recorder, ref)
+
+
+@pytest.mark.parametrize("max_num_seqs", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_arrivals_at_the_step_ends_of_runs_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch, max_num_seqs: int, seed: int
+) -> None:
+    """A full batch keeps the queue's head out, so the continuous policy's decode-only steps run on while
+    requests arrive, many exactly at a run's step ends: each joins the queue before the step it ends with is
+    applied, and that step's row counts it as waiting, as in the reference's one step at a time."""
+    fixed = FixedTotalsStep()
+    monkeypatch.setattr(__import__(__name__), "COST", fixed)
+    horizon = Horizon(max_requests=200)
+    reqs = _on_step_ends(200, seed=seed)
+    sched = _CountingContinuous(ContinuousConfig(max_num_seqs=max_num_seqs), MEMORY)
+    out = simulate(sched, fixed.step_time, horizon, open_loop=iter(_requests_copy(reqs)))
+    plain = ContinuousScheduler(ContinuousConfig(max_num_seqs=max_num_seqs), MEMORY)
+    ref = reference(plain, horizon, requests=_requests_copy(reqs))
+    steps = out.recorder.steps_frame()
+    assert steps["waiting"].max() > 5  # the queue was held up
+    assert sched.schedules < steps.height / 2  # most steps were advanced in runs
     _assert_same(out.recorder, ref)
 
 
