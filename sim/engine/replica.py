@@ -208,7 +208,7 @@ class Replica:
                 deliver(now)  # type: ignore[misc]
             env._now = now  # type: ignore[attr-defined]
             finished = advance(start, ends)
-            record(start, durations, ends, compute, quiet, waiting, sched.num_waiting if spanned else None)
+            record(start, durations, ends, compute, quiet, waiting, sched.num_waiting)
             if finished:
                 self._finished(finished)
             return spanned or bool(finished)

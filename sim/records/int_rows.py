@@ -14,15 +14,19 @@ class IntRows:
         self.width = width
         self.data = array("i")
 
+    def _widen(self) -> None:
+        """Move to 64-bit rows, after a value did not fit in 32 bits (one that does not fit in 64 raises)."""
+        if self.data.typecode == "q":
+            raise OverflowError("an integer record value does not fit in 64 bits")
+        self.data = array("q", self.data)
+
     def extend(self, values: tuple[int, ...]) -> None:
         size = len(self.data)
         try:
             self.data.extend(values)
         except OverflowError:
             del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
-            if self.data.typecode == "q":
-                raise
-            self.data = array("q", self.data)
+            self._widen()
             self.data.extend(values)
 
     def repeat(self, row: list[int], times: int, column: int, first: int, step: int) -> None:
@@ -34,9 +38,7 @@ class IntRows:
             if step:
                 block[column :: self.width] = array(code, range(first, first + times * step, step))
         except OverflowError:
-            if code == "q":
-                raise
-            self.data = array("q", self.data)
+            self._widen()
             self.repeat(row, times, column, first, step)
             return
         self.data.extend(block)
@@ -47,9 +49,7 @@ class IntRows:
         try:
             self.data[at] = value
         except OverflowError:
-            if self.data.typecode == "q":
-                raise
-            self.data = array("q", self.data)
+            self._widen()
             self.data[at] = value
 
     def columns(self) -> np.ndarray:

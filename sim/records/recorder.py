@@ -139,11 +139,11 @@ class Recorder:
         compute: list[bool],
         quiet: QuietSteps,
         waiting: int,
-        last_waiting: int | None = None,
+        last_waiting: int,
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
-        its start plus its duration), recorded as `step` records each of them; `waiting` requests after each,
-        or `last_waiting` after the last one where given (arrivals during it)."""
+        its start plus its duration), recorded as `step` records each of them: `waiting` requests after each
+        but the last, `last_waiting` after the last (arrivals during it)."""
         done, total = 0, len(durations)
         used, used_step = quiet.used, quiet.used_step
         w = len(STEP_STORED_INTS)
@@ -172,7 +172,7 @@ class Recorder:
             self._step_ints.repeat(row, take, KV_USED, used + done * used_step, used_step)
             self._step_compute.extend(compute if whole else compute[done : done + take])
             done += take
-            if done == total and last_waiting is not None and last_waiting != waiting:
+            if done == total and last_waiting != waiting:
                 self._step_ints.set_last(WAITING_INDEX, last_waiting)
             start = self._last_end = ends[done - 1]
             if len(self._step_compute) >= self.chunk_rows:

@@ -177,10 +177,8 @@ class ContinuousScheduler(ReservationQueue):
         self.kv.store(tokens)
         k = self.step + steps - 1  # the last step applied
         self.step = k + 1
-        now = self.last_end = ends[-1]
-        if self.finish_heap[0][0] > k:
-            return []
-        return self._finish(k, now)
+        self.last_end = ends[-1]
+        return self._finish(k, self.last_end)
 
     def _rows(self, admitted: list[Request]) -> tuple[np.ndarray, np.ndarray]:
         """The step's row arrays: running sequences' decodes, then the admitted sequences' prompts."""
