@@ -63,7 +63,8 @@ class QuietSteps(NamedTuple):
     preempted, none finishes before the last, and every row decodes one token on a context one longer each
     step (rows that finish in the last step leave after it: `advance_quiet` returns them). Step j
     (from 0) has the totals (rows, rows, rows, ctx + j·rows, rows, ctx + j·rows, max_end + j), no prefill
-    token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`)."""
+    token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`) plus
+    those that steps 0 to j allocate: step j allocates `grow[j % len(grow)]` (none when `grow` is empty)."""
 
     steps: int  # how many (at least 1)
     rows: int
@@ -73,3 +74,4 @@ class QuietSteps(NamedTuple):
     used_step: int
     allocated: int
     capacity: int
+    grow: tuple[int, ...] = ()

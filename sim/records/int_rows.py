@@ -43,6 +43,15 @@ class IntRows:
             return
         self.data.extend(block)
 
+    def set_column(self, column: int, values: list[int]) -> None:
+        """Set `column` of the last `len(values)` rows to `values`."""
+        at = len(self.data) - len(values) * self.width + column
+        try:
+            self.data[at :: self.width] = array(self.data.typecode, values)
+        except OverflowError:
+            self._widen()
+            self.set_column(column, values)
+
     def set_last(self, column: int, value: int) -> None:
         """Set `column` of the last row to `value`."""
         at = len(self.data) - self.width + column

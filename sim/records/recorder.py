@@ -28,6 +28,7 @@ import heapq
 import math
 from array import array
 from bisect import bisect_right
+from itertools import accumulate, cycle, islice
 
 import numpy as np
 import polars as pl
@@ -46,6 +47,7 @@ BATCH, DECODE, KV_USED, KV_ALLOCATED = (
     STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
 )
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
+SHORT_RUN = 8  # quiet runs at most this long are recorded row by row
 
 
 class Recorder:
@@ -144,8 +146,15 @@ class Recorder:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
         its start plus its duration), recorded as `step` records each of them: `waiting` requests after each
         but the last, `last_waiting` after the last (arrivals during it)."""
-        done, total = 0, len(durations)
+        total = len(durations)
+        short = total <= SHORT_RUN
+        if short and self._short_run(start, durations, ends, compute, quiet, waiting, last_waiting):
+            return
+        done = 0
         used, used_step = quiet.used, quiet.used_step
+        grown = None  # the allocated column, when steps allocate
+        if quiet.grow:
+            grown = list(accumulate(islice(cycle(quiet.grow), total), initial=quiet.allocated))[1:]
         w = len(STEP_STORED_INTS)
         row = [0] * w  # `step`'s columns: prefill tokens and preempted are 0
         row[BATCH] = row[DECODE] = quiet.rows
@@ -170,6 +179,8 @@ class Recorder:
             if quiet.capacity != self._capacity:
                 self._capacity = self._step_capacity[index] = quiet.capacity
             self._step_ints.repeat(row, take, KV_USED, used + done * used_step, used_step)
+            if grown is not None:
+                self._step_ints.set_column(KV_ALLOCATED, grown if whole else grown[done : done + take])
             self._step_compute.extend(compute if whole else compute[done : done + take])
             done += take
             if done == total and last_waiting != waiting:
@@ -177,6 +188,51 @@ class Recorder:
             start = self._last_end = ends[done - 1]
             if len(self._step_compute) >= self.chunk_rows:
                 self._flush_steps()
+
+    def _short_run(
+        self,
+        start: float,
+        durations: list[float],
+        ends: list[float],
+        compute: list[bool],
+        quiet: QuietSteps,
+        waiting: int,
+        last_waiting: int,
+    ) -> bool:
+        """`quiet_steps` for a few steps within the chunk, row by row as `step` writes them: False (nothing
+        recorded) when they do not fit in the chunk or a value needs wider rows."""
+        count = len(self._step_compute)
+        total = len(durations)
+        if count + total > self.chunk_rows or quiet.capacity != self._capacity:
+            return False
+        ints = self._step_ints.data
+        rows, used, used_step, allocated = quiet.rows, quiet.used, quiet.used_step, quiet.allocated
+        grow, period = quiet.grow, len(quiet.grow)
+        size = len(ints)
+        try:
+            for j in range(total):
+                if period:
+                    allocated += grow[j % period]
+                ints.extend((rows, 0, rows, used, allocated, 0, waiting if j < total - 1 else last_waiting))
+                used += used_step
+        except OverflowError:
+            del ints[size:]
+            return False
+        try:
+            self._ends.extend(ends)
+        except BufferError:
+            self._ends = unshared(self._ends, *ends)
+        try:
+            self._durations.extend(durations)
+        except BufferError:
+            self._durations = unshared(self._durations, *durations)
+        if start != self._last_end:
+            self._step_starts[self._flushed_steps + count] = start
+        self._step_compute.extend(compute)
+        self._last_end = ends[-1]
+        if count + total >= self.chunk_rows:
+            self._flush_steps()
+        return True
 
     @property
     def num_steps(self) -> int:

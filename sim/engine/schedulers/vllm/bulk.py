@@ -190,29 +190,38 @@ class BulkDecoding:
         self._gaps.append(step, now - self._last_end)
         self._last_end = now
         done_seqs = self._emit_rows(info.emit, now)
-        finishes, by_row = self._finishes, len(done_seqs)
-        while finishes and finishes[0][0] <= step:
-            _, _, since, seq = heapq.heappop(finishes)
-            if seq.bulk_since == since:
-                self._wake(seq)
-                done_seqs.append(seq)
+        by_row = len(done_seqs)
+        self._finish_bulk(step, done_seqs)
         if by_row and len(done_seqs) > by_row:
             done_seqs.sort(key=_order)
         busy = self._busy
         for seq in info.emit:
             if seq.num_generated < seq.out_len and self._to_bulk(seq):
                 del busy[seq]
-        finished: list[Request] = []
-        if done_seqs:
-            running = self.running
-            for seq in done_seqs:
-                running.remove(seq)
-                busy.pop(seq, None)
-                self.kv.free(seq)
-                if self._close(seq):
-                    finished.append(seq.req)
+        finished = self._close_done(done_seqs) if done_seqs else []
         if step % GAPS_KEPT == 0:
             self._trim_gaps()
+        return finished
+
+    def _finish_bulk(self, step: int, done: list[Seq]) -> None:
+        """Bring the sequences in bulk whose last token is step `step`'s (applied) up to date, onto `done`."""
+        finishes = self._finishes
+        while finishes and finishes[0][0] <= step:
+            _, _, since, seq = heapq.heappop(finishes)
+            if seq.bulk_since == since:
+                self._wake(seq)
+                done.append(seq)
+
+    def _close_done(self, done: list[Seq]) -> list[Request]:
+        """Take the finished sequences `done` out, freeing their blocks; the requests they finish."""
+        finished: list[Request] = []
+        running, busy = self.running, self._busy
+        for seq in done:
+            running.remove(seq)
+            busy.pop(seq, None)
+            self.kv.free(seq)
+            if self._close(seq):
+                finished.append(seq.req)
         return finished
 
     def _trim_gaps(self) -> None:

@@ -18,8 +18,8 @@ A request with `n > 1` is fanned out into `n` sequences scheduled independently,
 the prompt's full blocks only through the prefix cache (so only with `enable_prefix_caching`), and each holds
 its own copy of the partial last prompt block. The request emits a token when its slowest sequence does.
 
-With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, with the same
-records (bulk.py, and docs/performance.md).
+With `fast=True` (what `sim run` builds) sequences that only decode are advanced in bulk, and runs of steps
+that only they decode are advanced at once, with the same records (bulk.py, quiet.py, docs/performance.md).
 
 Pipeline parallelism (`pipeline`, sim/engine/pipeline.py): up to `pp` batches in flight. Scheduling a row
 advances its computed tokens at once, so a sequence whose scheduled tokens are all in flight has none left
@@ -36,6 +36,7 @@ parts are mixed into `VllmScheduler` from their own modules, which share its sta
 - admission.py (`Admission`): arrivals, the waiting queue and its admissions (step 2);
 - running.py (`RunningPass`): the running sequences' rows and recompute preemption (step 1);
 - bulk.py (`BulkDecoding`): the sequences advanced in bulk (fast mode);
+- quiet.py (`QuietRuns`, over `BulkDecoding`): decode-only runs of them, which the engine advances at once;
 - groups.py (`SequenceGroups`): a request's sequences, and the tokens the step's rows emit;
 - plan.py: a sequence (`Seq`), one step's decisions (`StepInfo`) and its plan (`VllmPlan`).
 
@@ -56,14 +57,14 @@ from sim.engine.kv import KvManager
 from sim.engine.lora import LoraGate
 from sim.engine.schedulers.registry import register
 from sim.engine.schedulers.vllm.admission import Admission
-from sim.engine.schedulers.vllm.bulk import BulkDecoding
 from sim.engine.schedulers.vllm.groups import SequenceGroups
 from sim.engine.schedulers.vllm.plan import Seq, StepInfo, VllmPlan
+from sim.engine.schedulers.vllm.quiet import QuietRuns
 from sim.engine.schedulers.vllm.running import RunningPass
 from sim.io.errors import SimError
 
 
-class VllmScheduler(Admission, RunningPass, BulkDecoding, SequenceGroups):
+class VllmScheduler(Admission, RunningPass, QuietRuns, SequenceGroups):
     """The vLLM v1 scheduling loop over a paged KV cache (see the module docstring).
 
     Scheduling a row also applies it (computed tokens advance at once; `update` only emits): nothing between
