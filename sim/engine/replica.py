@@ -140,7 +140,7 @@ class Replica:
 
         return timer
 
-    def _quiet_runner(self) -> Callable[[float, float, Callable[[float], None] | None], bool] | None:
+    def _quiet_runner(self) -> Callable[[float, float, Callable[..., None] | None], bool] | None:
         """What advances a scheduler's decode-only steps at once (`quiet_steps`) in `run_open`, or None where
         the scheduler has none, the step time reads more than the plan's totals, or the recorder records a
         step in its own way."""
@@ -153,6 +153,7 @@ class Replica:
         if totals_time is None or type(rec).step is not Recorder.step:
             return None
         advance, record = sched.advance_quiet, rec.quiet_steps  # type: ignore[attr-defined]
+        blind = getattr(sched, "blind_to_held", None)  # the step after an arrival's may not see it either
         decode_timer = getattr(cost, "decode_timer", None)  # the same seconds, its constants computed once
         timers: dict[int, tuple[Callable[[int], tuple[float, bool]], float]] = {}
 
@@ -163,13 +164,14 @@ class Replica:
                 got = timers[rows] = decode_timer(rows)  # type: ignore[misc]
             return got
 
-        def run(limit: float, event_at: float, deliver: Callable[[float], None] | None) -> bool:
+        def run(limit: float, event_at: float, deliver: Callable[..., None] | None) -> bool:
             """The steps of `quiet_steps` that end before `limit` (the next arrival or scheduled event), each
             costed from its own totals, as `timer` costs its plan, and recorded as `step` records it. With
             `deliver` (the limit is the next arrival), the step that arrival lands in is taken too when it
             ends before the next scheduled event (`event_at`): `deliver(end)` queues the arrivals up to its
-            end before it is applied, as `run_open` queues a step's. True when the last step taken finished
-            requests (recorded here) or had arrivals: the next steps may be quiet too."""
+            end before it is applied, as `run_open` queues a step's; and the step after it, when the scheduler
+            will not see those arrivals in it (`blind_to_held`: asynchronous scheduling). True when the last
+            step taken finished requests (recorded here) or had arrivals: the next steps may be quiet too."""
             quiet = quiet_steps()
             if quiet is None:
                 return False
@@ -204,11 +206,26 @@ class Replica:
             if not durations:
                 return False
             waiting = sched.num_waiting
+            tail: list[int] = []  # the waiting after each step from the spanning one on
             if spanned:
-                deliver(now)  # type: ignore[misc]
+                assert deliver is not None
+                deliver(now)
+                tail.append(sched.num_waiting)
+                spanning_start = ends[-2] if len(ends) > 1 else start
+                if blind is not None and len(ends) < quiet.steps and blind(spanning_start):
+                    ctx += rows
+                    max_end += 1
+                    timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
+                    if timed is not None and (end := now + timed[0]) < event_at:
+                        durations.append(timed[0])
+                        ends.append(end)
+                        compute.append(timed[1])
+                        now = end
+                        deliver(end, True, True)
+                        tail.append(sched.num_waiting)
             env._now = now  # type: ignore[attr-defined]
             finished = advance(start, ends)
-            record(start, durations, ends, compute, quiet, waiting, sched.num_waiting)
+            record(start, durations, ends, compute, quiet, waiting, tail)
             if finished:
                 self._finished(finished)
             return spanned or bool(finished)
@@ -281,10 +298,13 @@ class Replica:
         timed = nxt is not None and nxt.arrival > clock  # delivered by a timer, not with the previous one
         fresh = False  # an arrival was queued since the latest `schedule`
 
-        def deliver(end: float, stepping: bool = True) -> None:
+        def deliver(end: float, stepping: bool = True, scheduled: bool = False) -> None:
             """Queue the arrivals up to `end`: before the step in progress (`stepping`) that ends then is
-            applied, or on waking idle at `end`."""
+            applied, or on waking idle at `end`; `scheduled`: that step was scheduled after the latest
+            delivery."""
             nonlocal nxt, nxt_at, timed, fresh, clock
+            if scheduled:
+                fresh = False
             while nxt_at <= end and nxt_at < stop:
                 if timed and fresh and nxt_at == end and stepping:
                     break

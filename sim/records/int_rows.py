@@ -52,15 +52,6 @@ class IntRows:
             self._widen()
             self.set_column(column, values)
 
-    def set_last(self, column: int, value: int) -> None:
-        """Set `column` of the last row to `value`."""
-        at = len(self.data) - self.width + column
-        try:
-            self.data[at] = value
-        except OverflowError:
-            self._widen()
-            self.data[at] = value
-
     def columns(self) -> np.ndarray:
         """A (columns, rows) int64 array."""
         flat = np.frombuffer(self.data, dtype=np.int32 if self.data.typecode == "i" else np.int64)

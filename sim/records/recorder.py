@@ -141,16 +141,16 @@ class Recorder:
         compute: list[bool],
         quiet: QuietSteps,
         waiting: int,
-        last_waiting: int,
+        tail: list[int],
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
-        its start plus its duration), recorded as `step` records each of them: `waiting` requests after each
-        but the last, `last_waiting` after the last (arrivals during it)."""
+        its start plus its duration), recorded as `step` records each of them: `waiting` requests after each,
+        but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`."""
         total = len(durations)
         short = total <= SHORT_RUN
-        if short and self._short_run(start, durations, ends, compute, quiet, waiting, last_waiting):
+        if short and self._short_run(start, durations, ends, compute, quiet, waiting, tail):
             return
-        done = 0
+        done, after = 0, total - len(tail)  # the steps from `after` on had arrivals during them
         used, used_step = quiet.used, quiet.used_step
         grown = None  # the allocated column, when steps allocate
         if quiet.grow:
@@ -183,8 +183,9 @@ class Recorder:
                 self._step_ints.set_column(KV_ALLOCATED, grown if whole else grown[done : done + take])
             self._step_compute.extend(compute if whole else compute[done : done + take])
             done += take
-            if done == total and last_waiting != waiting:
-                self._step_ints.set_last(WAITING_INDEX, last_waiting)
+            if done > after:  # this chunk ends with rows of the tail
+                first = max(done - take, after)
+                self._step_ints.set_column(WAITING_INDEX, tail[first - after : done - after])
             start = self._last_end = ends[done - 1]
             if len(self._step_compute) >= self.chunk_rows:
                 self._flush_steps()
@@ -197,7 +198,7 @@ class Recorder:
         compute: list[bool],
         quiet: QuietSteps,
         waiting: int,
-        last_waiting: int,
+        tail: list[int],
     ) -> bool:
         """`quiet_steps` for a few steps within the chunk, row by row as `step` writes them: False (nothing
         recorded) when they do not fit in the chunk or a value needs wider rows."""
@@ -208,12 +209,13 @@ class Recorder:
         ints = self._step_ints.data
         rows, used, used_step, allocated = quiet.rows, quiet.used, quiet.used_step, quiet.allocated
         grow, period = quiet.grow, len(quiet.grow)
+        after = total - len(tail)  # the first step with arrivals during it
         size = len(ints)
         try:
             for j in range(total):
                 if period:
                     allocated += grow[j % period]
-                ints.extend((rows, 0, rows, used, allocated, 0, waiting if j < total - 1 else last_waiting))
+                ints.extend((rows, 0, rows, used, allocated, 0, waiting if j < after else tail[j - after]))
                 used += used_step
         except OverflowError:
             del ints[size:]

@@ -86,6 +86,13 @@ class QuietRuns(BulkDecoding):
         ctx = self._bulk_ctx + n * first
         return QuietSteps(steps, n, ctx, max_end, used, n, kv.allocated, kv.capacity, grow)
 
+    def blind_to_held(self, since: float) -> bool:
+        """Whether the next step, formed back to back with the one that started at `since` and just ended,
+        sees none of the requests held (asynchronous scheduling: each came after that step was formed) and
+        nothing else waits, so that it admits nobody."""
+        held = self._held
+        return bool(held) and not self.waiting and held[0][0] > since
+
     def advance_quiet(self, start: float, ends: list[float]) -> list[Request]:
         """Apply the first `len(ends)` of `quiet_steps`'s steps (the first starting at `start`, step j ending
         at `ends[j]`), as `schedule` and `update` of each would; the requests that finished in the last."""
