@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -64,7 +65,8 @@ class QuietSteps(NamedTuple):
     step (rows that finish in the last step leave after it: `advance_quiet` returns them). Step j
     (from 0) has the totals (rows, rows, rows, ctx + j·rows, rows, ctx + j·rows, max_end + j), no prefill
     token, `rows` decode tokens, and KV used `used + j·used_step` of `allocated` slots (of `capacity`) plus
-    those that steps 0 to j allocate: step j allocates `grow[j % len(grow)]` (none when `grow` is empty)."""
+    those that steps 0 to j allocate: step j allocates `grow[j % len(grow)]` blocks of `block` slots (none
+    when `grow` is empty)."""
 
     steps: int  # how many (at least 1)
     rows: int
@@ -74,4 +76,5 @@ class QuietSteps(NamedTuple):
     used_step: int
     allocated: int
     capacity: int
-    grow: tuple[int, ...] = ()
+    grow: Sequence[int] = ()
+    block: int = 0

@@ -154,7 +154,8 @@ class Recorder:
         used, used_step = quiet.used, quiet.used_step
         grown = None  # the allocated column, when steps allocate
         if quiet.grow:
-            grown = list(accumulate(islice(cycle(quiet.grow), total), initial=quiet.allocated))[1:]
+            slots = [m * quiet.block for m in quiet.grow]
+            grown = list(accumulate(islice(cycle(slots), total), initial=quiet.allocated))[1:]
         w = len(STEP_STORED_INTS)
         row = [0] * w  # `step`'s columns: prefill tokens and preempted are 0
         row[BATCH] = row[DECODE] = quiet.rows
@@ -208,13 +209,13 @@ class Recorder:
             return False
         ints = self._step_ints.data
         rows, used, used_step, allocated = quiet.rows, quiet.used, quiet.used_step, quiet.allocated
-        grow, period = quiet.grow, len(quiet.grow)
+        grow, period, block = quiet.grow, len(quiet.grow), quiet.block
         after = total - len(tail)  # the first step with arrivals during it
         size = len(ints)
         try:
             for j in range(total):
                 if period:
-                    allocated += grow[j % period]
+                    allocated += grow[j % period] * block
                 ints.extend((rows, 0, rows, used, allocated, 0, waiting if j < after else tail[j - after]))
                 used += used_step
         except OverflowError:

@@ -56,7 +56,7 @@ class QuietRuns(BulkDecoding):
         if last < first:
             return None
         kv, bs = self.kv, self.block_size
-        grow: tuple[int, ...] = ()
+        opened: list[int] = []
         steps = last - first + 1
         if self._lazy:
             counts = list(map(len, self._phases))
@@ -67,24 +67,27 @@ class QuietRuns(BulkDecoding):
                 # while the free blocks last: step j lends its blocks when they cover them (`_lend_blocks`)
                 free = kv.num_free
                 cycles = free // per_cycle
-                room, fit = free - cycles * per_cycle, 0
-                for m in opened:
-                    if m > room:
-                        break
-                    room -= m
-                    fit += 1
-                steps = min(steps, cycles * bs + fit)
-                if not steps:
-                    return None
-                grow = tuple(m * bs for m in opened)
+                if cycles * bs < steps:
+                    room, fit = free - cycles * per_cycle, 0
+                    for m in opened:
+                        if m > room:
+                            break
+                        room -= m
+                        fit += 1
+                    steps = min(steps, cycles * bs + fit)
+                    if not steps:
+                        return None
+            else:
+                opened = []
             self._opened = opened
         heap = self._bulk_max
         while heap[0][3].bulk_since != heap[0][1]:
             heapq.heappop(heap)
-        used = kv.allocated - kv.waste + n
+        allocated = kv.allocated
+        used = allocated - kv.waste + n
         max_end = first - heap[0][0] + 1
         ctx = self._bulk_ctx + n * first
-        return QuietSteps(steps, n, ctx, max_end, used, n, kv.allocated, kv.capacity, grow)
+        return QuietSteps(steps, n, ctx, max_end, used, n, allocated, kv.capacity, opened, bs)
 
     def blind_to_held(self, since: float) -> bool:
         """Whether the next step, formed back to back with the one that started at `since` and just ended,
