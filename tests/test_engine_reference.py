@@ -320,6 +320,25 @@ def test_vllm_runs_with_arrivals_at_their_step_ends_match_the_reference(
     _assert_same(out.recorder, ref)
 
 
+def test_a_vllm_run_leaves_the_step_after_an_arrival_that_step_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An arrival timed exactly at a step's end, after another arrived (and was rejected) during that step,
+    is queued after the next step was formed. A run from there takes the step it is delivered in, but not
+    the one after: that step, formed when the arrival's step started, sees it (asynchronous scheduling)."""
+    fixed = FixedTotalsStep()
+    monkeypatch.setattr(__import__(__name__), "COST", fixed)
+    reqs = [
+        Request(0, 0.0, 10, 100, 100),
+        Request(1, 10.5 * DT, 5_000, 10, 10),
+        Request(2, 11 * DT, 10, 20, 20),
+    ]
+    horizon = Horizon(max_requests=3)
+    sched = _CountingVllm(VllmConfig(max_num_seqs=16, max_num_batched_tokens=1024), MEMORY, fast=True)
+    out = simulate(sched, fixed.step_time, horizon, open_loop=iter(_requests_copy(reqs)))
+    ref = reference(_plain("vllm"), horizon, requests=_requests_copy(reqs))
+    assert sched.schedules < 20
+    _assert_same(out.recorder, ref)
+
+
 @pytest.mark.parametrize("policy", ["static", "continuous", "vllm"])
 @pytest.mark.parametrize("horizon", [Horizon(max_requests=150), Horizon(duration_s=60 * DT)])
 def test_closed_loop_at_step_ends_matches_the_reference(
