@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=10.963, help="Poisson arrivals per second")
     ap.add_argument("--policy", choices=sorted(bench_fleet.POLICIES), default="vllm")
+    ap.add_argument("--gpu", default="A100-80GB", help="the scenario's GPU (a catalogue name)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=8, help="timed runs per tree (medians of them)")
     ap.add_argument("--base", type=Path, help="another source tree (e.g. an older commit's export)")
@@ -81,7 +82,8 @@ def main() -> None:
         work = Path(tmp)
         scenario = work / "scenario.toml"
         arrival = f'{{ kind = "poisson", rate = {args.rate!r} }}'
-        scenario.write_text(bench_fleet.scenario_toml(args.policy, args.requests, arrival, args.seed))
+        toml = bench_fleet.scenario_toml(args.policy, args.requests, arrival, args.seed)
+        scenario.write_text(toml.replace('gpu = "A100-80GB"', f'gpu = "{args.gpu}"'))
         envs, outs = {}, {}
         for i, (name, tree) in enumerate(trees.items()):
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
@@ -101,17 +103,21 @@ def main() -> None:
                 c, w = run_once(tree, scenario, outs[name], envs[name])
                 cpu[name].append(c)
                 wall[name].append(w)
-    print(f"sim run, {args.policy}, {args.requests:,} requests at {args.rate} req/s; {args.repeat} runs each")
+    print(f"sim run, {args.policy} on {args.gpu}, {args.requests:,} requests at {args.rate} req/s; "
+          f"{args.repeat} runs each")  # fmt: skip
     print(f"{'tree':<10} {'cpu s':>7} {'wall s':>7}  cpu s of each run (medians in the first columns)")
     for name in trees:
         runs = " ".join(f"{c:.2f}" for c in cpu[name])
         mid_cpu, mid_wall = statistics.median(cpu[name]), statistics.median(wall[name])
         print(f"{name:<10} {mid_cpu:>7.3f} {mid_wall:>7.3f}  {runs}")
     if "base" in trees:
-        pairs = [a / b for a, b in zip(cpu["this tree"], cpu["base"], strict=True)]
-        ratio = statistics.median(cpu["this tree"]) / statistics.median(cpu["base"])
-        print(f"records byte-identical; CPU this tree / base: {ratio:.3f} (medians), "
-              f"{statistics.median(pairs):.3f} (median of the {len(pairs)} pairs)")  # fmt: skip
+        for what, times in (("CPU", cpu), ("wall", wall)):
+            pairs = [a / b for a, b in zip(times["this tree"], times["base"], strict=True)]
+            ratio = statistics.median(times["this tree"]) / statistics.median(times["base"])
+            mid, low, high = statistics.median(pairs), min(pairs), max(pairs)
+            print(f"{what} this tree / base: {ratio:.3f} (medians), {mid:.3f} (median of the {len(pairs)} "
+                  f"pairs, {low:.3f}-{high:.3f})")  # fmt: skip
+        print("records byte-identical")
 
 
 if __name__ == "__main__":
