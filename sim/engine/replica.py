@@ -215,7 +215,10 @@ class Replica:
                 if blind is not None and len(ends) < quiet.steps and blind(spanning_start):
                     ctx += rows
                     max_end += 1
-                    timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
+                    if max_end <= window:
+                        timed = seconds_of(ctx)  # type: ignore[misc]
+                    else:
+                        timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
                     if timed is not None and (end := now + timed[0]) < event_at:
                         durations.append(timed[0])
                         ends.append(end)
