@@ -47,7 +47,7 @@ BATCH, DECODE, KV_USED, KV_ALLOCATED = (
     STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
 )
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
-SHORT_RUN = 8  # quiet runs at most this long are recorded row by row
+FEW_ROWS = 4  # runs shorter than this are recorded a tuple per row, longer ones as arrays (cheaper so)
 
 
 class Recorder:
@@ -147,15 +147,11 @@ class Recorder:
         its start plus its duration), recorded as `step` records each of them: `waiting` requests after each,
         but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`."""
         total = len(durations)
-        short = total <= SHORT_RUN
-        if short and self._short_run(start, durations, ends, compute, quiet, waiting, tail):
+        if self._in_chunk(start, durations, ends, compute, quiet, waiting, tail):
             return
         done, after = 0, total - len(tail)  # the steps from `after` on had arrivals during them
         used, used_step = quiet.used, quiet.used_step
-        grown = None  # the allocated column, when steps allocate
-        if quiet.grow:
-            slots = [m * quiet.block for m in quiet.grow]
-            grown = list(accumulate(islice(cycle(slots), total), initial=quiet.allocated))[1:]
+        grown = _allocated(quiet, total) if quiet.grow else None  # the allocated column, when steps allocate
         w = len(STEP_STORED_INTS)
         row = [0] * w  # `step`'s columns: prefill tokens and preempted are 0
         row[BATCH] = row[DECODE] = quiet.rows
@@ -191,7 +187,7 @@ class Recorder:
             if len(self._step_compute) >= self.chunk_rows:
                 self._flush_steps()
 
-    def _short_run(
+    def _in_chunk(
         self,
         start: float,
         durations: list[float],
@@ -201,26 +197,38 @@ class Recorder:
         waiting: int,
         tail: list[int],
     ) -> bool:
-        """`quiet_steps` for a few steps within the chunk, row by row as `step` writes them: False (nothing
-        recorded) when they do not fit in the chunk or a value needs wider rows."""
+        """`quiet_steps` when the steps fit in the chunk, their rows built as one list: False (nothing
+        recorded) when they do not fit or a value needs wider rows."""
         count = len(self._step_compute)
         total = len(durations)
         if count + total > self.chunk_rows or quiet.capacity != self._capacity:
             return False
+        w = len(STEP_STORED_INTS)
+        rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
         ints = self._step_ints.data
-        rows, used, used_step, allocated = quiet.rows, quiet.used, quiet.used_step, quiet.allocated
-        grow, period, block = quiet.grow, len(quiet.grow), quiet.block
-        after = total - len(tail)  # the first step with arrivals during it
-        size = len(ints)
+        code = ints.typecode
+        after = total - len(tail)  # the first row with arrivals during its step
         try:
-            for j in range(total):
-                if period:
-                    allocated += grow[j % period] * block
-                ints.extend((rows, 0, rows, used, allocated, 0, waiting if j < after else tail[j - after]))
-                used += used_step
+            if total < FEW_ROWS:  # one tuple a row, as `step` writes them
+                block = array(code)
+                allocated, grow, period = quiet.allocated, quiet.grow, len(quiet.grow)
+                for j in range(total):
+                    if period:
+                        allocated += grow[j % period] * quiet.block
+                    after_j = waiting if j < after else tail[j - after]
+                    block.extend((rows, 0, rows, used, allocated, 0, after_j))
+                    used += used_step
+            else:  # the columns as arrays
+                block = array(code, (rows, 0, rows, used, quiet.allocated, 0, waiting)) * total
+                if used_step:
+                    block[KV_USED::w] = array(code, range(used, used + total * used_step, used_step))
+                if quiet.grow:
+                    block[KV_ALLOCATED::w] = array(code, _allocated(quiet, total))
+                if tail:
+                    block[after * w + WAITING_INDEX :: w] = array(code, tail)
         except OverflowError:
-            del ints[size:]
             return False
+        ints.extend(block)
         try:
             self._ends.extend(ends)
         except BufferError:
@@ -454,3 +462,10 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
+
+
+def _allocated(quiet: QuietSteps, total: int) -> list[int]:
+    """The KV slots allocated at each of the first `total` steps of `quiet`, as its `grow` adds them."""
+    grow, block, allocated = quiet.grow, quiet.block, quiet.allocated
+    counts = grow[:total] if total <= len(grow) else islice(cycle(grow), total)
+    return [allocated + block * blocks for blocks in accumulate(counts)]
