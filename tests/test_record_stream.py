@@ -4,9 +4,11 @@ against the summary of frames in memory."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -15,6 +17,7 @@ from polars.testing import assert_frame_equal
 from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _scheduler, reference
 
 from sim.core.request import Request
+from sim.core.step import KvUsage, QuietSteps
 from sim.engine.replica import Horizon, simulate
 from sim.records.columns import FINISHED
 from sim.records.recorder import Recorder
@@ -214,18 +217,35 @@ def test_a_view_of_the_step_columns_left_alive_does_not_stop_the_run(
     assert_frame_equal(rec.steps_frame(), ref.steps_frame())
 
 
-def test_repeated_int_rows_are_the_rows_appended_one_by_one_and_widen_past_32_bits() -> None:
-    """`IntRows.repeat` (a quiet run's steps as one block) holds what `extend` row by row would, a column
-    counting up or down, and moves to 64-bit rows once a value needs it."""
-    from sim.records.int_rows import IntRows
-
-    for first, step in ((10, 3), (10, -2), (7, 0), (2**31 - 5, 4)):
-        one, block = IntRows(3), IntRows(3)
-        for r in (one, block):
-            r.extend((1, 2, 3))
-        for i in range(6):
-            one.extend((4, first + i * step, 6))
-        block.repeat([4, 0 if step else first, 6], 6, 1, first, step)
-        assert block.data.typecode == one.data.typecode
-        assert np.array_equal(block.columns(), one.columns())
-    assert block.data.typecode == "q"
+@pytest.mark.parametrize("chunk_rows", [3, 4, 7, 65_536])
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 11, 23])
+@pytest.mark.parametrize("used", [10, 2**31 - 40])
+@pytest.mark.parametrize("grow", [(), (2, 0, 1, 3)])
+@pytest.mark.parametrize("tail", [[], [9], [9, 12]])
+def test_a_run_of_quiet_steps_records_what_step_would_row_by_row(
+    chunk_rows: int, steps: int, used: int, grow: tuple[int, ...], tail: list[int]
+) -> None:
+    """`Recorder.quiet_steps` (a run's steps in one piece, split at the chunks' ends) writes the rows that
+    `Recorder.step` writes one step at a time: KV used counting up, allocated growing by each step's blocks,
+    the last steps' own waiting, and 64-bit rows once a value needs them."""
+    tail = tail[:steps]
+    capacity = 2**31 + 10
+    quiet = QuietSteps(steps, 5, 100, 40, used, 5, used + 50, capacity, list(grow), 16 if grow else 0)
+    durations = [0.01 * (1 + j % 3) for j in range(steps)]
+    ends = list(itertools.accumulate(durations, initial=1.0))[1:]
+    compute = [j % 2 == 0 for j in range(steps)]
+    run, one = Recorder(chunk_rows=chunk_rows), Recorder(chunk_rows=chunk_rows)
+    before = SimpleNamespace(batch_size=1, num_prefill_tokens=7, num_decode_tokens=0, preempted=0,
+                             kv=KvUsage(7, 16, capacity))  # fmt: skip
+    for rec in (run, one):  # a step before, so that the run starts within a chunk
+        rec.step(0.5, 0.5, before, False, 2)  # type: ignore[arg-type]
+    run.quiet_steps(1.0, durations, ends, compute, quiet, 3, tail)
+    allocated = used + 50
+    for j in range(steps):
+        if grow:
+            allocated += grow[j % len(grow)] * 16
+        waiting = tail[j - steps + len(tail)] if j >= steps - len(tail) else 3
+        plan = SimpleNamespace(batch_size=5, num_prefill_tokens=0, num_decode_tokens=5, preempted=0,
+                               kv=KvUsage(used + 5 * j, allocated, capacity))  # fmt: skip
+        one.step(ends[j] - durations[j], durations[j], plan, compute[j], waiting)  # type: ignore[arg-type]
+    assert_frame_equal(run.steps_frame(), one.steps_frame())

@@ -14,7 +14,7 @@ class IntRows:
         self.width = width
         self.data = array("i")
 
-    def _widen(self) -> None:
+    def widen(self) -> None:
         """Move to 64-bit rows, after a value did not fit in 32 bits (one that does not fit in 64 raises)."""
         if self.data.typecode == "q":
             raise OverflowError("an integer record value does not fit in 64 bits")
@@ -26,31 +26,8 @@ class IntRows:
             self.data.extend(values)
         except OverflowError:
             del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
-            self._widen()
+            self.widen()
             self.data.extend(values)
-
-    def repeat(self, row: list[int], times: int, column: int, first: int, step: int) -> None:
-        """`times` copies of `row`, with `column` counting from `first` by `step` (0: as in `row`), built as
-        one array: a quiet run's steps."""
-        code = self.data.typecode
-        try:
-            block = array(code, row) * times
-            if step:
-                block[column :: self.width] = array(code, range(first, first + times * step, step))
-        except OverflowError:
-            self._widen()
-            self.repeat(row, times, column, first, step)
-            return
-        self.data.extend(block)
-
-    def set_column(self, column: int, values: list[int]) -> None:
-        """Set `column` of the last `len(values)` rows to `values`."""
-        at = len(self.data) - len(values) * self.width + column
-        try:
-            self.data[at :: self.width] = array(self.data.typecode, values)
-        except OverflowError:
-            self._widen()
-            self.set_column(column, values)
 
     def columns(self) -> np.ndarray:
         """A (columns, rows) int64 array."""

@@ -43,9 +43,7 @@ from sim.records.sinks import MemorySink, RecordSink
 from sim.records.step_rows import steps_frame, unshared
 from sim.records.window_quantiles import stall_windows, window_quantiles
 
-BATCH, DECODE, KV_USED, KV_ALLOCATED = (
-    STEP_STORED_INTS.index(c) for c in ("batch_size", "decode_tokens", "kv_used", "kv_allocated")
-)
+KV_USED, KV_ALLOCATED = (STEP_STORED_INTS.index(c) for c in ("kv_used", "kv_allocated"))
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
 FEW_ROWS = 4  # runs shorter than this are recorded a tuple per row, longer ones as arrays (cheaper so)
 
@@ -145,49 +143,19 @@ class Recorder:
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
         its start plus its duration), recorded as `step` records each of them: `waiting` requests after each,
-        but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`."""
-        total = len(durations)
-        if self._in_chunk(start, durations, ends, compute, quiet, waiting, tail):
-            return
-        done, after = 0, total - len(tail)  # the steps from `after` on had arrivals during them
-        used, used_step = quiet.used, quiet.used_step
-        grown = _allocated(quiet, total) if quiet.grow else None  # the allocated column, when steps allocate
-        w = len(STEP_STORED_INTS)
-        row = [0] * w  # `step`'s columns: prefill tokens and preempted are 0
-        row[BATCH] = row[DECODE] = quiet.rows
-        row[KV_USED], row[KV_ALLOCATED], row[WAITING_INDEX] = used, quiet.allocated, waiting
-        while done < total:
-            index = self._flushed_steps + len(self._step_compute)
-            take = min(total - done, self.chunk_rows - len(self._step_compute))
-            if start != self._last_end:
-                self._step_starts[index] = start
-            whole = take == total  # the lists as they are, not slices
-            these_ends, these_durations = (
-                (ends, durations) if whole else (ends[done : done + take], durations[done : done + take])
-            )
-            try:
-                self._ends.extend(these_ends)
-            except BufferError:
-                self._ends = unshared(self._ends, *these_ends)
-            try:
-                self._durations.extend(these_durations)
-            except BufferError:
-                self._durations = unshared(self._durations, *these_durations)
-            if quiet.capacity != self._capacity:
-                self._capacity = self._step_capacity[index] = quiet.capacity
-            self._step_ints.repeat(row, take, KV_USED, used + done * used_step, used_step)
-            if grown is not None:
-                self._step_ints.set_column(KV_ALLOCATED, grown if whole else grown[done : done + take])
-            self._step_compute.extend(compute if whole else compute[done : done + take])
-            done += take
-            if done > after:  # this chunk ends with rows of the tail
-                first = max(done - take, after)
-                self._step_ints.set_column(WAITING_INDEX, tail[first - after : done - after])
-            start = self._last_end = ends[done - 1]
-            if len(self._step_compute) >= self.chunk_rows:
-                self._flush_steps()
+        but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`. A run
+        that crosses the chunk's end is split there."""
+        total, room = len(durations), self.chunk_rows - len(self._step_compute)
+        if total > room:
+            first = tail[: max(0, room - (total - len(tail)))]  # the tail's rows within this chunk
+            self._run_rows(start, durations[:room], ends[:room], compute[:room], quiet, waiting, first)
+            rest = _after(quiet, room)
+            self.quiet_steps(ends[room - 1], durations[room:], ends[room:], compute[room:], rest, waiting,
+                             tail[len(first) :])  # fmt: skip
+        else:
+            self._run_rows(start, durations, ends, compute, quiet, waiting, tail)
 
-    def _in_chunk(
+    def _run_rows(
         self,
         start: float,
         durations: list[float],
@@ -196,13 +164,10 @@ class Recorder:
         quiet: QuietSteps,
         waiting: int,
         tail: list[int],
-    ) -> bool:
-        """`quiet_steps` when the steps fit in the chunk, their rows built as one list: False (nothing
-        recorded) when they do not fit or a value needs wider rows."""
+    ) -> None:
+        """`quiet_steps` for steps that fit in the chunk, written in one piece."""
         count = len(self._step_compute)
         total = len(durations)
-        if count + total > self.chunk_rows or quiet.capacity != self._capacity:
-            return False
         w = len(STEP_STORED_INTS)
         rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
         ints = self._step_ints.data
@@ -226,8 +191,10 @@ class Recorder:
                     block[KV_ALLOCATED::w] = array(code, _allocated(quiet, total))
                 if tail:
                     block[after * w + WAITING_INDEX :: w] = array(code, tail)
-        except OverflowError:
-            return False
+        except OverflowError:  # a value needs 64-bit rows
+            self._step_ints.widen()
+            self._run_rows(start, durations, ends, compute, quiet, waiting, tail)
+            return
         ints.extend(block)
         try:
             self._ends.extend(ends)
@@ -237,13 +204,15 @@ class Recorder:
             self._durations.extend(durations)
         except BufferError:
             self._durations = unshared(self._durations, *durations)
+        index = self._flushed_steps + count
         if start != self._last_end:
-            self._step_starts[self._flushed_steps + count] = start
+            self._step_starts[index] = start
+        if quiet.capacity != self._capacity:
+            self._capacity = self._step_capacity[index] = quiet.capacity
         self._step_compute.extend(compute)
         self._last_end = ends[-1]
         if count + total >= self.chunk_rows:
             self._flush_steps()
-        return True
 
     @property
     def num_steps(self) -> int:
@@ -462,6 +431,17 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
+
+
+def _after(quiet: QuietSteps, k: int) -> QuietSteps:
+    """`quiet`'s steps from its step `k` on."""
+    grow = quiet.grow
+    later = quiet._replace(steps=quiet.steps - k, ctx=quiet.ctx + k * quiet.rows, max_end=quiet.max_end + k,
+                           used=quiet.used + k * quiet.used_step)  # fmt: skip
+    if not grow:
+        return later
+    at = k % len(grow)
+    return later._replace(allocated=_allocated(quiet, k)[-1], grow=[*grow[at:], *grow[:at]])
 
 
 def _allocated(quiet: QuietSteps, total: int) -> list[int]:
