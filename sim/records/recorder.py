@@ -28,7 +28,6 @@ import heapq
 import math
 from array import array
 from bisect import bisect_right
-from itertools import accumulate, cycle, islice
 
 import numpy as np
 import polars as pl
@@ -145,29 +144,15 @@ class Recorder:
         its start plus its duration), recorded as `step` records each of them: `waiting` requests after each,
         but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`. A run
         that crosses the chunk's end is split there."""
-        total, room = len(durations), self.chunk_rows - len(self._step_compute)
+        count = len(self._step_compute)
+        total, room = len(durations), self.chunk_rows - count
         if total > room:
             first = tail[: max(0, room - (total - len(tail)))]  # the tail's rows within this chunk
-            self._run_rows(start, durations[:room], ends[:room], compute[:room], quiet, waiting, first)
-            rest = _after(quiet, room)
-            self.quiet_steps(ends[room - 1], durations[room:], ends[room:], compute[room:], rest, waiting,
+            self.quiet_steps(start, durations[:room], ends[:room], compute[:room], quiet, waiting, first)
+            later = quiet.after(room)
+            self.quiet_steps(ends[room - 1], durations[room:], ends[room:], compute[room:], later, waiting,
                              tail[len(first) :])  # fmt: skip
-        else:
-            self._run_rows(start, durations, ends, compute, quiet, waiting, tail)
-
-    def _run_rows(
-        self,
-        start: float,
-        durations: list[float],
-        ends: list[float],
-        compute: list[bool],
-        quiet: QuietSteps,
-        waiting: int,
-        tail: list[int],
-    ) -> None:
-        """`quiet_steps` for steps that fit in the chunk, written in one piece."""
-        count = len(self._step_compute)
-        total = len(durations)
+            return
         w = len(STEP_STORED_INTS)
         rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
         ints = self._step_ints.data
@@ -188,12 +173,12 @@ class Recorder:
                 if used_step:
                     block[KV_USED::w] = array(code, range(used, used + total * used_step, used_step))
                 if quiet.grow:
-                    block[KV_ALLOCATED::w] = array(code, _allocated(quiet, total))
+                    block[KV_ALLOCATED::w] = array(code, quiet.allocated_at(total))
                 if tail:
                     block[after * w + WAITING_INDEX :: w] = array(code, tail)
         except OverflowError:  # a value needs 64-bit rows
             self._step_ints.widen()
-            self._run_rows(start, durations, ends, compute, quiet, waiting, tail)
+            self.quiet_steps(start, durations, ends, compute, quiet, waiting, tail)
             return
         ints.extend(block)
         try:
@@ -431,21 +416,3 @@ class Recorder:
         """`backlog_trend` of every request recorded (see `backlog_inputs`); ends the recording."""
         cols = self.requests_lazy().select("arrival", "finished_at", "state", "reject_reason").collect()
         return requests_backlog_trend(cols, rate_steps)
-
-
-def _after(quiet: QuietSteps, k: int) -> QuietSteps:
-    """`quiet`'s steps from its step `k` on."""
-    grow = quiet.grow
-    later = quiet._replace(steps=quiet.steps - k, ctx=quiet.ctx + k * quiet.rows, max_end=quiet.max_end + k,
-                           used=quiet.used + k * quiet.used_step)  # fmt: skip
-    if not grow:
-        return later
-    at = k % len(grow)
-    return later._replace(allocated=_allocated(quiet, k)[-1], grow=[*grow[at:], *grow[:at]])
-
-
-def _allocated(quiet: QuietSteps, total: int) -> list[int]:
-    """The KV slots allocated at each of the first `total` steps of `quiet`, as its `grow` adds them."""
-    grow, block, allocated = quiet.grow, quiet.block, quiet.allocated
-    counts = grow[:total] if total <= len(grow) else islice(cycle(grow), total)
-    return [allocated + block * blocks for blocks in accumulate(counts)]
