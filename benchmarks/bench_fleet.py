@@ -60,14 +60,14 @@ POLICIES = {
 }
 
 
-def scenario_toml(policy: str, requests: int, arrival: str, seed: int) -> str:
+def scenario_toml(policy: str, requests: int, arrival: str, seed: int, gpu: str = "A100-80GB") -> str:
     """A one-policy ShareGPT-like scenario; `arrival` is the TOML inline table of the arrival process."""
     return f"""name = "bench-fleet-{policy}"
 seed = {seed}
 
 [model]
 name = "llama-2-7b"
-gpu = "A100-80GB"
+gpu = "{gpu}"
 max_model_len = 4096
 
 [workload]

@@ -82,8 +82,8 @@ def main() -> None:
         work = Path(tmp)
         scenario = work / "scenario.toml"
         arrival = f'{{ kind = "poisson", rate = {args.rate!r} }}'
-        toml = bench_fleet.scenario_toml(args.policy, args.requests, arrival, args.seed)
-        scenario.write_text(toml.replace('gpu = "A100-80GB"', f'gpu = "{args.gpu}"'))
+        toml = bench_fleet.scenario_toml(args.policy, args.requests, arrival, args.seed, args.gpu)
+        scenario.write_text(toml)
         envs, outs = {}, {}
         for i, (name, tree) in enumerate(trees.items()):
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}

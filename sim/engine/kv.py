@@ -258,11 +258,10 @@ class KvManager:
 
     def blocks_needed(self, seq: Tokens, num_tokens: int, hits: Sequence[Block] = ()) -> int:
         """Free blocks consumed to hold `num_tokens` tokens of `seq` (after taking the cache `hits`)."""
-        need = -(-min(num_tokens, self.max_model_len) // self.block_size) - len(seq.kv_blocks or ())
+        need = cdiv(min(num_tokens, self.max_model_len), self.block_size) - self.held(seq)
         if not hits:
-            return need if need > 0 else 0
-        need -= len(hits)
-        return max(need, 0) + sum(1 for b in hits if b.ref == 0)
+            return max(need, 0)
+        return max(need - len(hits), 0) + sum(1 for b in hits if b.ref == 0)
 
     def allocate(self, seq: Tokens, num_new: int, hits: Sequence[Block] = (), num_hit: int = 0) -> bool:
         """Give `seq` slots for `num_new` tokens after `num_hit` cached ones; False if blocks are short."""

@@ -181,7 +181,9 @@ class Replica:
             ends: list[float] = []
             compute: list[bool] = []
             seconds_of, window = timer_of(rows) if decode_timer is not None else (None, 0.0)
-            spanned = False
+            waiting = sched.num_waiting  # until the first arrival is delivered
+            tail: list[int] = []  # the waiting after each step from the spanning one on
+            spanned = after = False  # the step the next arrival lands in taken; the step after it too
             for _ in range(quiet.steps):
                 if max_end <= window:
                     seconds, bound = seconds_of(ctx)  # type: ignore[misc]
@@ -194,38 +196,23 @@ class Replica:
                 if not end < limit:
                     if deliver is None or not end < event_at:
                         break
-                    spanned = True  # the step the next arrival lands in, taken as the last
+                    spanned = True
                 durations.append(seconds)
                 ends.append(end)
                 compute.append(bound)
                 now = end
                 if spanned:
-                    break
+                    assert deliver is not None
+                    deliver(end, True, after)  # the step after was scheduled after the latest delivery
+                    tail.append(sched.num_waiting)
+                    step_start = ends[-2] if len(ends) > 1 else start
+                    if after or blind is None or not blind(step_start):
+                        break
+                    after, limit = True, event_at
                 ctx += rows
                 max_end += 1
             if not durations:
                 return False
-            waiting = sched.num_waiting
-            tail: list[int] = []  # the waiting after each step from the spanning one on
-            if spanned:
-                assert deliver is not None
-                deliver(now)
-                tail.append(sched.num_waiting)
-                spanning_start = ends[-2] if len(ends) > 1 else start
-                if blind is not None and len(ends) < quiet.steps and blind(spanning_start):
-                    ctx += rows
-                    max_end += 1
-                    if max_end <= window:
-                        timed = seconds_of(ctx)  # type: ignore[misc]
-                    else:
-                        timed = totals_time(rows, rows, rows, ctx, rows, ctx, max_end)
-                    if timed is not None and (end := now + timed[0]) < event_at:
-                        durations.append(timed[0])
-                        ends.append(end)
-                        compute.append(timed[1])
-                        now = end
-                        deliver(end, True, True)
-                        tail.append(sched.num_waiting)
             env._now = now  # type: ignore[attr-defined]
             finished = advance(start, ends)
             record(start, durations, ends, compute, quiet, waiting, tail)

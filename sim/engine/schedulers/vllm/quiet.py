@@ -32,7 +32,6 @@ class QuietRuns(BulkDecoding):
     token_budget: int
     waiting: deque[Seq]
     _held: deque[tuple[float, list[Seq]]]
-    _prev_end: float
     _step_start: float
     _opened: list[int]  # without prefix caching: the blocks each of the next block-size steps lends
 
@@ -60,10 +59,10 @@ class QuietRuns(BulkDecoding):
         steps = last - first + 1
         if self._lazy:
             counts = list(map(len, self._phases))
-            at = first % bs
-            opened = counts[at:] + counts[:at]  # blocks lent at step first + j, j < bs
             per_cycle = sum(counts)
             if per_cycle:
+                at = first % bs
+                opened = counts[at:] + counts[:at]  # blocks lent at step first + j, j < bs
                 # while the free blocks last: step j lends its blocks when they cover them (`_lend_blocks`)
                 free = kv.num_free
                 cycles = free // per_cycle
@@ -77,8 +76,6 @@ class QuietRuns(BulkDecoding):
                     steps = min(steps, cycles * bs + fit)
                     if not steps:
                         return None
-            else:
-                opened = []
             self._opened = opened
         heap = self._bulk_max
         while heap[0][3].bulk_since != heap[0][1]:
@@ -119,7 +116,6 @@ class QuietRuns(BulkDecoding):
             prev = end
         self._step = self._updated = last
         self._step_start = ends[-2] if count > 1 else start
-        self._prev_end = ends[-2] if count > 1 else self._last_end
         self._last_end = ends[-1]
         done: list[Seq] = []
         self._finish_bulk(last, done)
