@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _scheduler, reference
 
@@ -248,4 +250,51 @@ def test_a_run_of_quiet_steps_records_what_step_would_row_by_row(
         plan = SimpleNamespace(batch_size=5, num_prefill_tokens=0, num_decode_tokens=5, preempted=0,
                                kv=KvUsage(used + 5 * j, allocated, capacity))  # fmt: skip
         one.step(ends[j] - durations[j], durations[j], plan, compute[j], waiting)  # type: ignore[arg-type]
+    assert_frame_equal(run.steps_frame(), one.steps_frame())
+
+
+_piece = st.tuples(
+    st.integers(0, 9),  # steps of a run (0: one step recorded by `step`)
+    st.sampled_from([(), (1,), (2, 0, 1, 3), (0, 0)]),  # the blocks each step of a run allocates
+    st.integers(0, 3),  # rows of the run with their own waiting
+    st.integers(0, 2**33),  # KV used at the run's first step
+)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(pieces=st.lists(_piece, min_size=1, max_size=12), chunk_rows=st.sampled_from([2, 5, 16, 65_536]))
+def test_runs_among_single_steps_record_what_step_would_and_read_back_their_waiting(
+    pieces: list[tuple[int, tuple[int, ...], int, int]], chunk_rows: int
+) -> None:
+    """Runs of quiet steps between steps recorded one at a time, in chunks of any size: the frame is the one
+    `Recorder.step` writes step by step, and `step_waiting` reads each step's waiting back."""
+    run, one = Recorder(chunk_rows=chunk_rows), Recorder(chunk_rows=chunk_rows)
+    now, capacity, waiting_of = 0.0, 2**34, []
+    for k, (steps, grow, own, used) in enumerate(pieces):
+        if not steps:
+            plan = SimpleNamespace(batch_size=3, num_prefill_tokens=40, num_decode_tokens=2, preempted=k % 2,
+                                   kv=KvUsage(used, used + 7, capacity))  # fmt: skip
+            for rec in (run, one):
+                rec.step(now, 0.25, plan, True, k)  # type: ignore[arg-type]
+            now += 0.25
+            waiting_of.append(k)
+            continue
+        rows = 1 + k % 4
+        tail = [100 + k * 10 + i for i in range(min(own, steps))]
+        quiet = QuietSteps(steps, rows, 50, 9, used, rows, used + 30, capacity, list(grow), 16 if grow else 0)
+        durations = [0.01 * (1 + (j + k) % 3) for j in range(steps)]
+        ends = list(itertools.accumulate(durations, initial=now))[1:]
+        compute = [(j + k) % 2 == 0 for j in range(steps)]
+        run.quiet_steps(now, durations, ends, compute, quiet, k, tail)
+        allocated = used + 30
+        for j in range(steps):
+            if grow:
+                allocated += grow[j % len(grow)] * 16
+            waiting = tail[j - steps + len(tail)] if j >= steps - len(tail) else k
+            plan = SimpleNamespace(batch_size=rows, num_prefill_tokens=0, num_decode_tokens=rows, preempted=0,
+                                   kv=KvUsage(used + rows * j, allocated, capacity))  # fmt: skip
+            one.step(ends[j] - durations[j], durations[j], plan, compute[j], waiting)  # type: ignore[arg-type]
+            waiting_of.append(waiting)
+        now = ends[-1]
+    assert [run.step_waiting(i) for i in range(run.num_steps)] == waiting_of
     assert_frame_equal(run.steps_frame(), one.steps_frame())

@@ -38,13 +38,12 @@ from sim.records.columns import CHUNK_ROWS, FINISHED, STATE_CODE, STEP_STORED_IN
 from sim.records.int_rows import IntRows
 from sim.records.overload import BacklogTrend, requests_backlog_trend
 from sim.records.request_rows import RequestRow, RequestRows
+from sim.records.run_rows import RunRows
 from sim.records.sinks import MemorySink, RecordSink
 from sim.records.step_rows import steps_frame, unshared
 from sim.records.window_quantiles import stall_windows, window_quantiles
 
-KV_USED, KV_ALLOCATED = (STEP_STORED_INTS.index(c) for c in ("kv_used", "kv_allocated"))
 ITL_BATCH = 256  # recorded rows whose ITL quantiles are computed together
-FEW_ROWS = 4  # runs shorter than this are recorded a tuple per row, longer ones as arrays (cheaper so)
 
 
 class Recorder:
@@ -94,6 +93,7 @@ class Recorder:
         self._step_capacity: dict[int, int] = {}  # step -> KV capacity, where it differs from the previous
         self._capacity: int | None = None
         self._step_ints = IntRows(len(STEP_STORED_INTS))
+        self._runs = RunRows()
         self._step_compute = bytearray()
         self._trim = True  # whether step durations no request in flight needs may be dropped
         self._finished = False
@@ -121,10 +121,11 @@ class Recorder:
             plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
             plan.preempted, waiting,
         )  # fmt: skip
+        size = len(rows.data)
         try:
             rows.data.extend(values)
         except OverflowError:
-            del rows.data[len(self._step_compute) * rows.width :]  # the part that fitted
+            del rows.data[size:]  # the part that fitted
             rows.extend(values)
         self._step_compute.append(compute_bound)
         if len(self._step_compute) >= self.chunk_rows:
@@ -142,8 +143,9 @@ class Recorder:
     ) -> None:
         """The first `len(durations)` of `quiet`'s steps, back to back from `start` (step j ends at `ends[j]`,
         its start plus its duration), recorded as `step` records each of them: `waiting` requests after each,
-        but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`. A run
-        that crosses the chunk's end is split there."""
+        but after each of the last `len(tail)` steps (with arrivals during them) the number in `tail`. The
+        rows are made when their chunk is handed on (`RunRows`); a run that crosses the chunk's end is split
+        there."""
         count = len(self._step_compute)
         total, room = len(durations), self.chunk_rows - count
         if total > room:
@@ -153,34 +155,7 @@ class Recorder:
             self.quiet_steps(ends[room - 1], durations[room:], ends[room:], compute[room:], later, waiting,
                              tail[len(first) :])  # fmt: skip
             return
-        w = len(STEP_STORED_INTS)
-        rows, used, used_step = quiet.rows, quiet.used, quiet.used_step
-        ints = self._step_ints.data
-        code = ints.typecode
-        after = total - len(tail)  # the first row with arrivals during its step
-        try:
-            if total < FEW_ROWS:  # one tuple a row, as `step` writes them
-                block = array(code)
-                allocated, grow, period = quiet.allocated, quiet.grow, len(quiet.grow)
-                for j in range(total):
-                    if period:
-                        allocated += grow[j % period] * quiet.block
-                    after_j = waiting if j < after else tail[j - after]
-                    block.extend((rows, 0, rows, used, allocated, 0, after_j))
-                    used += used_step
-            else:  # the columns as arrays
-                block = array(code, (rows, 0, rows, used, quiet.allocated, 0, waiting)) * total
-                if used_step:
-                    block[KV_USED::w] = array(code, range(used, used + total * used_step, used_step))
-                if quiet.grow:
-                    block[KV_ALLOCATED::w] = array(code, quiet.allocated_at(total))
-                if tail:
-                    block[after * w + WAITING_INDEX :: w] = array(code, tail)
-        except OverflowError:  # a value needs 64-bit rows
-            self._step_ints.widen()
-            self.quiet_steps(start, durations, ends, compute, quiet, waiting, tail)
-            return
-        ints.extend(block)
+        self._runs.add(count, total, quiet, waiting, tail)
         try:
             self._ends.extend(ends)
         except BufferError:
@@ -208,14 +183,18 @@ class Recorder:
         local = index - self._flushed_steps
         if local < 0:
             return int(self.sink.lazy("steps").select(pl.col("waiting").get(index)).collect().item())
+        plain = self._runs.plain_before(local)
+        if plain is None:
+            return self._runs.waiting_at(local)
         data = self._step_ints
-        return data.data[local * data.width + WAITING_INDEX]
+        return data.data[plain * data.width + WAITING_INDEX]
 
     def _steps_chunk(self) -> pl.DataFrame:
         """The steps not yet handed on, as a frame (with their global step numbers)."""
+        ints = self._runs.columns(self._step_ints, len(self._step_compute))
         return steps_frame(
             self._flushed_steps, self._win_start, self._prev_end, self._ends, self._durations,
-            self._step_starts, self._step_capacity, self._step_ints, self._step_compute,
+            self._step_starts, self._step_capacity, ints, self._step_compute,
         )  # fmt: skip
 
     def _flush_steps(self) -> None:
@@ -229,6 +208,7 @@ class Recorder:
         self._step_starts = {}
         self._step_capacity = {self._flushed_steps: self._capacity} if self._capacity is not None else {}
         self._step_ints = IntRows(len(STEP_STORED_INTS))
+        self._runs = RunRows()
         self._step_compute = bytearray()
         self._trim_steps()
 

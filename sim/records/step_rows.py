@@ -8,7 +8,6 @@ import numpy as np
 import polars as pl
 
 from sim.records.columns import STEP_INT_COLUMNS, STEP_STORED_INTS
-from sim.records.int_rows import IntRows
 
 
 def steps_frame(
@@ -19,12 +18,13 @@ def steps_frame(
     durations: array,
     step_starts: dict[int, float],
     step_capacity: dict[int, int],
-    step_ints: IntRows,
+    step_ints: np.ndarray,
     step_compute: bytearray,
 ) -> pl.DataFrame:
     """Steps `first` on (global step numbers) as a frame. `ends` and `durations` hold the steps from
     `win_start` on; a step starts at the previous one's end (`prev_end` before `first`) unless `step_starts`
-    names it, and its KV capacity is the latest one `step_capacity` gives at or before it."""
+    names it, and its KV capacity is the latest one `step_capacity` gives at or before it. `step_ints` holds
+    the `STEP_STORED_INTS` columns, one row each."""
     n = len(step_compute)
     lo = first - win_start
     end = np.frombuffer(ends, dtype=np.float64, count=n, offset=lo * 8)
@@ -38,7 +38,7 @@ def steps_frame(
         "start": start,
         "duration": np.frombuffer(durations, np.float64, count=n, offset=lo * 8).copy(),
     }
-    stored = dict(zip(STEP_STORED_INTS, step_ints.columns(), strict=True))
+    stored = dict(zip(STEP_STORED_INTS, step_ints, strict=True))
     capacity = np.empty(n, np.int64)
     changes = list(step_capacity.items())
     for i, (step, cap) in enumerate(changes):
