@@ -75,8 +75,8 @@ class Recorder:
         self._held_seq = 0
         self._last_id: int | None = None  # the id of the latest row handed on
         self._unsorted = False
-        # recorded rows whose ITL quantiles are not filled in yet: (row floats, first step, steps, waits)
-        self._pending: list[tuple[list[float], int, int, list[tuple[int, int, float]] | None]] = []
+        # recorded rows whose ITL quantiles are not filled in yet: (row floats, waits)
+        self._pending: list[tuple[list[float], list[tuple[int, int, float]] | None]] = []
         # the waits' corrections of the pooled ITL (see the module doc): durations and their weights
         self._gap_values = array("d")
         self._gap_weights = array("q")
@@ -245,23 +245,12 @@ class Recorder:
         Its ITL p50/p99 are those of the step durations over its token range, read now (see the module doc).
         """
         nan = math.nan
-        itl_max = nan
-        window = None
-        waits = None
-        if req.num_generated > 1:
-            itl_max = req.itl_max
-            ends = self._ends
-            lo = bisect_right(ends, req.first_token_at)
-            hi = bisect_right(ends, req.last_token_at)
-            if hi > lo:
-                window = (self._win_start + lo, hi - lo)
-            if req.stalls:
-                waits = self._waits(req.stalls)
+        gaps = req.num_generated > 1
         finished_at = req.finished_at if state == FINISHED else nan
         floats = [req.arrival, req.scheduled_at, req.first_token_at, req.last_token_at, finished_at, nan, nan,
-                  itl_max]  # fmt: skip
-        if window is not None:
-            self._pending.append((floats, *window, waits))
+                  req.itl_max if gaps else nan]  # fmt: skip
+        if gaps:
+            self._pending.append((floats, self._waits(req.stalls) if req.stalls else None))
         row = (
             floats,
             (req.prompt_len, req.output_len, req.max_tokens, req.n, req.num_generated, req.preemptions,
@@ -314,21 +303,26 @@ class Recorder:
         all at once), then hand on the rows whose turn it is."""
         pending = self._pending
         if pending:
-            first = self._win_start
+            size = len(pending)
             durations = np.frombuffer(self._durations, np.float64)
-            plain = [p for p in pending if p[3] is None]
-            if plain:
-                lo = np.fromiter((p[1] - first for p in plain), np.int64, len(plain))
-                n = np.fromiter((p[2] for p in plain), np.int64, len(plain))
-                p50, p99, top = window_quantiles(durations, lo, n)
-                figures = zip(p50.tolist(), p99.tolist(), top.tolist(), strict=True)
-                for (floats, _, _, _), (a, b, m) in zip(plain, figures, strict=True):
+            ends = np.frombuffer(self._ends, np.float64)
+            # each row's steps: those ending after its first token, up to the one that ended with its last
+            lo = np.searchsorted(ends, np.fromiter((p[0][2] for p in pending), np.float64, size), "right")
+            n = np.searchsorted(ends, np.fromiter((p[0][3] for p in pending), np.float64, size), "right") - lo
+            waited = np.fromiter((p[1] is not None for p in pending), bool, size)
+            plain = np.flatnonzero(~waited & (n > 0))
+            if len(plain):
+                p50, p99, top = window_quantiles(durations, lo[plain], n[plain])
+                figures = zip(plain.tolist(), p50.tolist(), p99.tolist(), top.tolist(), strict=True)
+                for k, a, b, m in figures:
+                    floats = pending[k][0]
                     floats[5], floats[6], floats[7] = a, b, max(floats[7], m)
-            for floats, lo_step, count, waits in pending:
-                if waits is not None:
-                    gaps = stall_windows(durations, lo_step - first, count, waits, first)
-                    a, b = np.quantile(gaps, (0.5, 0.99)).tolist()
-                    floats[5], floats[6], floats[7] = a, b, max(floats[7], float(gaps.max()))
+            for k in np.flatnonzero(waited & (n > 0)).tolist():
+                floats, waits = pending[k]
+                assert waits is not None
+                gaps = stall_windows(durations, int(lo[k]), int(n[k]), waits, self._win_start)
+                a, b = np.quantile(gaps, (0.5, 0.99)).tolist()
+                floats[5], floats[6], floats[7] = a, b, max(floats[7], float(gaps.max()))
             self._pending = []
         self._release()
 
