@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from test_engine_reference import COST, HORIZONS, _requests, _requests_copy, _scheduler, reference
@@ -258,6 +258,7 @@ _piece = st.tuples(
 
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(pieces=st.lists(_piece, min_size=1, max_size=12), chunk_rows=st.sampled_from([2, 5, 16, 65_536]))
+@example(pieces=[(3, (), 1, 10), (0, (), 0, 2**32), (2, (1,), 0, 5)], chunk_rows=65_536)  # 64-bit after a run
 def test_runs_among_single_steps_record_what_step_would_and_read_back_their_waiting(
     pieces: list[tuple[int, tuple[int, ...], int, int]], chunk_rows: int
 ) -> None:
