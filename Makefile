@@ -34,10 +34,12 @@ test: $(STAMP)
 # Engine and vllm-policy speed in process, the sweep's speed-up, then whole `sim run` processes against both
 # floors at 20k, 100k and 200k requests: the bare SimPy loop (benchmarks/floor.py) and each run's own steps and
 # arrivals through such a loop (benchmarks/same_steps_floor.py), with the ratio to each; then a 32-replica fleet
-# of 100k requests (docs/performance.md, docs/fleet.md; several minutes in all).
+# of 100k requests; and the recorder's ITL quantiles on a run's own windows (docs/performance.md,
+# docs/fleet.md; several minutes in all).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_vllm.py
+	$(BIN)/python benchmarks/bench_itl_quantiles.py
 	$(BIN)/python benchmarks/bench_sweep.py
 	$(BIN)/python benchmarks/bench_fleet.py
 	$(BIN)/python benchmarks/bench_cluster.py
