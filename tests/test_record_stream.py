@@ -294,3 +294,25 @@ def test_runs_among_single_steps_record_what_step_would_and_read_back_their_wait
         now = ends[-1]
     assert [run.step_waiting(i) for i in range(run.num_steps)] == waiting_of
     assert_frame_equal(run.steps_frame(), one.steps_frame())
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5])
+def test_a_parquet_sink_writes_the_bytes_of_the_whole_frame(tmp_path: Path, chunks: int) -> None:
+    """However many chunks it takes (the first held, the later ones written as uncompressed parts and joined),
+    the file is the one `write_parquet` writes for the whole frame; `lazy` reads what was written so far,
+    and a sort puts rows handed over out of order back in order."""
+    rng = np.random.default_rng(3)
+    frame = pl.DataFrame({"id": np.arange(1_000), "x": rng.random(1_000), "n": rng.integers(0, 9, 1_000)})
+    pieces = [frame.slice(k * 1_000 // chunks, 1_000 // chunks) for k in range(chunks)]
+    sink = ParquetSink(tmp_path, row_group_rows=256)
+    for k, piece in enumerate(pieces):
+        sink.write("steps", piece)
+        sink.write("requests", piece.reverse())
+        assert_frame_equal(sink.lazy("steps").collect(), pl.concat(pieces[: k + 1]))
+    sink.finish("steps")
+    sink.finish("requests", sort_by="id")
+    groups = 256 if chunks > 1 else None  # one chunk is written as it is, in the writer's own row groups
+    frame.write_parquet(tmp_path / "whole.parquet", statistics=False, row_group_size=groups)
+    assert (tmp_path / "steps.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+    assert_frame_equal(pl.read_parquet(tmp_path / "requests.parquet"), frame)
+    assert not (tmp_path / PARTS).exists()
