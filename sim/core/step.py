@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, cycle, islice
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,17 +79,13 @@ class QuietSteps(NamedTuple):
     grow: Sequence[int] = ()
     block: int = 0
 
-    def allocated_at(self, total: int) -> list[int]:
-        """The KV slots allocated at each of the first `total` steps, as `grow` adds them."""
-        grow, block, allocated = self.grow, self.block, self.allocated
-        counts = grow[:total] if total <= len(grow) else islice(cycle(grow), total)
-        return [allocated + block * blocks for blocks in accumulate(counts)]
-
     def after(self, k: int) -> QuietSteps:
-        """These steps from step `k` on."""
+        """These steps from step `k` on (the KV allocated then: what steps 0 to k - 1 added)."""
         later = self._replace(steps=self.steps - k, ctx=self.ctx + k * self.rows, max_end=self.max_end + k,
                               used=self.used + k * self.used_step)  # fmt: skip
-        if not self.grow:
+        grow = self.grow
+        if not grow:
             return later
-        at = k % len(self.grow)
-        return later._replace(allocated=self.allocated_at(k)[-1], grow=[*self.grow[at:], *self.grow[:at]])
+        cycles, at = divmod(k, len(grow))
+        blocks = cycles * sum(grow) + sum(grow[:at])
+        return later._replace(allocated=self.allocated + self.block * blocks, grow=[*grow[at:], *grow[:at]])

@@ -14,19 +14,15 @@ class IntRows:
         self.width = width
         self.data = array("i")
 
-    def widen(self) -> None:
-        """Move to 64-bit rows, after a value did not fit in 32 bits (one that does not fit in 64 raises)."""
-        if self.data.typecode == "q":
-            raise OverflowError("an integer record value does not fit in 64 bits")
-        self.data = array("q", self.data)
-
     def extend(self, values: tuple[int, ...]) -> None:
         size = len(self.data)
         try:
             self.data.extend(values)
         except OverflowError:
             del self.data[size:]  # a tuple is appended item by item: drop the part that fitted
-            self.widen()
+            if self.data.typecode == "q":
+                raise
+            self.data = array("q", self.data)
             self.data.extend(values)
 
     def columns(self) -> np.ndarray:

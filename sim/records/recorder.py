@@ -121,11 +121,11 @@ class Recorder:
             plan.batch_size, plan.num_prefill_tokens, plan.num_decode_tokens, kv.used, kv.allocated,
             plan.preempted, waiting,
         )  # fmt: skip
-        size = len(rows.data)
         try:
             rows.data.extend(values)
         except OverflowError:
-            del rows.data[size:]  # the part that fitted
+            data = rows.data
+            del data[len(data) - len(data) % rows.width :]  # the part of this row that fitted
             rows.extend(values)
         self._step_compute.append(compute_bound)
         if len(self._step_compute) >= self.chunk_rows:
@@ -310,14 +310,15 @@ class Recorder:
             lo = np.searchsorted(ends, np.fromiter((p[0][2] for p in pending), np.float64, size), "right")
             n = np.searchsorted(ends, np.fromiter((p[0][3] for p in pending), np.float64, size), "right") - lo
             waited = np.fromiter((p[1] is not None for p in pending), bool, size)
-            plain = np.flatnonzero(~waited & (n > 0))
+            steps = n > 0
+            plain = np.flatnonzero(~waited & steps)
             if len(plain):
                 p50, p99, top = window_quantiles(durations, lo[plain], n[plain])
                 figures = zip(plain.tolist(), p50.tolist(), p99.tolist(), top.tolist(), strict=True)
                 for k, a, b, m in figures:
                     floats = pending[k][0]
                     floats[5], floats[6], floats[7] = a, b, max(floats[7], m)
-            for k in np.flatnonzero(waited & (n > 0)).tolist():
+            for k in np.flatnonzero(waited & steps).tolist():
                 floats, waits = pending[k]
                 assert waits is not None
                 gaps = stall_windows(durations, int(lo[k]), int(n[k]), waits, self._win_start)

@@ -90,8 +90,8 @@ class RunRows:
         return out
 
     def _grow(self, out: np.ndarray, at: np.ndarray, j: np.ndarray, counts: np.ndarray) -> None:
-        """Add to the growing runs' rows the slots their steps allocate (`QuietSteps.allocated_at`): at
-        step j of a run with `grow` of period P, block · ((j // P) · Σgrow + Σgrow[: j mod P + 1])."""
+        """Add to the growing runs' rows the slots their steps allocate (`QuietSteps.grow`): at step j of a
+        run with `grow` of period P, block · ((j // P) · Σgrow + Σgrow[: j mod P + 1])."""
         sums: list[int] = []  # each growing run's running sums of `grow`, one after another
         growing, base, period, cycle, blocks = [], [], [], [], []
         for k, grow, block in self.grown:
