@@ -2,7 +2,8 @@
 
 The theory (issue: "PP with one batch in flight costs the sum of its stages. With `pp` batches in flight, its
 throughput is within 2% of 1 / (slowest stage)"), and the bubbles when fewer batches than stages can run, each
-measured on a replica run by the engine over the vllm policy and a placement's stage costs.
+measured on a replica run by the engine over the vllm policy and a placement's stage costs; and vLLM 0.6's
+virtual engines (sim/engine/virtual_engines.py), the `vllm-v0` policy's pipeline.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.cli import app
-from sim.config.policies import VllmConfig
+from sim.config.policies import VllmConfig, VllmV0Config
 from sim.core.request import Request
 from sim.cost.memory import KvBudget
 from sim.cost.parallel import ParallelCost
@@ -26,6 +27,8 @@ from sim.cost.placement import Placement
 from sim.cost.roofline import CostModel
 from sim.engine.replica import Horizon, simulate
 from sim.engine.schedulers.vllm.scheduler import VllmScheduler
+from sim.engine.schedulers.vllm_v0 import VllmV0Scheduler
+from sim.engine.virtual_engines import VirtualEngines, engine_budgets
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = get_gpu("H100-SXM")
@@ -160,3 +163,80 @@ def test_a_pp_group_runs_batches_in_flight_end_to_end(tmp_path: Path) -> None:
     assert files, sorted(p.name for p in tmp_path.rglob("*"))
     steps = pl.read_parquet(files[0])
     assert in_flight(steps) == 2
+
+
+def engines(pp: int, blocks: int = 1001, max_num_seqs: int = 256) -> VirtualEngines:
+    budgets = engine_budgets(KvBudget(blocks, 16, 4096), pp)
+    config = VllmV0Config(max_num_seqs=max_num_seqs, max_num_batched_tokens=4096)
+    return VirtualEngines([VllmV0Scheduler(config, b) for b in budgets], budgets)
+
+
+def test_each_virtual_engine_takes_its_share_of_blocks_and_the_least_loaded_arrival() -> None:
+    ves = engines(2)
+    assert [e.num_blocks for e in ves.engines] == [500, 500]  # vLLM's num_gpu_blocks // pp
+    assert ves.pipeline(2) and not ves.pipeline(3)
+    reqs = [Request(i, 0.0, 32, 4, 4) for i in range(5)]
+    for r in reqs:
+        assert ves.add(r, 0.0)
+    assert ves.engine_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0} and ves.num_waiting == 5
+    first = ves.schedule(0.0)  # engine 0's prompts alone
+    second = ves.schedule(0.0)  # engine 1's
+    assert first is not None and second is not None and ves.schedule(0.0) is None  # one batch each
+    assert [s.req.id for s in first.payload.prefill] == [0, 2, 4]
+    assert [s.req.id for s in second.payload.prefill] == [1, 3]
+    assert first.kv.capacity == 1000 * 16 and first.kv.allocated == 3 * 2 * 16  # the replica's KV
+    assert second.kv.allocated == 5 * 2 * 16
+    assert ves.update(second, 1.0) == []
+    third = ves.schedule(1.0)  # engine 1 again (engine 0's batch is still in flight): its decodes
+    assert third is not None and [s.req.id for s in third.payload.decode] == [1, 3]
+    assert ves.schedule(1.0) is None
+
+
+def test_a_request_finishing_frees_its_own_engine() -> None:
+    ves = engines(2)
+    short, long = Request(0, 0.0, 16, 1, 1), Request(1, 0.0, 16, 3, 3)
+    ves.add(short, 0.0)
+    ves.add(long, 0.0)
+    a, b = ves.schedule(0.0), ves.schedule(0.0)
+    assert a is not None and b is not None
+    assert ves.update(a, 1.0) == [short] and ves.unfinished == [0, 1]
+    assert ves.schedule(1.0) is None  # engine 0 has nobody left, engine 1's batch is in flight
+    late = Request(2, 1.0, 16, 2, 2)
+    ves.add(late, 1.0)  # the engine with fewer unfinished requests
+    assert ves.engine_of[2] == 0
+    plan = ves.schedule(1.0)
+    assert plan is not None and [s.req.id for s in plan.payload.prefill] == [2]
+
+
+def test_virtual_engines_keep_pp_batches_in_flight_and_finish_every_request() -> None:
+    pp = 2
+    cost = ParallelCost(CostModel(MODEL, H100, 4), MODEL, H100, Placement(tp=4, pp=pp))
+    ves = engines(pp, blocks=20_000)
+    reqs = [Request(i, 0.0, 16, 50, 50) for i in range(8)]
+    res = simulate(ves, cost.step_time, Horizon(drain=True), open_loop=iter(reqs))
+    steps = res.recorder.steps_frame()
+    assert in_flight(steps) == pp
+    # each engine: one prefill-only step of its four prompts, then its four decode together
+    assert steps["batch_size"].to_list() == [4] * (2 * 50)
+    assert steps["prefill_tokens"].to_list()[:2] == [64, 64]
+    assert res.recorder.requests_frame()["generated_tokens"].to_list() == [50] * 8
+    # one batch at a time would take the sum of both engines' steps; in flight, about half
+    total = float((steps["start"] + steps["duration"]).max())
+    assert total < 0.6 * float(steps["duration"].sum())
+    assert np.all(steps["kv_capacity"].to_numpy() == 2 * 10_000 * 16)
+
+
+def test_a_vllm_v0_pp_group_runs_its_virtual_engines_end_to_end(tmp_path: Path) -> None:
+    """`sim run` with the `vllm-v0` policy on a tp 4 x pp 2 group: batches of two virtual engines overlap."""
+    scenario = tmp_path / "v0.toml"
+    scenario.write_text(
+        (ROOT / "scenarios" / "rag-chatbot.toml").read_text() + '\n[policies.v0]\nscheduler = "vllm-v0"\n'
+    )
+    sets = ["model.name='llama-3.1-70b'", "model.gpu='H100-SXM'", "horizon.duration_s=20",
+            "workload.arrival={kind='poisson', rate=4.0}", "cluster.groups=[{tp=4, pp=2}]"]  # fmt: skip
+    args = ["run", str(scenario), "--policy", "v0", "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(app, args + [a for s in sets for a in ("--set", s)])
+    assert res.exit_code == 0, res.output
+    files = sorted((tmp_path / "out").rglob("steps*.parquet"))
+    assert files, sorted(p.name for p in tmp_path.rglob("*"))
+    assert in_flight(pl.read_parquet(files[0])) == 2

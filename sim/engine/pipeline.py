@@ -16,8 +16,9 @@ stages and sends (plus any wait for a busy stage), with `pp` batches runnable th
 slowest stage, and with fewer runnable batches than stages the stages idle (bubbles). A step is recorded
 when its batch leaves the last stage, with its scheduling time as its start, so steps may overlap.
 
-The scheduler keeps the batches apart (`pipeline(in_flight)` on the policy, the vllm policy's); a policy
-without it, or a replica with one stage, runs one batch at a time as before.
+The scheduler keeps the batches apart (`pipeline(in_flight)` on the policy: the vllm policy's, or vLLM 0.6's
+virtual engines, sim/engine/virtual_engines.py); a policy without it, or a replica with one stage, runs one
+batch at a time as before.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
 from sim.engine.schedulers.registry import load_all as load_policies
+from sim.engine.virtual_engines import VirtualEngines, engine_budgets
 from sim.fleet.decode import PagedDecode, decode_scheduler
 from sim.fleet.engine import Fleet, FleetOutput, Member, ReplicaSpec, fleet_overloaded, seeded
 from sim.fleet.routers import load_all as load_routers
@@ -91,7 +92,7 @@ def build_specs(
             loras, budget = _group_lora(gs, config, cost, budget, where, group.count)
             info.update(kv_blocks=budget.num_blocks, kv_tokens=budget.num_tokens)
         build = partial(_scheduler, policies[kind], config, group.role)
-        scheds = [build(budget, placement.dp) for _ in range(group.count)]
+        scheds = [build(budget, placement.dp, placement.pp) for _ in range(group.count)]
         first = scheds[0].ranks[0] if placement.dp > 1 else scheds[0]
         paged = isinstance(first, PagedDecode)
         shown = f"{kind} (decode)" if paged else "decode" if group.role == "decode" else kind
@@ -112,15 +113,19 @@ def build_specs(
     return specs, groups
 
 
-def _scheduler(policy: Any, config: Any, role: str, budget: KvBudget, dp: int) -> Any:
+def _scheduler(policy: Any, config: Any, role: str, budget: KvBudget, dp: int, pp: int = 1) -> Any:
     """A replica's scheduler: the policy's (as a decode replica's for the decode role), or with `dp` > 1
-    attention ranks one such per rank, each with its share of the blocks (sim/engine/data_parallel.py)."""
+    attention ranks one such per rank, each with its share of the blocks (sim/engine/data_parallel.py); for
+    a policy that runs `pp` > 1 stages as virtual engines, one per engine (sim/engine/virtual_engines.py)."""
     if dp > 1:
         budgets = rank_budgets(budget, dp)
-        return DataParallelRanks([_scheduler(policy, config, role, b, 1) for b in budgets], budgets)
+        return DataParallelRanks([_scheduler(policy, config, role, b, 1, pp) for b in budgets], budgets)
     sched = policy.build(config, budget)
     if role == "decode":
-        sched = decode_scheduler(sched, budget, int(getattr(config, "max_num_seqs", 256)))
+        return decode_scheduler(sched, budget, int(getattr(config, "max_num_seqs", 256)))
+    if pp > 1 and getattr(sched, "virtual_engines", False):
+        budgets = engine_budgets(budget, pp)
+        return VirtualEngines([policy.build(config, b) for b in budgets], budgets)
     return sched
 
 

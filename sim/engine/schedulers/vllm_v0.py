@@ -28,7 +28,8 @@ whole wait as its inter-token gap (`Request.stall`).
 Preemption is by recompute only. vLLM v0's own scheduler (`vllm/core/scheduler.py`) swaps to CPU only
 sequence groups with more than one running sequence and recomputes single ones, and this policy runs one
 sequence per request: a request with `n > 1` is rejected. Its steps are costed by the scenario's one cost
-model, as every policy's are.
+model, as every policy's are. On a group with pipeline stages it runs as vLLM 0.6 does, one such scheduler
+per virtual engine (sim/engine/virtual_engines.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class V0Step:
 
 
 class VllmV0Scheduler:
+    # Under pipeline parallelism vLLM 0.6 runs one such scheduler per stage's virtual engine, each with a
+    # share of the blocks (sim/engine/virtual_engines.py, which the fleet builds for `pp` > 1).
+    virtual_engines = True
+
     def __init__(self, config: VllmV0Config, memory: KvBudget) -> None:
         self.block_size = memory.block_size
         self.max_model_len = memory.max_model_len
