@@ -213,3 +213,11 @@ def test_help_at_80_columns_shows_every_option_name_whole(command: list[str]) ->
     assert result.exit_code == 0 and max(map(len, lines)) <= 80, result.output
     for name in names:
         assert re.search(re.escape(name) + r"(?![\w…-])", result.output), (name, result.output)
+
+
+def test_the_scenarios_table_lists_every_shipped_scenario() -> None:
+    table = re.search(r"## Scenarios\n(.*?)\n## ", README, re.S)
+    assert table is not None, "README: the scenarios table is gone"
+    listed = set(re.findall(r"^\| `([\w.-]+\.toml)` \|", table.group(1), re.M))
+    shipped = {p.name for p in (ROOT / "scenarios").glob("*.toml")}
+    assert listed == shipped
