@@ -128,3 +128,7 @@ def test_vllm_v0_rejects_what_it_cannot_run() -> None:
     assert not sched.add(Request(0, 0.0, 8, 6, 6), 0.0)  # 14 > 12: could not be recomputed in one prefill
     assert not sched.add(Request(1, 0.0, 4, 4, 4, n=2), 0.0)
     assert sched.add(Request(2, 0.0, 8, 4, 4), 0.0)
+    # 4 blocks of 4, watermark 0 (1% of 4): a request holding all of them leaves no free block to decode into
+    tiny = VllmV0Scheduler(VllmV0Config(max_num_batched_tokens=16), KvBudget(4, 4, 16))
+    assert not tiny.add(Request(3, 0.0, 8, 8, 8), 0.0)
+    assert tiny.add(Request(4, 0.0, 8, 4, 4), 0.0)

@@ -73,6 +73,7 @@ class VllmV0Scheduler:
         self.token_budget = memory.max_model_len if limit is None else min(limit, memory.max_model_len)
         self.max_num_seqs = config.max_num_seqs
         self.watermark_blocks = int(config.watermark * memory.num_blocks)
+        self.usable_blocks = memory.num_blocks - max(self.watermark_blocks, 1)  # most one request may hold
         self.free_blocks = memory.num_blocks
         self.waiting: deque[V0Seq] = deque()
         self.running: list[V0Seq] = []
@@ -91,6 +92,11 @@ class VllmV0Scheduler:
             # the source ignores a sequence longer than the budget when it is next admitted (its prompt
             # limit); a preempted one is recomputed whole, so any that could grow past it is refused here
             request.reject_reason = "prompt + max_tokens exceeds max_num_batched_tokens"
+        elif self._blocks(request.prompt_len + request.max_tokens) > self.usable_blocks:
+            # Admitted alone it must leave the watermark free, and each decode needs a free block left: one
+            # that could never finish so would wait for ever (the source's `can_allocate` only ever says no)
+            held = max(self.usable_blocks, 0)
+            request.reject_reason = f"prompt + max_tokens need more than the {held} KV blocks one may hold"
         if request.reject_reason is not None:
             return False
         self.waiting.append(V0Seq(request))
