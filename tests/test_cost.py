@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from sim.catalog.gpus import get_gpu
 from sim.catalog.models import load_model
 from sim.config.calibration import Calibration
+from sim.core.sampling import SamplingParams
 from sim.cost.roofline import CostModel, expected_distinct_experts
+from sim.cost.sampler import resolve
 from sim.io.errors import SimError
 
 
@@ -140,20 +142,34 @@ def test_calibration_file_matches_defaults(tmp_path: Path) -> None:
         Calibration.load(p)
 
 
+# Rows sampling alike, as generation_config.json defaults make them (None: the calibration's flat term).
+ROW_SAMPLINGS: dict[str, SamplingParams | None] = {
+    "flat": None,
+    "top-p": SamplingParams(temperature=0.6, top_p=0.9),
+    "penalties": SamplingParams(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
+    "greedy": SamplingParams(temperature=0.0),
+    "vllm-defaults": SamplingParams(),
+}
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from(["llama-2-7b", "qwen2.5-7b", "mixtral-8x7b", "gemma-2-9b", "llama-4-scout-fp8"]),
     st.integers(1, 4),
     st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), min_size=1, max_size=40),
     st.sampled_from(["H100", "A100-80GB"]),  # without and with a tile fill
+    st.sampled_from(list(ROW_SAMPLINGS)),
 )
 def test_one_definition_behind_step_fast_paths_and_recosting(
-    name: str, tp: int, rows: list[tuple[int, int]], gpu: str
+    name: str, tp: int, rows: list[tuple[int, int]], gpu: str, sampling: str
 ) -> None:
-    """`step`, `step_time`, `step_time_totals` and the calibration's re-costing give the same seconds."""
+    """`step`, `step_time`, `step_time_totals`, the decode timer and the calibration's re-costing give the
+    same seconds, under the flat sampler term and under every row sampling alike (`CostModel.sample_as`)."""
     from sim.studies.calibration_trace import Trace, step_seconds
 
     cm = CostModel(load_model(name), get_gpu(gpu), tp=tp)
+    params = ROW_SAMPLINGS[sampling]
+    cm.sample_as(None if params is None else resolve(params, {}))
     c = np.array([r[0] for r in rows], np.int64)
     q = np.array([r[1] for r in rows], np.int64)
     seconds, bound = cm.step_time(c, q)
@@ -168,10 +184,14 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
         "x", "x", 1, {}, one * s.flops_charged,
         one * ((s.tokens - (c == 1).sum()) / s.tokens),
         one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
-        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.model.vocab_size, one * cm.allreduce_seconds(s.tokens),
+        cm.peak_flops, cm.hbm, cm.model.num_layers, cm.sampler.sort_entries, cm.row_stream_s,
+        one * cm.token_stream_s * (q.sum() + c.sum()), one * cm.allreduce_seconds(s.tokens),
         *([np.zeros(0, np.int64)] * 6), 0.0, cm.gpu,
     )  # fmt: skip
     assert step_seconds(tr, cm.calibration)[0] == pytest.approx(seconds, rel=1e-12)
+    if (c == 1).all():  # a decode step: the engine's decode timer prices it alike
+        timer, limit = cm.decode_timer(int(c.size))
+        assert (c + q).max() > limit or timer(int(q.sum())) == (seconds, bound)
 
 
 def test_held_parameters_are_the_kernel_profiles_and_no_row_cost() -> None:

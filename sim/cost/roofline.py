@@ -33,6 +33,7 @@ from sim.catalog.kernel_gpus import kernel_gpu_params
 from sim.catalog.model import ModelSpec
 from sim.catalog.quantisation import flop_costs
 from sim.config.calibration import Calibration
+from sim.core.sampling import SamplingParams
 from sim.cost.kernels import (
     LayerSums,
     fused_moe,
@@ -45,6 +46,7 @@ from sim.cost.kernels import (
     moe_peak,
     step_arrays,
 )
+from sim.cost.sampler import RowSampler
 from sim.cost.step_model import StepModel, expected_distinct_experts
 
 
@@ -71,25 +73,34 @@ class StepCost:
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
-    cal, peak, hbm, layers, vocab, allreduce_s, flops, share, weight_bytes, kv_bytes, rows
-):
+    cal, peak, hbm, layers, sort_entries, allreduce_s, flops, share, weight_bytes, kv_bytes, rows,
+    row_stream_s=0.0, token_stream_s=0.0,
+):  # fmt: skip
     """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
     `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
 
     `share` is the prefill share of the tokens, `allreduce_s` the step's all-reduces as measured
-    (`StepModel.allreduce_seconds`), charged times `allreduce_scale`."""
+    (`StepModel.allreduce_seconds`), charged times `allreduce_scale`; the sampler's terms as
+    `overhead_seconds` takes them."""
     eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
     compute = flops / (peak * eff)
     memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
-    extra = overhead_seconds(cal, layers, vocab, rows, allreduce_s * cal.allreduce_scale)
+    base = allreduce_s * cal.allreduce_scale
+    extra = overhead_seconds(cal, layers, sort_entries, rows, base, row_stream_s, token_stream_s)
     return kernel_seconds(compute, memory, 1.0, 1.0, extra), compute > memory
 
 
-def overhead_seconds(cal, layers, vocab, rows, base=0.0):  # type: ignore[no-untyped-def]
+def overhead_seconds(  # type: ignore[no-untyped-def]
+    cal, layers, sort_entries, rows, base=0.0, row_stream_s=0.0, token_stream_s=0.0
+):
     """`base` plus the step's fixed and per-row costs: per step, per layer, and per row its host work and the
-    sampler's pass over the row's vocabulary. Floats or numpy arrays alike."""
-    per_row = cal.per_row_overhead_s + vocab * cal.sampler_s_per_entry
-    return base + cal.step_overhead_s + layers * cal.layer_overhead_s + rows * per_row
+    sampler (`sort_entries` vocabulary entries under the fitted sort term, and `row_stream_s` of bytes per
+    HBM rate), plus `token_stream_s` of the step's sampler bytes per HBM rate (the penalties' history). The
+    streams are charged at `bandwidth_eff`. Floats or numpy arrays alike."""
+    bw = cal.bandwidth_eff
+    per_row = cal.per_row_overhead_s + sort_entries * cal.sampler_s_per_entry + row_stream_s / bw
+    fixed = base + cal.step_overhead_s + layers * cal.layer_overhead_s
+    return fixed + rows * per_row + token_stream_s / bw
 
 
 class CostModel(StepModel):
@@ -161,6 +172,16 @@ class CostModel(StepModel):
         # it on this GPU (sim.cost.mla_fit; the kernel model charges the same).
         self.mla_terms = mla_rest_terms(params, mla_fp8(m, wd, gs)) if self.mla else ()
         self.heads_per_gpu = max(1.0, m.num_heads / tp)
+        # The sampler: every row under the fitted sort term (the calibration's flat term) until `sample_as`.
+        self.sample_as(None)
+
+    def sample_as(self, params: SamplingParams | None) -> None:
+        """Price every row's sampler as rows resolved to `params` sample (a checkpoint's generation defaults,
+        sim/cost/sampler.py `RowSampler`); None: the fitted sort term over the vocabulary on every row."""
+        vocab = self.model.vocab_size
+        self.sampler = RowSampler(float(vocab), 0.0, 0.0) if params is None else RowSampler.of(params, vocab)
+        self.row_stream_s = self.sampler.row_bytes / self.hbm
+        self.token_stream_s = self.sampler.token_bytes / self.hbm  # per prompt or output token of every row
 
     def mla_rest(self, tokens: float, prefill: float) -> float:
         """Seconds of MLA's module beyond its listed kernels over the layers of a step of `tokens` tokens,
@@ -202,8 +223,9 @@ class CostModel(StepModel):
         flops = self._flops_charged(t, rows, pairs, touched)
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
-            self.cal, self.peak_flops, self.hbm, m.num_layers, m.vocab_size, self.allreduce_seconds(t),
-            flops, prefill / t, weight_bytes, kv_bytes, rows,
+            self.cal, self.peak_flops, self.hbm, m.num_layers, self.sampler.sort_entries,
+            self.allreduce_seconds(t), flops, prefill / t, weight_bytes, kv_bytes, rows, self.row_stream_s,
+            self.token_stream_s * (sums[1] + t),
         )  # fmt: skip
         if self.mla_terms:
             seconds += self.mla_rest(t, prefill)
@@ -232,7 +254,10 @@ class CostModel(StepModel):
             self.hbm * cal.kv_bandwidth_eff
         )
         allreduce_s = self.allreduce_seconds(tokens) * cal.allreduce_scale
-        overhead_s = overhead_seconds(cal, self.model.num_layers, self.model.vocab_size, rows)
+        history = self.token_stream_s * (float(q.sum()) + tokens)
+        overhead_s = overhead_seconds(
+            cal, self.model.num_layers, self.sampler.sort_entries, rows, 0.0, self.row_stream_s, history
+        )
         overhead_s += self.mla_rest(tokens, prefill)
         seconds, compute_bound = self._seconds(int(tokens), rows, sums)
         return StepCost(
@@ -255,7 +280,9 @@ class CostModel(StepModel):
 
     def sampler_seconds(self, positions: int) -> float:
         """The sampler at `positions` more sampled positions (a row's own is in the step)."""
-        return positions * self.model.vocab_size * self.cal.sampler_s_per_entry
+        cal = self.cal
+        sort_s = positions * self.sampler.sort_entries * cal.sampler_s_per_entry
+        return sort_s + positions * self.row_stream_s / cal.bandwidth_eff
 
     def decode_timer(self, rows: int) -> tuple[Callable[[int], tuple[float, bool]], float]:
         """`step_time_totals(rows, rows, rows, ctx, rows, ctx, max_end)` (rows > 0 decode rows, one token
@@ -278,8 +305,10 @@ class CostModel(StepModel):
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
         kv_speed = self.hbm * cal.kv_bandwidth_eff
         allreduce_s = self.allreduce_seconds(t) * cal.allreduce_scale
-        extra = overhead_seconds(cal, m.num_layers, m.vocab_size, rows, allreduce_s)
+        entries, row_s = self.sampler.sort_entries, self.row_stream_s
+        extra = overhead_seconds(cal, m.num_layers, entries, rows, allreduce_s, row_s)
         rest = self.mla_rest(t, 0.0)
+        token_s, bw = self.token_stream_s, cal.bandwidth_eff
 
         def seconds(ctx: int) -> tuple[float, bool]:
             q = float(ctx) + half
@@ -292,7 +321,8 @@ class CostModel(StepModel):
                 kv_tokens += ns * float(ctx)
             compute = (head + attn * pairs) / speed
             memory = weights_s + (kv_layer * kv_tokens + kv_new) / kv_speed
-            return 0.5 * (compute + memory + abs(compute - memory)) + extra + rest, bool(compute > memory)
+            fixed = extra + token_s * (float(ctx) + t) / bw
+            return 0.5 * (compute + memory + abs(compute - memory)) + fixed + rest, bool(compute > memory)
 
         return seconds, self.window if ns else math.inf
 
@@ -313,7 +343,9 @@ class CostModel(StepModel):
         kv_speed = self.hbm * cal.kv_bandwidth_eff
         kv_layer, kv_token = self.kv_layer_bytes, self.kv_token_bytes
         step_s, layers_s = cal.step_overhead_s, m.num_layers * cal.layer_overhead_s
-        per_row = cal.per_row_overhead_s + m.vocab_size * cal.sampler_s_per_entry
+        bw, entries = cal.bandwidth_eff, self.sampler.sort_entries
+        per_row = cal.per_row_overhead_s + entries * cal.sampler_s_per_entry + self.row_stream_s / bw
+        token_s = self.token_stream_s
         scale, allreduce = cal.allreduce_scale, (self.allreduce_seconds if self.allreduces else None)
 
         def seconds(
@@ -328,6 +360,7 @@ class CostModel(StepModel):
             compute = (lin * t + head * rows + fill + attn * pairs) / (peak * eff)
             memory = weights_s + (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
             extra = (allreduce(t) * scale if allreduce else 0.0) + step_s + layers_s + rows * per_row
+            extra += token_s * (float(ctx) + t) / bw
             return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
 
         return seconds

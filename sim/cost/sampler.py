@@ -109,6 +109,41 @@ class BatchSampling:
         self.structured += p.structured_output is not None
 
 
+def entry_bytes(b: BatchSampling) -> float:
+    """Bytes per row and vocabulary entry that the batch's stages stream, the top-p sort's aside."""
+    bytes_ = CAST_BYTES + (GREEDY_BYTES if b.greedy else 0.0)
+    if b.random:
+        bytes_ += RANDOM_BYTES + (MIN_P_BYTES if b.min_p else 0.0)
+        bytes_ += TOP_K_BYTES if b.top_k and not b.top_p else 0.0
+    return bytes_ + (PENALTY_BYTES if b.penalties else 0.0) + (LOGPROBS_BYTES if b.logprobs else 0.0)
+
+
+def sorts(b: BatchSampling) -> bool:
+    """Whether the batch runs the top-p sort (the fitted `sampler_s_per_entry`)."""
+    return b.random and b.top_p
+
+
+@dataclass(frozen=True)
+class RowSampler:
+    """The sampler of a batch whose rows all sample alike, as terms the cost model's step prices: per row,
+    `sort_entries` under the fitted sort term and `row_bytes` streamed; per prompt or output token of every
+    row, `token_bytes` streamed (the penalties' history)."""
+
+    sort_entries: float
+    row_bytes: float
+    token_bytes: float
+
+    @classmethod
+    def of(cls, p: SamplingParams, vocab: int) -> RowSampler:
+        """The terms of rows resolved to `p` (sampling parameters without per-row extras: no grammar, seed
+        or logprobs, as a generation_config.json gives them)."""
+        if p.structured_output is not None or p.seed is not None or p.logprobs is not None:
+            raise ValueError("a grammar, a seed or logprobs are priced per row, by SampledTiming")
+        b = batch_of([(p, 0)])
+        token = PENALTY_BYTES_PER_TOKEN if b.penalties else 0.0
+        return cls(float(vocab) if sorts(b) else 0.0, vocab * entry_bytes(b), token)
+
+
 class SamplerCost:
     """The sampler's seconds for a batch of rows over a `vocab`-entry vocabulary on a GPU streaming
     `bytes_per_s` (HBM bandwidth x efficiency), with the fitted sort term `sort_s_per_entry`."""
@@ -118,12 +153,7 @@ class SamplerCost:
 
     def entry_seconds(self, b: BatchSampling) -> float:
         """Seconds per row and vocabulary entry of the stages the batch runs on every row."""
-        bytes_ = CAST_BYTES + (GREEDY_BYTES if b.greedy else 0.0)
-        if b.random:
-            bytes_ += RANDOM_BYTES + (MIN_P_BYTES if b.min_p else 0.0)
-            bytes_ += TOP_K_BYTES if b.top_k and not b.top_p else 0.0
-        bytes_ += (PENALTY_BYTES if b.penalties else 0.0) + (LOGPROBS_BYTES if b.logprobs else 0.0)
-        return bytes_ * self.byte_s + (self.sort_s if b.random and b.top_p else 0.0)
+        return entry_bytes(b) * self.byte_s + (self.sort_s if sorts(b) else 0.0)
 
     def seconds(self, b: BatchSampling, positions: int | None = None) -> float:
         """The batch's sampler time over `positions` sampled positions (default: one per row)."""

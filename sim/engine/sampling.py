@@ -1,8 +1,9 @@
 """The engine's step time with the sampler following each row's sampling parameters (sim/cost/sampler.py).
 
-Installed only when a run has per-request parameters (`[workload.sampling]`, a trace's sampling columns)
-or its checkpoint ships a generation_config.json; otherwise the step keeps the calibration's flat sampler
-term and every figure stays as it was. The step's own time (the cost model's, or speculative decoding's or
+Installed only when a run has per-request parameters (`[workload.sampling]`, a trace's sampling columns).
+Without them, a checkpoint's generation_config.json makes every row sample alike, which the cost model's
+step prices itself (`CostModel.sample_as`), its fast paths included; without either the step keeps the
+calibration's flat sampler term. The step's own time (the cost model's, or speculative decoding's or
 LoRA's `plan_time`) charges each row `vocab x sampler_s_per_entry`; this timing replaces that term with
 the batch's own stages, and, under speculative decoding, does the same at every verified draft position:
 vLLM's rejection sampler applies each request's temperature, top-k and top-p at every position it verifies
@@ -48,7 +49,7 @@ class SampledTiming:
         self.sampler = SamplerCost(
             cost.model.vocab_size, cost.hbm * cal.bandwidth_eff, cal.sampler_s_per_entry
         )
-        self.flat_row_s = cost.model.vocab_size * cal.sampler_s_per_entry  # what the inner step charges a row
+        self.flat_row_s = cost.sampler_seconds(1)  # what the inner step charges a row
         self.drafts = drafts
         self.sampler_s = 0.0  # the sampler's seconds over the run, as charged
 
@@ -116,11 +117,11 @@ def sampled_step_time(
         defaults = generation_defaults(scenario.model.name)
     except SimError as err:
         raise SimError(f"{source}: model.name: {err}") from None
-    if scenario.workload.sampling is None and not columns and not defaults:
-        return step_time
+    if scenario.workload.sampling is None and not columns:
+        if defaults and kind in SAMPLED_SCHEDULERS:
+            cost.sample_as(resolve(NOT_GIVEN, defaults))  # every row alike: priced in the step itself
+        return step_time  # the other schedulers keep the flat term
     if kind not in SAMPLED_SCHEDULERS:
-        if scenario.workload.sampling is None and not columns:
-            return step_time  # generation_config.json defaults: these schedulers keep the flat term
         given = (
             "workload.sampling" if scenario.workload.sampling is not None else "the trace's sampling columns"
         )

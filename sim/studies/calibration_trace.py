@@ -16,6 +16,7 @@ from sim.config.scenario import validate_scenario
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import roofline_seconds
 from sim.engine.replica import Horizon, simulate
+from sim.engine.sampling import sampled_step_time
 from sim.engine.schedulers.registry import load_all
 from sim.studies.executor import open_executor
 from sim.studies.validate import (
@@ -48,7 +49,9 @@ class Trace:
     peak_flops: float
     hbm_bandwidth: float
     layers: int
-    vocab: int  # vocabulary entries per row (the sampler's term)
+    sort_entries: float  # vocabulary entries per row under the sampler's fitted sort term
+    row_stream_s: float  # the sampler's other bytes per row, over the HBM rate
+    history_stream_s: np.ndarray  # per step: the penalties' reads of every row's tokens, over the HBM rate
     allreduce_s: np.ndarray  # the step's all-reduces as measured (allreduce_scale = 1; 0 without TP)
     wait_step: np.ndarray  # step in flight at arrival (-1: none)
     wait_frac: np.ndarray  # its remaining fraction at arrival
@@ -69,7 +72,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     cost, budget, _ = build_cost_and_memory(scenario)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed, Path.cwd())
-    terms: list[tuple[float, float, float, float, int, int, float]] = []
+    terms: list[tuple[float, float, float, float, int, int, float, float]] = []
 
     def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         s = cost.step(new_tokens, context)
@@ -77,15 +80,17 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         share = prefill / s.tokens if s.tokens else 0.0
         flops = s.flops_charged
         ar = cost.allreduce_seconds(s.tokens)
-        terms.append((flops, share, s.weight_bytes, s.kv_read_bytes + s.kv_write_bytes, s.tokens, s.rows, ar))
+        history = float(np.sum(context)) + s.tokens  # every row's prompt and output tokens
+        kv = s.kv_read_bytes + s.kv_write_bytes
+        terms.append((flops, share, s.weight_bytes, kv, s.tokens, s.rows, ar, history))
         return s.seconds, s.compute_s > s.memory_s
 
+    # the run's sampler as `sim run` prices it (a checkpoint's generation defaults; the workload has none)
+    timed = sampled_step_time(scenario, workload, cost, step_time, kind, None, "vllm", source)
     h = scenario.horizon
-    out = simulate(
-        scheduler, step_time, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s)
-    )
+    out = simulate(scheduler, timed, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s))
     steps = out.recorder.steps_frame()
-    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 7)
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 8)
     start = steps["start"].to_numpy()
     dur = steps["duration"].to_numpy()
     end = start + dur
@@ -111,7 +116,9 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         peak_flops=cost.peak_flops,
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
         layers=cost.model.num_layers,
-        vocab=cost.model.vocab_size,
+        sort_entries=cost.sampler.sort_entries,
+        row_stream_s=cost.row_stream_s,
+        history_stream_s=cost.token_stream_s * t[:, 7],
         allreduce_s=t[:, 6],
         wait_step=np.where(busy, wait, -1),
         wait_frac=frac,
@@ -128,8 +135,8 @@ def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     """Re-cost every step of a trace under `cal` (the cost model's own `roofline_seconds`, at the
     efficiencies as the trace's GPU reaches them)."""
     seconds, _ = roofline_seconds(
-        cal.on_gpu(tr.gpu), tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.vocab, tr.allreduce_s,
-        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows,
+        cal.on_gpu(tr.gpu), tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.sort_entries, tr.allreduce_s,
+        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows, tr.row_stream_s, tr.history_stream_s,
     )  # fmt: skip
     return np.where(tr.tokens > 0, seconds, 0.0)
 
