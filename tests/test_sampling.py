@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sim.catalog.generation import generation_defaults
 from sim.catalog.gpus import get_gpu
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
@@ -158,7 +159,7 @@ def test_a_trace_column_sets_each_requests_temperature(tmp_path: Path) -> None:
 
 def test_generation_config_sets_the_defaults(tmp_path: Path) -> None:
     """A checkpoint whose generation_config.json sets temperature 0 decodes greedily when the requests set
-    none; a request's own temperature still wins. (The catalogue ships no generation_config.json.)"""
+    none; a request's own temperature still wins."""
     folder = tmp_path / "m"
     folder.mkdir()
     shutil.copy(ROOT / "sim" / "catalog" / "models" / "llama-3.1-8b.json", folder / "config.json")
@@ -171,6 +172,65 @@ def test_generation_config_sets_the_defaults(tmp_path: Path) -> None:
     (folder / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
     with pytest.raises(SimError, match=r"generation_config\.json: temperature: expected a number"):
         run_policy(_scenario(None, name=path), "vllm", ROOT)
+
+
+QWEN25 = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("qwen2.5-7b", QWEN25),
+        (
+            "Qwen/Qwen2.5-7B-Instruct",
+            {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05},
+        ),
+        ("qwen3-14b", {"temperature": 0.6, "top_p": 0.95, "top_k": 20}),
+        ("llama-3.1-8b-instruct", {"temperature": 0.6, "top_p": 0.9}),
+        ("llama-2-7b", {}),  # the shipped config.json's revision: its generation config not found
+    ],
+)
+def test_the_catalogue_reads_the_generation_configs_it_ships(name: str, expected: dict[str, float]) -> None:
+    """A catalogue model, by short name or HF id, takes its sim/catalog/models/NAME.generation_config.json."""
+    assert generation_defaults(name) == expected
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "qwen3-14b"])
+def test_generation_defaults_price_the_step_as_the_per_request_sampler_does(
+    name: str, tmp_path: Path
+) -> None:
+    """Requests that set nothing under a checkpoint's generation defaults (priced in the cost model's step,
+    its fast paths on) cost what the same parameters given per request cost (the per-row sampler), and
+    the same as the checkpoint read from a folder; without the file the flat term differs."""
+    defaults = generation_defaults(name)
+    catalogue = _tpot(_scenario(None, name=name))
+    given = _tpot(_scenario(dict(defaults), name=name))
+    assert catalogue == pytest.approx(given, rel=1e-9)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(ROOT / "sim" / "catalog" / "models" / f"{name}.json", folder / "config.json")
+    bare = _tpot(_scenario(None, name=str(folder / "config.json")))
+    assert bare != pytest.approx(catalogue, rel=1e-6)
+    shutil.copy(
+        ROOT / "sim" / "catalog" / "models" / f"{name}.generation_config.json",
+        folder / "generation_config.json",
+    )
+    assert _tpot(_scenario(None, name=str(folder / "config.json"))) == catalogue
+
+
+def test_per_request_sampling_is_refused_with_a_cluster(tmp_path: Path) -> None:
+    """A fleet prices no per-request sampler: [workload.sampling], or a trace's sampling columns, with
+    [cluster] is an error naming the key, not a silent flat term."""
+    data = copy.deepcopy(BASE)
+    data["cluster"] = {"groups": [{"count": 2}]}
+    data["workload"]["sampling"] = {"temperature": 0.7}
+    with pytest.raises(SimError, match=r"test: workload.sampling: not modelled with \[cluster\]"):
+        validate_scenario(data, "test")
+    trace = "arrival_s,prompt_tokens,output_tokens,temperature\n0,10,5,0.5\n0.1,10,5,0\n"
+    (tmp_path / "t.csv").write_text(trace)
+    data["workload"] = {"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv")}}
+    with pytest.raises(SimError, match=r"sampling columns \(temperature\) are costed on one replica only"):
+        run_policy(validate_scenario(data, "test"), "vllm", tmp_path)
 
 
 def test_speculative_verification_samples_with_the_requests_parameters() -> None:

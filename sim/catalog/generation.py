@@ -2,10 +2,10 @@
 
 vLLM 0.15 serves with `--generation-config auto`: it reads the checkpoint's generation_config.json and takes
 `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty` from it as each request's defaults
-(`ModelConfig.get_diff_sampling_param`); `do_sample` is not read. The catalogue ships none: every catalogue
-model samples with vLLM's own defaults (temperature 1, no top-k/top-p/min-p, no penalties). A model named by
-a config.json path reads the generation_config.json beside it, and a catalogue model
-`sim/catalog/models/NAME.generation_config.json` when one is added.
+(`ModelConfig.get_diff_sampling_param`); `do_sample` is not read. A model named by a config.json path reads
+the generation_config.json beside it; a catalogue model `sim/catalog/models/NAME.generation_config.json`,
+shipped for the checkpoints whose file is known (sim/catalog/models.toml says which, and where from). Without
+one the engine keeps the calibration's flat sampler term (sim/cost/sampler.py).
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ GENERATION_KEYS: dict[str, tuple[float, float, bool]] = {
 def generation_file(name_or_path: str) -> Any:
     """The generation_config.json of a model (a resource or a path), or None when it has none."""
     short, _, ref = resolve(name_or_path)
-    if isinstance(ref, Path):
-        found = ref.parent / "generation_config.json"
+    models = resources.files("sim") / "catalog" / "models"
+    if ref != models / f"{short}.json":  # a config.json path (the catalogue's files are paths too, on disk)
+        found = Path(ref).parent / "generation_config.json"
         return found if found.is_file() else None
-    found = resources.files("sim") / "catalog" / "models" / f"{short}.generation_config.json"
+    found = models / f"{short}.generation_config.json"
     return found if found.is_file() else None
 
 

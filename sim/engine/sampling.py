@@ -110,17 +110,13 @@ def sampled_step_time(
     policy: str,
     source: str,
 ) -> Any:
-    """`step_time` with the rows' own sampler, when the run has sampling parameters; else unchanged."""
-    trace = workload.trace
-    columns = [] if trace is None else [k for k in SAMPLING_COLUMNS if k in trace.columns]
-    try:
-        defaults = generation_defaults(scenario.model.name)
-    except SimError as err:
-        raise SimError(f"{source}: model.name: {err}") from None
+    """`step_time` with the rows' own sampler, when the run has sampling parameters; else unchanged (and
+    the checkpoint's generation defaults, if any, priced in the step: `sample_as_checkpoint`)."""
+    columns = trace_sampling_columns(workload)
     if scenario.workload.sampling is None and not columns:
-        if defaults and kind in SAMPLED_SCHEDULERS:
-            cost.sample_as(resolve(NOT_GIVEN, defaults))  # every row alike: priced in the step itself
-        return step_time  # the other schedulers keep the flat term
+        sample_as_checkpoint(cost, scenario.model.name, kind, source)
+        return step_time
+    defaults = _defaults(scenario.model.name, source)
     if kind not in SAMPLED_SCHEDULERS:
         given = (
             "workload.sampling" if scenario.workload.sampling is not None else "the trace's sampling columns"
@@ -130,3 +126,25 @@ def sampled_step_time(
             f"{' and '.join(SAMPLED_SCHEDULERS)} schedulers, not {kind}"
         )
     return SampledTiming(step_time, cost, workload.sampling.table, defaults, drafts)
+
+
+def trace_sampling_columns(workload: Any) -> list[str]:
+    """The sampling columns of the workload's trace (none without a trace)."""
+    trace = workload.trace
+    return [] if trace is None else [k for k in SAMPLING_COLUMNS if k in trace.columns]
+
+
+def sample_as_checkpoint(cost: CostModel, model: str, kind: str, source: str) -> None:
+    """Price every row's sampler as the checkpoint's generation_config.json makes requests that set no
+    parameter sample (`CostModel.sample_as`), for the schedulers whose sampler is vLLM's; the others, and a
+    checkpoint without one, keep the calibration's flat term."""
+    defaults = _defaults(model, source)
+    if defaults and kind in SAMPLED_SCHEDULERS:
+        cost.sample_as(resolve(NOT_GIVEN, defaults))
+
+
+def _defaults(model: str, source: str) -> dict[str, float]:
+    try:
+        return generation_defaults(model)
+    except SimError as err:
+        raise SimError(f"{source}: model.name: {err}") from None

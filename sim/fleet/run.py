@@ -35,6 +35,7 @@ from sim.engine.data_parallel import DataParallelRanks, rank_budgets
 from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
+from sim.engine.sampling import sample_as_checkpoint, trace_sampling_columns
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.engine.virtual_engines import VirtualEngines, engine_budgets
 from sim.fleet.decode import PagedDecode, decode_scheduler
@@ -81,6 +82,7 @@ def build_specs(
             placement = group_placement(group, gs.model.tp)
             engine = getattr(config, "engine", DEFAULT_ENGINE)
             cost, budget, info = build_cost_and_memory(gs, where, placement, where, engine)
+            sample_as_checkpoint(cost, gs.model.name, kind, where)
         except SimError as err:
             raise SimError(str(err)) from None
         placed_step_time = wrap_step_time(cost, cost.model, cost.gpu, placement)
@@ -165,6 +167,9 @@ def simulate_fleet(
     specs, groups = build_specs(scenario, cluster, policy, source)
     seed = scenario.seed if seed is None else seed
     workload = Workload(scenario.workload, seed, base_dir)
+    if columns := trace_sampling_columns(workload):
+        raise SimError(f"{source}: workload.trace: its sampling columns ({', '.join(columns)}) are costed on "
+                       "one replica only, not with [cluster]")  # fmt: skip
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
     name, _ = cluster.router_kind()
