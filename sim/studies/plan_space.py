@@ -20,6 +20,7 @@ from sim.config.scenario import Scenario
 from sim.cost.memory import check_tp
 from sim.cost.placement import Placement
 from sim.cost.replica import build_cost_and_memory
+from sim.engine.sampling import sample_as_checkpoint
 from sim.fleet.run import group_scenario
 from sim.io.errors import SimError
 from sim.studies.plan_placements import (
@@ -216,6 +217,7 @@ def work_bounds(
         )
     except SimError:
         return None
+    sample_as_checkpoint(cost, scenario.model.name, scenario.policy(policy)[0], "plan")  # as runs price it
     step = bottleneck_time(cost, placement)
     prompt, output = request_lengths(scenario.workload, None, base_dir)
     p, o = max(1, round(prompt)), max(1.0, output)
