@@ -218,19 +218,35 @@ def test_generation_defaults_price_the_step_as_the_per_request_sampler_does(
     assert _tpot(_scenario(None, name=str(folder / "config.json"))) == catalogue
 
 
-def test_per_request_sampling_is_refused_with_a_cluster(tmp_path: Path) -> None:
-    """A fleet prices no per-request sampler: [workload.sampling], or a trace's sampling columns, with
-    [cluster] is an error naming the key, not a silent flat term."""
+def test_a_fleet_of_one_samples_as_one_replica(tmp_path: Path) -> None:
+    """Per-request sampling on a one-replica fleet: the records of the single replica (the table, and a
+    trace's sampling columns)."""
     data = copy.deepcopy(BASE)
-    data["cluster"] = {"groups": [{"count": 2}]}
+    mixed = [{"share": 0.5, "temperature": 0.0}, {"share": 0.5, "top_p": 0.9, "repetition_penalty": 1.1}]
+    data["workload"]["sampling"] = {"profiles": mixed}
+    lines = ["arrival_s,prompt_tokens,output_tokens,temperature,top_p"]
+    lines += [f"{i * 0.05:.2f},100,40,{0.0 if i % 2 else 0.8},0.9" for i in range(40)]
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    traced = copy.deepcopy(BASE)
+    traced["workload"] = {"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv")}}
+    for d in (data, traced):
+        single = run_policy(validate_scenario(d, "test"), "vllm", tmp_path)
+        d["cluster"] = {"groups": [{"count": 1}]}
+        one = run_policy(validate_scenario(d, "test"), "vllm", tmp_path)
+        assert one.requests.drop("replica").equals(single.requests)
+        assert one.steps.drop("replica").equals(single.steps)
+
+
+def test_per_request_sampling_is_refused_where_a_fleet_cannot_price_it() -> None:
+    """A pipeline group's replicas have no per-row sampler: sampling parameters there are an error naming
+    the group, not a silent flat term."""
+    data = copy.deepcopy(BASE)
+    data["model"]["name"] = "llama-3.1-70b"
+    data["cluster"] = {"groups": [{"count": 1, "tp": 4, "pp": 2}]}
     data["workload"]["sampling"] = {"temperature": 0.7}
-    with pytest.raises(SimError, match=r"test: workload.sampling: not modelled with \[cluster\]"):
-        validate_scenario(data, "test")
-    trace = "arrival_s,prompt_tokens,output_tokens,temperature\n0,10,5,0.5\n0.1,10,5,0\n"
-    (tmp_path / "t.csv").write_text(trace)
-    data["workload"] = {"arrival": {"kind": "trace", "path": str(tmp_path / "t.csv")}}
-    with pytest.raises(SimError, match=r"sampling columns \(temperature\) are costed on one replica only"):
-        run_policy(validate_scenario(data, "test"), "vllm", tmp_path)
+    with pytest.raises(SimError, match=r"cluster.groups\[0\]: sampling parameters \(workload.sampling\) are "
+                       "costed on tensor-parallel replicas only"):  # fmt: skip
+        run_policy(validate_scenario(data, "test"), "vllm", ROOT)
 
 
 def test_speculative_verification_samples_with_the_requests_parameters() -> None:

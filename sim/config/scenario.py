@@ -171,8 +171,6 @@ def validate_scenario(data: dict[str, Any], source: str) -> Scenario:
         for name, config in configs.items():  # speculative decoding is modelled on one replica only
             if getattr(config, "speculative", None) is not None:
                 raise SimError(f"{source}: policies.{name}.speculative: not modelled with [cluster]")
-        if scenario.workload.sampling is not None:  # per-request sampling is costed on one replica only
-            raise SimError(f"{source}: workload.sampling: not modelled with [cluster]")
     check_lora(scenario, configs, source)
     _check_drafts(scenario, configs, source)
     if scenario.workload.sampling is not None:

@@ -27,7 +27,7 @@ from sim.config.scenario import Scenario
 from sim.core.request import Request
 from sim.cost.memory import KvBudget, replica_kv_memory
 from sim.cost.parallel import wrap_step_time
-from sim.cost.placement import group_placement
+from sim.cost.placement import Placement, group_placement
 from sim.cost.replica import build_cost_and_memory
 from sim.cost.roofline import CostModel
 from sim.engine.closed_loop import ClosedLoopSource
@@ -35,7 +35,7 @@ from sim.engine.data_parallel import DataParallelRanks, rank_budgets
 from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
-from sim.engine.sampling import sample_as_checkpoint, trace_sampling_columns
+from sim.engine.sampling import sample_as_checkpoint, sampled_step_time, trace_sampling_columns
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.engine.virtual_engines import VirtualEngines, engine_budgets
 from sim.fleet.decode import PagedDecode, decode_scheduler
@@ -66,9 +66,10 @@ def group_scenario(scenario: Scenario, gpu: str | None, tp: int | None) -> Scena
 
 
 def build_specs(
-    scenario: Scenario, cluster: ClusterSection, policy: str, source: str
+    scenario: Scenario, cluster: ClusterSection, policy: str, source: str, workload: Workload | None = None
 ) -> tuple[list[ReplicaSpec], dict[str, Any]]:
-    """One `ReplicaSpec` per replica, and each group's figures for the summary."""
+    """One `ReplicaSpec` per replica, and each group's figures for the summary; with the run's `workload`,
+    its sampling parameters priced per replica as on one replica (`sampled_step_time`)."""
     specs: list[ReplicaSpec] = []
     groups: dict[str, Any] = {}
     policies = load_policies()
@@ -82,7 +83,9 @@ def build_specs(
             placement = group_placement(group, gs.model.tp)
             engine = getattr(config, "engine", DEFAULT_ENGINE)
             cost, budget, info = build_cost_and_memory(gs, where, placement, where, engine)
-            sample_as_checkpoint(cost, gs.model.name, kind, where)
+            sampled = workload is not None and _check_sampling(gs, workload, placement, group, config, where)
+            if not sampled:
+                sample_as_checkpoint(cost, gs.model.name, kind, where)
         except SimError as err:
             raise SimError(str(err)) from None
         placed_step_time = wrap_step_time(cost, cost.model, cost.gpu, placement)
@@ -107,12 +110,30 @@ def build_specs(
         }
         for r, (sched, lora) in enumerate(zip(scheds, loras, strict=True)):
             step_time = placed_step_time if lora is None else lora.step_time
+            if sampled:  # each replica its own per-row sampler over the rows of its own steps
+                step_time = sampled_step_time(gs, workload, cost, step_time, kind, None, pname, where)
             specs.append(
                 ReplicaSpec(
                     f"{gname}-{r}", gname, group.role, sched, step_time, info["kv_bytes_per_token"], lora
                 )
             )
     return specs, groups
+
+
+def _check_sampling(
+    scenario: Scenario, workload: Workload, placement: Placement, group: Any, config: Any, where: str
+) -> bool:
+    """Whether the run gives sampling parameters per request (`[workload.sampling]`, a trace's sampling
+    columns); an error where a group's replicas cannot price them: the per-row sampler reads a plain
+    replica's step, not a pipeline's, DP ranks', a decode group's or LoRA's."""
+    columns = trace_sampling_columns(workload)
+    if scenario.workload.sampling is None and not columns:
+        return False
+    given = "workload.sampling" if scenario.workload.sampling is not None else "the trace's sampling columns"
+    if placement.beyond_tp or group.role == "decode" or getattr(config, "lora", None) is not None:
+        raise SimError(f"{where}: sampling parameters ({given}) are costed on tensor-parallel replicas only, "
+                       "not with pp, ep or dp, a decode group or LoRA adapters")  # fmt: skip
+    return True
 
 
 def _scheduler(policy: Any, config: Any, role: str, budget: KvBudget, dp: int, pp: int = 1) -> Any:
@@ -164,12 +185,9 @@ def simulate_fleet(
     (`records/replicas/<name>/`), else they are kept in memory."""
     cluster = scenario.cluster
     assert cluster is not None
-    specs, groups = build_specs(scenario, cluster, policy, source)
     seed = scenario.seed if seed is None else seed
     workload = Workload(scenario.workload, seed, base_dir)
-    if columns := trace_sampling_columns(workload):
-        raise SimError(f"{source}: workload.trace: its sampling columns ({', '.join(columns)}) are costed on "
-                       "one replica only, not with [cluster]")  # fmt: skip
+    specs, groups = build_specs(scenario, cluster, policy, source, workload)
     h = scenario.horizon
     horizon = Horizon(h.duration_s, h.max_requests, h.drain, h.max_waiting)
     name, _ = cluster.router_kind()
