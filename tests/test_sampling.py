@@ -195,6 +195,29 @@ def test_the_catalogue_reads_the_generation_configs_it_ships(name: str, expected
     assert generation_defaults(name) == expected
 
 
+def test_a_run_says_which_generation_defaults_its_sampler_was_priced_with(tmp_path: Path) -> None:
+    """`sim run` prints the checkpoint's sampling defaults under its table (they change the sampler's cost);
+    a checkpoint without a generation_config.json gets no such line."""
+    from typer.testing import CliRunner
+
+    from sim.catalog.generation import generation_note
+    from sim.cli import app
+
+    assert generation_note("llama-2-7b") is None
+    note = generation_note("qwen3-14b")
+    assert note is not None and "temperature 0.6, top_p 0.95, top_k 20" in note
+    lines = [
+        'name = "note"', "seed = 1", "[model]", 'name = "qwen3-14b"', 'gpu = "H100-SXM"',
+        "max_model_len = 2048", "[workload]", 'arrival = { kind = "poisson", rate = 5.0 }',
+        'prompt = { kind = "fixed", value = 64 }', 'output = { kind = "fixed", value = 8 }', "[horizon]",
+        "max_requests = 5", "[policies.vllm]", 'scheduler = "vllm"',
+    ]  # fmt: skip
+    (tmp_path / "s.toml").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "generation_config.json sets temperature 0.6" in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize("name", ["qwen2.5-7b", "qwen3-14b"])
 def test_generation_defaults_price_the_step_as_the_per_request_sampler_does(
     name: str, tmp_path: Path

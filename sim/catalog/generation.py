@@ -62,3 +62,17 @@ def generation_defaults(name_or_path: str) -> dict[str, float]:
             raise SimError(f"{ref}: {key}: expected {what} in [{low:g}, {high:g}] (got {repr(value)[:40]})")
         out[key] = value
     return out
+
+
+def generation_note(name_or_path: str) -> str | None:
+    """The sentence a run owes its reader when the model's generation_config.json sets sampling defaults
+    (they change what its sampler costs), else None."""
+    defaults = generation_defaults(name_or_path)
+    if not defaults:
+        return None
+    given = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
+    return (
+        f"{name_or_path}'s generation_config.json sets {given} for what a request leaves unset, as vLLM's "
+        "--generation-config auto applies it; the vllm and sarathi policies' sampler is priced so "
+        "(docs/sampling.md)"
+    )

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sim.catalog.generation import generation_note
 from sim.catalog.gpus import get_gpu
 from sim.catalog.kernel_gpus import transfer_note
 from sim.config.scenario import Scenario
@@ -118,6 +119,9 @@ def print_comparison(
     note = transfer_note(get_gpu(scenario.model.gpu))
     if note:
         console.print(note, highlight=False)
+    sampled = any(s.get("scheduler") in ("vllm", "sarathi") for s in summaries)
+    if sampled and (defaults := generation_note(scenario.model.name)):
+        console.print(defaults, highlight=False, markup=False)
     rejected = rejection_lines(summaries)
     if rejected:
         console.print("rejected requests, by reason:", highlight=False)
