@@ -11,13 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.catalog.generation import generation_defaults
 from sim.catalog.gpus import get_gpu
 from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.core.sampling import SamplingParams
-from sim.cost.sampler import BatchSampling, SamplerCost, resolve
+from sim.cost.sampler import BatchSampling, RowSampler, SamplerCost, resolve
 from sim.io.errors import SimError
 from sim.studies.run import run_policy
 from sim.workload.generator import Workload
@@ -193,6 +195,36 @@ QWEN25 = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1
 def test_the_catalogue_reads_the_generation_configs_it_ships(name: str, expected: dict[str, float]) -> None:
     """A catalogue model, by short name or HF id, takes its sim/catalog/models/NAME.generation_config.json."""
     assert generation_defaults(name) == expected
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    temperature=st.sampled_from([None, 0.0, 0.6, 1.0]),
+    top_p=st.sampled_from([None, 0.5, 1.0]),
+    top_k=st.sampled_from([None, 0, 20]),
+    min_p=st.sampled_from([None, 0.0, 0.1]),
+    penalty=st.sampled_from([None, 1.0, 1.05]),
+    tokens=st.lists(st.integers(1, 5000), min_size=1, max_size=20),
+)
+def test_rows_sampling_alike_cost_what_the_per_row_sampler_charges(
+    temperature: float | None, top_p: float | None, top_k: int | None, min_p: float | None,
+    penalty: float | None, tokens: list[int],
+) -> None:  # fmt: skip
+    """The cost model's terms for rows that all sample alike (`RowSampler`) give the per-row sampler's
+    seconds for any such batch: per row the sort and the stages' bytes, per token the penalties' reads."""
+    p = resolve(SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                               repetition_penalty=penalty), {})  # fmt: skip
+    cal = Calibration()
+    hbm = get_gpu("H100-SXM").hbm_bandwidth
+    row = RowSampler.of(p, VOCAB)
+    terms = len(tokens) * (
+        row.sort_entries * cal.sampler_s_per_entry + row.row_bytes / hbm / cal.bandwidth_eff
+    )
+    terms += sum(tokens) * row.token_bytes / hbm / cal.bandwidth_eff
+    b = BatchSampling()
+    for t in tokens:
+        b.add(p, t)
+    assert terms == pytest.approx(_sampler().seconds(b), rel=1e-12)
 
 
 def test_a_run_says_which_generation_defaults_its_sampler_was_priced_with(tmp_path: Path) -> None:
