@@ -112,15 +112,12 @@ def sampled_step_time(
 ) -> Any:
     """`step_time` with the rows' own sampler, when the run has sampling parameters; else unchanged (and
     the checkpoint's generation defaults, if any, priced in the step: `sample_as_checkpoint`)."""
-    columns = trace_sampling_columns(workload)
-    if scenario.workload.sampling is None and not columns:
+    given = per_request_sampling(scenario, workload)
+    if given is None:
         sample_as_checkpoint(cost, scenario.model.name, kind, source)
         return step_time
     defaults = _defaults(scenario.model.name, source)
     if kind not in SAMPLED_SCHEDULERS:
-        given = (
-            "workload.sampling" if scenario.workload.sampling is not None else "the trace's sampling columns"
-        )
         raise SimError(
             f"{source}: policies.{policy}.scheduler: sampling parameters ({given}) are costed for the "
             f"{' and '.join(SAMPLED_SCHEDULERS)} schedulers, not {kind}"
@@ -128,10 +125,15 @@ def sampled_step_time(
     return SampledTiming(step_time, cost, workload.sampling.table, defaults, drafts)
 
 
-def trace_sampling_columns(workload: Any) -> list[str]:
-    """The sampling columns of the workload's trace (none without a trace)."""
+def per_request_sampling(scenario: Any, workload: Any) -> str | None:
+    """What gives the run's requests their own sampling parameters (`workload.sampling`, else a trace's
+    sampling columns), or None."""
+    if scenario.workload.sampling is not None:
+        return "workload.sampling"
     trace = workload.trace
-    return [] if trace is None else [k for k in SAMPLING_COLUMNS if k in trace.columns]
+    if trace is not None and any(k in trace.columns for k in SAMPLING_COLUMNS):
+        return "the trace's sampling columns"
+    return None
 
 
 def sample_as_checkpoint(cost: CostModel, model: str, kind: str, source: str) -> None:

@@ -35,7 +35,7 @@ from sim.engine.data_parallel import DataParallelRanks, rank_budgets
 from sim.engine.horizon import Horizon
 from sim.engine.lora import LoraRun, setup_lora
 from sim.engine.lora_records import lora_summary
-from sim.engine.sampling import sample_as_checkpoint, sampled_step_time, trace_sampling_columns
+from sim.engine.sampling import per_request_sampling, sample_as_checkpoint, sampled_step_time
 from sim.engine.schedulers.registry import load_all as load_policies
 from sim.engine.virtual_engines import VirtualEngines, engine_budgets
 from sim.fleet.decode import PagedDecode, decode_scheduler
@@ -126,10 +126,9 @@ def _check_sampling(
     """Whether the run gives sampling parameters per request (`[workload.sampling]`, a trace's sampling
     columns); an error where a group's replicas cannot price them: the per-row sampler reads a plain
     replica's step, not a pipeline's, DP ranks', a decode group's or LoRA's."""
-    columns = trace_sampling_columns(workload)
-    if scenario.workload.sampling is None and not columns:
+    given = per_request_sampling(scenario, workload)
+    if given is None:
         return False
-    given = "workload.sampling" if scenario.workload.sampling is not None else "the trace's sampling columns"
     if placement.beyond_tp or group.role == "decode" or getattr(config, "lora", None) is not None:
         raise SimError(f"{where}: sampling parameters ({given}) are costed on tensor-parallel replicas only, "
                        "not with pp, ep or dp, a decode group or LoRA adapters")  # fmt: skip

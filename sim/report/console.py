@@ -15,6 +15,7 @@ from sim.catalog.generation import generation_note
 from sim.catalog.gpus import get_gpu
 from sim.catalog.kernel_gpus import transfer_note
 from sim.config.scenario import Scenario
+from sim.engine.sampling import SAMPLED_SCHEDULERS
 from sim.io.errors import SimError
 from sim.io.progress import Stopwatch
 from sim.report.coverage import count_text, metric_text, points_text
@@ -119,7 +120,7 @@ def print_comparison(
     note = transfer_note(get_gpu(scenario.model.gpu))
     if note:
         console.print(note, highlight=False)
-    sampled = any(s.get("scheduler") in ("vllm", "sarathi") for s in summaries)
+    sampled = any(s.get("scheduler") in SAMPLED_SCHEDULERS for s in summaries)
     if sampled and (defaults := generation_note(scenario.model.name)):
         console.print(defaults, highlight=False, markup=False)
     rejected = rejection_lines(summaries)
