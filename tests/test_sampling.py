@@ -189,10 +189,12 @@ QWEN25 = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1
         ),
         ("qwen3-14b", {"temperature": 0.6, "top_p": 0.95, "top_k": 20}),
         ("llama-3.1-8b-instruct", {"temperature": 0.6, "top_p": 0.9}),
-        ("llama-2-7b", {}),  # the shipped config.json's revision: its generation config not found
+        ("llama-2-7b", None),  # the shipped config.json's revision: its generation config not found
     ],
 )
-def test_the_catalogue_reads_the_generation_configs_it_ships(name: str, expected: dict[str, float]) -> None:
+def test_the_catalogue_reads_the_generation_configs_it_ships(
+    name: str, expected: dict[str, float] | None
+) -> None:
     """A catalogue model, by short name or HF id, takes its sim/catalog/models/NAME.generation_config.json."""
     assert generation_defaults(name) == expected
 
@@ -370,3 +372,23 @@ def test_the_shipped_scenario_compares_greedy_with_top_p() -> None:
         )
         tpot[t] = _tpot(sc)
     assert tpot[0.0] < 0.9 * tpot[0.7]  # top-p's sort at every step, against greedy's argmax
+
+
+def test_a_generation_config_that_sets_no_sampling_default_leaves_vllms_own(tmp_path: Path) -> None:
+    """A checkpoint whose generation_config.json sets none of the keys vLLM reads samples at vLLM's own
+    defaults (temperature 1, no top-p or top-k: no sort), as the same parameters given per request cost;
+    not at the flat term a checkpoint without the file keeps. The run's note says so."""
+    from sim.catalog.generation import generation_note
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    shutil.copy(ROOT / "sim" / "catalog" / "models" / "qwen2.5-7b.json", folder / "config.json")
+    config = str(folder / "config.json")
+    bare = _tpot(_scenario(None, name=config))
+    (folder / "generation_config.json").write_text('{"bos_token_id": 1, "eos_token_id": 2}\n')
+    assert generation_defaults(config) == {}
+    quiet = _tpot(_scenario(None, name=config))
+    assert quiet == pytest.approx(_tpot(_scenario({"temperature": 1.0}, name=config)), rel=1e-9)
+    assert quiet < bare  # no sort over the vocabulary
+    note = generation_note(config)
+    assert note is not None and "sets no sampling default" in note

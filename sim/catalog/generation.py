@@ -4,8 +4,9 @@ vLLM 0.15 serves with `--generation-config auto`: it reads the checkpoint's gene
 `temperature`, `top_p`, `top_k`, `min_p` and `repetition_penalty` from it as each request's defaults
 (`ModelConfig.get_diff_sampling_param`); `do_sample` is not read. A model named by a config.json path reads
 the generation_config.json beside it; a catalogue model `sim/catalog/models/NAME.generation_config.json`,
-shipped for the checkpoints whose file is known (sim/catalog/models.toml says which, and where from). Without
-one the engine keeps the calibration's flat sampler term (sim/cost/sampler.py).
+shipped for the checkpoints whose file is known (sim/catalog/models.toml says which, and where from). A file
+that sets none of those keys leaves vLLM's own defaults (temperature 1, neither top-p nor top-k: no sort).
+Without a file the engine keeps the calibration's flat sampler term (sim/cost/sampler.py).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def generation_file(name_or_path: str) -> Any:
     return found if found.is_file() else None
 
 
-def generation_defaults(name_or_path: str) -> dict[str, float]:
-    """The sampling defaults a model's generation_config.json sets (empty when it has none), checked key by
-    key naming the file."""
+def generation_defaults(name_or_path: str) -> dict[str, float] | None:
+    """The sampling defaults a model's generation_config.json sets (empty when it sets none), checked key by
+    key naming the file; None when the model has no such file."""
     ref = generation_file(name_or_path)
     if ref is None:
-        return {}
+        return None
     try:
         data = json.loads(ref.read_bytes())
     except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError):
@@ -68,11 +69,16 @@ def generation_note(name_or_path: str) -> str | None:
     """The sentence a run owes its reader when the model's generation_config.json sets sampling defaults
     (they change what its sampler costs), else None."""
     defaults = generation_defaults(name_or_path)
-    if not defaults:
+    if defaults is None:
         return None
     given = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
+    sets = (
+        f"sets {given} for what a request leaves unset"
+        if given
+        else "sets no sampling default, so a request that sets none samples at vLLM's own (temperature 1, "
+        "no top-p or top-k)"
+    )
     return (
-        f"{name_or_path}'s generation_config.json sets {given} for what a request leaves unset, as vLLM's "
-        "--generation-config auto applies it; the vllm and sarathi policies' sampler is priced so "
-        "(docs/sampling.md)"
+        f"{name_or_path}'s generation_config.json {sets}, as vLLM's --generation-config auto applies it; "
+        "the vllm and sarathi policies' sampler is priced so (docs/sampling.md)"
     )

@@ -116,7 +116,7 @@ def sampled_step_time(
     if given is None:
         sample_as_checkpoint(cost, scenario.model.name, kind, source)
         return step_time
-    defaults = _defaults(scenario.model.name, source)
+    defaults = _defaults(scenario.model.name, source) or {}
     if kind not in SAMPLED_SCHEDULERS:
         raise SimError(
             f"{source}: policies.{policy}.scheduler: sampling parameters ({given}) are costed for the "
@@ -138,14 +138,15 @@ def per_request_sampling(scenario: Any, workload: Any) -> str | None:
 
 def sample_as_checkpoint(cost: CostModel, model: str, kind: str, source: str) -> None:
     """Price every row's sampler as the checkpoint's generation_config.json makes requests that set no
-    parameter sample (`CostModel.sample_as`), for the schedulers whose sampler is vLLM's; the others, and a
-    checkpoint without one, keep the calibration's flat term."""
+    parameter sample (`CostModel.sample_as`; a file that sets none leaves vLLM's own defaults), for the
+    schedulers whose sampler is vLLM's; the others, and a checkpoint without one, keep the calibration's flat
+    term."""
     defaults = _defaults(model, source)
-    if defaults and kind in SAMPLED_SCHEDULERS:
+    if defaults is not None and kind in SAMPLED_SCHEDULERS:
         cost.sample_as(resolve(NOT_GIVEN, defaults))
 
 
-def _defaults(model: str, source: str) -> dict[str, float]:
+def _defaults(model: str, source: str) -> dict[str, float] | None:
     try:
         return generation_defaults(model)
     except SimError as err:
