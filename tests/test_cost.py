@@ -181,7 +181,7 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     s = cm.step(c, q)
     one = np.ones(1)
     tr = Trace(
-        "x", "x", 1, {}, one * s.flops_charged,
+        "x", "x", 1, {}, one * (s.flops_charged - s.attn_flops_charged), one * s.attn_flops_charged,
         one * ((s.tokens - (c == 1).sum()) / s.tokens),
         one * s.weight_bytes, one * (s.kv_read_bytes + s.kv_write_bytes), one * s.tokens, one * s.rows, one,
         cm.peak_flops, cm.hbm, cm.model.num_layers, cm.sampler.sort_entries, cm.row_stream_s,

@@ -76,12 +76,12 @@ class Calibration:
 
     compute_eff_prefill: float = 0.7483  # held: the H200 profile's 16-bit GEMM efficiency
     compute_eff_decode: float = 0.7483
-    bandwidth_eff: float = 0.8138  # weight reads (GEMM/GEMV)
+    bandwidth_eff: float = 0.8195  # weight reads (GEMM/GEMV)
     kv_bandwidth_eff: float = 0.8558  # held: the H200 profile's decode-attention (KV-cache) efficiency
     step_overhead_s: float = 1e-05
-    layer_overhead_s: float = 2.684e-05
+    layer_overhead_s: float = 2.703e-05
     per_row_overhead_s: float = 0.0  # held: host work per row overlaps the previous step (async scheduling)
-    sampler_s_per_entry: float = 3.568e-10  # logits processing and sampling, per row and vocabulary entry
+    sampler_s_per_entry: float = 3.648e-10  # logits processing and sampling, per row and vocabulary entry
     allreduce_scale: float = 1.0  # held: the measured all-reduces (sim/cost/allreduce_pricing.py) as they are
 
     @classmethod

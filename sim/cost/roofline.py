@@ -1,5 +1,7 @@
-"""Roofline cost of one engine step: max(compute, memory) + all-reduce + overheads; the pricing of
-`sim.cost.step_model.StepModel` under the calibrated parameter set (`Calibration`), the step as one kernel.
+"""Roofline cost of one engine step: max(linear compute, weight reads) + max(attention compute, KV reads) +
+all-reduce + overheads; the pricing of `sim.cost.step_model.StepModel` under the calibrated parameter set
+(`Calibration`). The linear layers and attention are separate kernels, so neither hides behind the other: a
+step mixing a prompt chunk (compute-bound GEMMs) with decodes (attention streaming the KV cache) pays both.
 The all-reduces are the measured ones the kernel model charges (sim/cost/allreduce_pricing.py).
 
 Memory time is weight bytes at `bandwidth_eff` plus KV-cache bytes at `kv_bandwidth_eff` of HBM bandwidth
@@ -16,7 +18,7 @@ sim/cost/moe_fit.py): per (token, expert) pair and per touched expert's tile fil
 
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens
 (prefill chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. The rows'
-attention sums, the all-reduce pricing and the max of compute and memory are the kernel model's own
+attention sums, the all-reduce pricing and each group's max of compute and memory are the kernel model's own
 definitions (`sim.cost.kernels`, `sim.cost.allreduce_pricing`).
 """
 
@@ -70,24 +72,29 @@ class StepCost:
     experts_touched: float  # expected distinct routed experts per MoE layer
     # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8, the GEMMs' tile fill)
     flops_charged: float = 0.0
+    attn_flops_charged: float = 0.0  # attention's share of them
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
-    cal, peak, hbm, layers, sort_entries, allreduce_s, flops, share, weight_bytes, kv_bytes, rows,
-    row_stream_s=0.0, token_stream_s=0.0,
+    cal, peak, hbm, layers, sort_entries, allreduce_s, flops, attn_flops, share, weight_bytes, kv_bytes,
+    rows, row_stream_s=0.0, token_stream_s=0.0,
 ):  # fmt: skip
     """(seconds, compute_bound) of steps: the one definition behind `CostModel.step`, `step_time`,
     `step_time_totals` and the calibration's re-costing. Floats or numpy arrays alike.
 
-    `share` is the prefill share of the tokens, `allreduce_s` the step's all-reduces as measured
-    (`StepModel.allreduce_seconds`), charged times `allreduce_scale`; the sampler's terms as
-    `overhead_seconds` takes them."""
-    eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-    compute = flops / (peak * eff)
-    memory = weight_bytes / (hbm * cal.bandwidth_eff) + kv_bytes / (hbm * cal.kv_bandwidth_eff)
+    `flops` are the linear layers' FLOPs as charged (routed experts and the LM head included),
+    `attn_flops` attention's; the linear layers are priced against the weight reads, attention against the
+    KV-cache reads and writes, and the two added. `share` is the prefill share of the tokens,
+    `allreduce_s` the step's all-reduces as measured (`StepModel.allreduce_seconds`), charged times
+    `allreduce_scale`; the sampler's terms as `overhead_seconds` takes them. Compute-bound: the step's
+    compute is longer than its memory traffic."""
+    speed = peak * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
+    linear, attention = flops / speed, attn_flops / speed
+    weights, kv = weight_bytes / (hbm * cal.bandwidth_eff), kv_bytes / (hbm * cal.kv_bandwidth_eff)
     base = allreduce_s * cal.allreduce_scale
     extra = overhead_seconds(cal, layers, sort_entries, rows, base, row_stream_s, token_stream_s)
-    return kernel_seconds(compute, memory, 1.0, 1.0, extra), compute > memory
+    seconds = kernel_seconds(linear, weights, 1.0, 1.0, 0.0) + kernel_seconds(attention, kv, 1.0, 1.0, extra)
+    return seconds, linear + attention > weights + kv
 
 
 def overhead_seconds(  # type: ignore[no-untyped-def]
@@ -104,8 +111,9 @@ def overhead_seconds(  # type: ignore[no-untyped-def]
 
 
 class CostModel(StepModel):
-    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`: the step priced as one
-    kernel, max(compute, memory) at the calibrated efficiencies, with the all-reduces and serving terms."""
+    """Roofline step cost for one model on one GPU type with tensor parallelism `tp`: the linear layers and
+    attention each priced as max(compute, memory) at the calibrated efficiencies, with the all-reduces and
+    serving terms."""
 
     def __init__(
         self,
@@ -206,13 +214,14 @@ class CostModel(StepModel):
             kv_tokens += ns * s_ctx
         return pairs_all, kv_tokens, queries
 
-    def _flops_charged(self, tokens: float, rows: int, pairs: float, touched: float = 0.0) -> float:
-        """A step's FLOPs as charged at the peak, its GEMMs' tile fill and the fused-MoE kernel's (over
-        `touched` experts a layer) included (the timers below inline the same sum, in the same order)."""
+    def _linear_charged(self, tokens: float, rows: int, touched: float = 0.0) -> float:
+        """A step's linear-layer FLOPs as charged at the peak, its GEMMs' tile fill and the fused-MoE kernel's
+        (over `touched` experts a layer) included (the timers below inline the same sum, in the same
+        order); attention's are `attn_cost_pair` per (query, key) pair."""
         linear = self.lin_cost_tok * tokens + self.head_cost_row * rows + self.fill_cost
         if self.moe_cost_tok:
             linear += self.moe_cost_tok * tokens + self.moe_fill_expert * touched
-        return linear + self.attn_cost_pair * pairs
+        return linear
 
     def _seconds(self, tokens: int, rows: int, sums: LayerSums) -> tuple[float, bool]:
         """The roofline's pricing of a step (`StepModel.step_time` and `step_time_totals` call it)."""
@@ -220,12 +229,12 @@ class CostModel(StepModel):
         t = float(tokens)
         m = self.model
         weight_bytes, touched = self._weights(t) if m.num_experts else (self.static_weight_bytes, 0.0)
-        flops = self._flops_charged(t, rows, pairs, touched)
+        linear = self._linear_charged(t, rows, touched)
         kv_bytes = self.kv_layer_bytes * kv_tokens + self.kv_token_bytes * t
         seconds, compute_bound = roofline_seconds(
             self.cal, self.peak_flops, self.hbm, m.num_layers, self.sampler.sort_entries,
-            self.allreduce_seconds(t), flops, prefill / t, weight_bytes, kv_bytes, rows, self.row_stream_s,
-            self.token_stream_s * (sums[1] + t),
+            self.allreduce_seconds(t), linear, self.attn_cost_pair * pairs, prefill / t, weight_bytes,
+            kv_bytes, rows, self.row_stream_s, self.token_stream_s * (sums[1] + t),
         )  # fmt: skip
         if self.mla_terms:
             seconds += self.mla_rest(t, prefill)
@@ -248,7 +257,8 @@ class CostModel(StepModel):
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        flops_cost = self._flops_charged(tokens, rows, pairs, touched)
+        attn_cost = self.attn_cost_pair * pairs
+        flops_cost = self._linear_charged(tokens, rows, touched) + attn_cost
         compute_s = flops_cost / (self.peak_flops * eff)
         memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
             self.hbm * cal.kv_bandwidth_eff
@@ -276,6 +286,7 @@ class CostModel(StepModel):
             rows=rows,
             experts_touched=touched,
             flops_charged=flops_cost,
+            attn_flops_charged=attn_cost,
         )
 
     def sampler_seconds(self, positions: int) -> float:
@@ -303,6 +314,8 @@ class CostModel(StepModel):
         kv_layer, kv_new = self.kv_layer_bytes, self.kv_token_bytes * t
         speed = self.peak_flops * (share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode)
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
+        linear_s = head / speed
+        linear_group = kernel_seconds(linear_s, weights_s, 1.0, 1.0, 0.0)
         kv_speed = self.hbm * cal.kv_bandwidth_eff
         allreduce_s = self.allreduce_seconds(t) * cal.allreduce_scale
         entries, row_s = self.sampler.sort_entries, self.row_stream_s
@@ -319,10 +332,11 @@ class CostModel(StepModel):
             if ns:
                 pairs += ns * q
                 kv_tokens += ns * float(ctx)
-            compute = (head + attn * pairs) / speed
-            memory = weights_s + (kv_layer * kv_tokens + kv_new) / kv_speed
+            attention = attn * pairs / speed
+            kv = (kv_layer * kv_tokens + kv_new) / kv_speed
             fixed = extra + token_s * (float(ctx) + t) / bw
-            return 0.5 * (compute + memory + abs(compute - memory)) + fixed + rest, bool(compute > memory)
+            seconds = linear_group + (0.5 * (attention + kv + abs(attention - kv)) + fixed)
+            return seconds + rest, bool(linear_s + attention > weights_s + kv)
 
         return seconds, self.window if ns else math.inf
 
@@ -357,10 +371,13 @@ class CostModel(StepModel):
             pairs = full * (float(cq) + 0.5 * (float(cc) + t))
             share = (t - float(ones)) / t
             eff = share * eff_p + (1.0 - share) * eff_d
-            compute = (lin * t + head * rows + fill + attn * pairs) / (peak * eff)
-            memory = weights_s + (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
+            speed = peak * eff
+            linear, attention = (lin * t + head * rows + fill) / speed, attn * pairs / speed
+            kv = (kv_layer * (full * float(ctx)) + kv_token * t) / kv_speed
             extra = (allreduce(t) * scale if allreduce else 0.0) + step_s + layers_s + rows * per_row
             extra += token_s * (float(ctx) + t) / bw
-            return 0.5 * (compute + memory + abs(compute - memory)) + extra, compute > memory
+            seconds = 0.5 * (linear + weights_s + abs(linear - weights_s))
+            seconds += 0.5 * (attention + kv + abs(attention - kv)) + extra
+            return seconds, linear + attention > weights_s + kv
 
         return seconds

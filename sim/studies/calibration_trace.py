@@ -39,7 +39,8 @@ class Trace:
     group: str
     output_len: int
     measured: dict[str, float]
-    flops: np.ndarray
+    flops: np.ndarray  # the linear layers' FLOPs as charged
+    attn_flops: np.ndarray  # attention's
     share: np.ndarray  # prefill share of the step's tokens
     weight_bytes: np.ndarray
     kv_bytes: np.ndarray  # KV-cache bytes read and written
@@ -72,17 +73,17 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     cost, budget, _ = build_cost_and_memory(scenario)
     scheduler = load_all()[kind].build(config, budget)
     workload = Workload(scenario.workload, scenario.seed, Path.cwd())
-    terms: list[tuple[float, float, float, float, int, int, float, float]] = []
+    terms: list[tuple[float, float, float, float, float, int, int, float, float]] = []
 
     def step_time(new_tokens: np.ndarray, context: np.ndarray) -> tuple[float, bool]:
         s = cost.step(new_tokens, context)
         prefill = s.tokens - int(np.count_nonzero(np.asarray(new_tokens) == 1))
         share = prefill / s.tokens if s.tokens else 0.0
-        flops = s.flops_charged
+        attn = s.attn_flops_charged
         ar = cost.allreduce_seconds(s.tokens)
         history = float(np.sum(context)) + s.tokens  # every row's prompt and output tokens
         kv = s.kv_read_bytes + s.kv_write_bytes
-        terms.append((flops, share, s.weight_bytes, kv, s.tokens, s.rows, ar, history))
+        terms.append((s.flops_charged - attn, attn, share, s.weight_bytes, kv, s.tokens, s.rows, ar, history))
         return s.seconds, s.compute_s > s.memory_s
 
     # the run's sampler as `sim run` prices it (a checkpoint's generation defaults; the workload has none)
@@ -90,7 +91,7 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
     h = scenario.horizon
     out = simulate(scheduler, timed, Horizon(h.duration_s), open_loop=workload.open_loop(None, h.duration_s))
     steps = out.recorder.steps_frame()
-    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 8)
+    t = np.asarray(terms[: steps.height], dtype=np.float64).reshape(-1, 9)
     start = steps["start"].to_numpy()
     dur = steps["duration"].to_numpy()
     end = start + dur
@@ -107,19 +108,20 @@ def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) 
         output_len=row.output_len,
         measured=row.measured(),
         flops=t[:, 0],
-        share=t[:, 1],
-        weight_bytes=t[:, 2],
-        kv_bytes=t[:, 3],
-        tokens=t[:, 4],
-        rows=t[:, 5],
+        attn_flops=t[:, 1],
+        share=t[:, 2],
+        weight_bytes=t[:, 3],
+        kv_bytes=t[:, 4],
+        tokens=t[:, 5],
+        rows=t[:, 6],
         duration=dur,
         peak_flops=cost.peak_flops,
         hbm_bandwidth=cost.gpu.hbm_bandwidth,
         layers=cost.model.num_layers,
         sort_entries=cost.sampler.sort_entries,
         row_stream_s=cost.row_stream_s,
-        history_stream_s=cost.token_stream_s * t[:, 7],
-        allreduce_s=t[:, 6],
+        history_stream_s=cost.token_stream_s * t[:, 8],
+        allreduce_s=t[:, 7],
         wait_step=np.where(busy, wait, -1),
         wait_frac=frac,
         first_step=first,
@@ -136,7 +138,8 @@ def step_seconds(tr: Trace, cal: Calibration) -> np.ndarray:
     efficiencies as the trace's GPU reaches them)."""
     seconds, _ = roofline_seconds(
         cal.on_gpu(tr.gpu), tr.peak_flops, tr.hbm_bandwidth, tr.layers, tr.sort_entries, tr.allreduce_s,
-        tr.flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows, tr.row_stream_s, tr.history_stream_s,
+        tr.flops, tr.attn_flops, tr.share, tr.weight_bytes, tr.kv_bytes, tr.rows, tr.row_stream_s,
+        tr.history_stream_s,
     )  # fmt: skip
     return np.where(tr.tokens > 0, seconds, 0.0)
 
