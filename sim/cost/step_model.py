@@ -4,9 +4,10 @@ parallelism, a step's rows reduced to their per-layer sums, and `step_time` / `s
 A step is two arrays: row i computes `new_tokens[i]` tokens on top of `context[i]` cached tokens (prefill
 chunks and decodes mixed). Everything is per GPU under tensor parallelism of degree `tp`. What a step of
 `tokens` tokens, `rows` rows and those sums costs is the parameter set's pricing (`StepModel._seconds`): the
-calibrated roofline (`sim.cost.roofline.CostModel`, the engine's: the step as one kernel at the calibrated
-efficiencies, the serving terms on top) or the kernel profiles (`sim.cost.kernel_model.KernelCostModel`: each
-kernel at its own fitted efficiency and fixed cost, the host overlapped).
+calibrated roofline (`sim.cost.roofline.CostModel`, the engine's: the linear layers and attention each as
+one kernel at the calibrated efficiencies, the serving terms on top) or the kernel profiles
+(`sim.cost.kernel_model.KernelCostModel`: each kernel at its own fitted efficiency and fixed cost, the host
+overlapped).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@ rows.
 
 A full simulation costs seconds to tens of seconds per row, so the fit re-costs recorded schedules instead of
 re-simulating. Each row is simulated once with the current calibration, recording every step's roofline
-terms (FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the steps it waited
-through, was scheduled in, and finished in. Step time is then a cheap vectorised function of the calibration:
+terms (linear and attention FLOPs, prefill share, weight and KV bytes, tokens, rows) and, per request, the
+steps it waited through, was scheduled in, and finished in. Step time is then a cheap vectorised function of
+the calibration:
 
-    max(FLOPs / (peak · eff(prefill share)),
-        weight bytes / (HBM · bandwidth_eff) + KV bytes / (HBM · kv_bandwidth_eff))
+    max(linear FLOPs / (peak · eff(prefill share)), weight bytes / (HBM · bandwidth_eff))
+    + max(attention FLOPs / (peak · eff(prefill share)), KV bytes / (HBM · kv_bandwidth_eff))
     + [TP > 1] allreduce_scale · (2L all-reduces of tokens · hidden · 2 bytes, as measured per GPU)
     + step_overhead_s + L · layer_overhead_s + rows · (per_row_overhead_s + vocabulary · sampler_s_per_entry)
 
