@@ -95,7 +95,7 @@ def test_int4_weight_only_speedup_is_near_4x_to_batch_32_and_falls_by_128(gpu: s
     to batch 16-32, gradually decreasing but still significant at 64-128. The engine's decode step of
     Llama-3.1-70B, whose fixed costs (per step and per layer, 2.2 ms a step, and the sampler's per row) do not
     shrink with the weights: within 20% of the ideal to batch 32, most on an H100, whose steps are shortest
-    (3.15x at 32); there the fall starts later (higher FLOP/byte ratio) but has come by 128 too."""
+    (3.14x at 32); there the fall starts later (higher FLOP/byte ratio) but has come by 128 too."""
     m, g = load_model("llama-3.1-70b"), get_gpu(gpu)
     bf16, int4 = CostModel(m, g), CostModel(m, g, weight_dtype="int4", weight_group_size=128)
     batches = (1, 16, 32, 64, 128, 256)
