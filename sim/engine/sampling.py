@@ -43,7 +43,7 @@ class SampledTiming:
         self.cost = cost
         self.table = table  # the workload's table of parameter sets (a trace adds rows as it is read)
         self.defaults = defaults
-        self._resolved: list[SamplingParams] = []
+        self._resolved: dict[int, SamplingParams] = {}  # the rows this replica's requests use, as resolved
         self._default_row = resolve(NOT_GIVEN, defaults)
         cal = cost.cal
         self.sampler = SamplerCost(
@@ -59,10 +59,10 @@ class SampledTiming:
     def _params(self, row: int) -> SamplingParams:
         if row < 0:
             return self._default_row
-        resolved = self._resolved
-        while len(resolved) <= row:
-            resolved.append(resolve(self.table[len(resolved)], self.defaults))
-        return resolved[row]
+        got = self._resolved.get(row)
+        if got is None:
+            got = self._resolved[row] = resolve(self.table[row], self.defaults)
+        return got
 
     def _rows(self, info: Any) -> Iterator[tuple[SamplingParams, int]]:
         params = self._params
