@@ -164,7 +164,8 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     name: str, tp: int, rows: list[tuple[int, int]], gpu: str, sampling: str
 ) -> None:
     """`step`, `step_time`, `step_time_totals`, the decode timer and the calibration's re-costing give the
-    same seconds, under the flat sampler term and under every row sampling alike (`CostModel.sample_as`)."""
+    same seconds, under the flat sampler term and under every row sampling alike (`CostModel.sample_as`);
+    the breakdown `sim step` prints adds up to them."""
     from sim.studies.calibration_trace import Trace, step_seconds
 
     cm = CostModel(load_model(name), get_gpu(gpu), tp=tp)
@@ -179,6 +180,8 @@ def test_one_definition_behind_step_fast_paths_and_recosting(
     assert totals is None or totals == (seconds, bound)
     assert cm.totals_timer()(c.size, *sums) == totals  # the engine's form, its constants computed once
     s = cm.step(c, q)
+    parts = s.linear_s + s.attention_s + s.allreduce_s + s.overhead_s
+    assert parts == pytest.approx(seconds, rel=1e-12)
     one = np.ones(1)
     tr = Trace(
         "x", "x", 1, {}, one * (s.flops_charged - s.attn_flops_charged), one * s.attn_flops_charged,

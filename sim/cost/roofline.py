@@ -73,6 +73,10 @@ class StepCost:
     # the FLOPs as charged at the peak (dequantization, 16-bit work under W8A8, the GEMMs' tile fill)
     flops_charged: float = 0.0
     attn_flops_charged: float = 0.0  # attention's share of them
+    # each group's roofline, max(its compute, its memory): seconds = linear_s + attention_s + allreduce_s +
+    # overhead_s
+    linear_s: float = 0.0
+    attention_s: float = 0.0
 
 
 def roofline_seconds(  # type: ignore[no-untyped-def]
@@ -259,10 +263,10 @@ class CostModel(StepModel):
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
         attn_cost = self.attn_cost_pair * pairs
         flops_cost = self._linear_charged(tokens, rows, touched) + attn_cost
-        compute_s = flops_cost / (self.peak_flops * eff)
-        memory_s = weight_bytes / (self.hbm * cal.bandwidth_eff) + (kv_read + kv_write) / (
-            self.hbm * cal.kv_bandwidth_eff
-        )
+        speed = self.peak_flops * eff
+        weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
+        kv_s = (kv_read + kv_write) / (self.hbm * cal.kv_bandwidth_eff)
+        compute_s, memory_s = flops_cost / speed, weights_s + kv_s
         allreduce_s = self.allreduce_seconds(tokens) * cal.allreduce_scale
         history = self.token_stream_s * (float(q.sum()) + tokens)
         overhead_s = overhead_seconds(
@@ -287,6 +291,8 @@ class CostModel(StepModel):
             experts_touched=touched,
             flops_charged=flops_cost,
             attn_flops_charged=attn_cost,
+            linear_s=max((flops_cost - attn_cost) / speed, weights_s),
+            attention_s=max(attn_cost / speed, kv_s),
         )
 
     def sampler_seconds(self, positions: int) -> float:

@@ -132,8 +132,10 @@ def print_step(
     mla = f" (MLA's module kernels {e['mla_module_s'] * 1e3:.3f} of them)" if e.get("mla_module_s") else ""
     console.print(
         f"engine step: {float(summary['seconds']) * 1e3:.3f} ms (calibrated roofline, {e['bound']}-bound: "
-        f"compute {e['compute_s'] * 1e3:.3f}, memory {e['memory_s'] * 1e3:.3f}, "
-        f"all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms {e['overhead_s'] * 1e3:.3f} ms{mla}; "
+        f"linear layers {e['linear_s'] * 1e3:.3f} + attention {e['attention_s'] * 1e3:.3f}, each the "
+        f"longer of its compute and its memory (compute {e['compute_s'] * 1e3:.3f}, memory "
+        f"{e['memory_s'] * 1e3:.3f} in all), all-reduce {e['allreduce_s'] * 1e3:.3f}, serving terms "
+        f"{e['overhead_s'] * 1e3:.3f} ms{mla}; "
         f"GEMM tiles filled as {e['tile_fill_tokens']:g} more rows{moe}; weights streamed at "
         f"{e['bandwidth_eff']:.3f} of HBM, KV at {e['kv_bandwidth_eff']:.3f}, compute at "
         f"{e['compute_eff_prefill']:.3f} of peak: the H100-fitted efficiencies times the ratios "
@@ -179,6 +181,9 @@ def step_summary(
             "bound": r.bound,
             "compute_s": r.compute_s,
             "memory_s": r.memory_s,
+            # seconds = linear_s + attention_s + allreduce_s + overhead_s: each group max(compute, memory)
+            "linear_s": r.linear_s,
+            "attention_s": r.attention_s,
             "allreduce_s": r.allreduce_s,
             "overhead_s": r.overhead_s,
             # of the serving terms, MLA's module beyond its projections and attention (sim.cost.mla_fit)
