@@ -261,8 +261,8 @@ class CostModel(StepModel):
         kv_write = self.kv_token_bytes * tokens
         share = prefill / tokens
         eff = share * cal.compute_eff_prefill + (1.0 - share) * cal.compute_eff_decode
-        attn_cost = self.attn_cost_pair * pairs
-        flops_cost = self._linear_charged(tokens, rows, touched) + attn_cost
+        linear_cost, attn_cost = self._linear_charged(tokens, rows, touched), self.attn_cost_pair * pairs
+        flops_cost = linear_cost + attn_cost
         speed = self.peak_flops * eff
         weights_s = weight_bytes / (self.hbm * cal.bandwidth_eff)
         kv_s = (kv_read + kv_write) / (self.hbm * cal.kv_bandwidth_eff)
@@ -291,8 +291,8 @@ class CostModel(StepModel):
             experts_touched=touched,
             flops_charged=flops_cost,
             attn_flops_charged=attn_cost,
-            linear_s=max((flops_cost - attn_cost) / speed, weights_s),
-            attention_s=max(attn_cost / speed, kv_s),
+            linear_s=kernel_seconds(linear_cost, weights_s, speed, 1.0, 0.0),
+            attention_s=kernel_seconds(attn_cost, kv_s, speed, 1.0, 0.0),
         )
 
     def sampler_seconds(self, positions: int) -> float:
