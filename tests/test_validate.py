@@ -17,7 +17,7 @@ from sim.config.calibration import Calibration
 from sim.config.scenario import validate_scenario
 from sim.io.errors import SimError
 from sim.report.fidelity import bar_misses, bar_text, fidelity_chart
-from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, residuals
+from sim.studies.calibrate import STAGE_MEASURED, fit, params_of, replication_lines, residuals
 from sim.studies.calibration_trace import recost, step_seconds, trace_row
 from sim.studies.validate import (
     BAR_SCALE,
@@ -244,6 +244,24 @@ def test_frontend_overhead_adds_to_ttft_and_e2e(tiny_trace) -> None:  # type: ig
     assert more["ttft_mean"] - base["ttft_mean"] == pytest.approx(20.0)
     assert more["e2e_p99"] - base["e2e_p99"] == pytest.approx(20.0)
     assert more["itl_mean"] == pytest.approx(base["itl_mean"])
+
+
+def test_a_rows_workload_seed_reaches_its_simulation(tiny_trace) -> None:  # type: ignore[no-untyped-def]
+    assert row_scenario(row("62-mistral"))[0]["seed"] == 0
+    assert row_scenario(row("62-mistral"), seed=3)[0]["seed"] == 3
+    other = trace_row(row("62-mistral"), 0.02, {}, seed=1)
+    assert len(other.arrival) and not np.array_equal(other.arrival[:5], tiny_trace.arrival[:5])
+
+
+def test_replicated_figures_are_means_with_student_t_intervals() -> None:
+    (line,) = replication_lines([{"e2e_mean": (2.0, -1.0, 12.0)}, {"e2e_mean": (4.0, 1.0, 14.0)}])
+    # two seeds: mean 13, standard error 1, t(0.975, 1) = 12.706
+    assert line == "e2e_mean: median 3.0% [-9.7, 15.7], p90 13.0% [0.3, 25.7] (each seed's p90: 12.0, 14.0)"
+
+
+def test_calibrate_needs_at_least_one_seed() -> None:
+    res = CliRunner().invoke(app, ["calibrate", "--seeds", "0"])
+    assert res.exit_code == 2 and "--seeds" in res.output
 
 
 def test_two_stage_rows_are_fitted_per_stage(tiny_trace) -> None:  # type: ignore[no-untyped-def]

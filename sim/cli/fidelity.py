@@ -61,12 +61,20 @@ def calibrate(
     write: Path | None = out_option(
         "Write the TOML here (default: print it).", out_file_problem, name="--write"
     ),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        min=1,
+        max=100,
+        help="Workload seeds: fit and cross-validate on each, give the CV figures' 95% intervals.",
+    ),
 ) -> None:
     """Fit the cost model's calibration to the steady-state ground-truth rows (see docs/fidelity.md)."""
 
     from sim.studies.calibrate import run_calibration
 
-    run_calibration(csv, scale, rounds, cv_scale, jobs, write, "sim calibrate " + " ".join(sys.argv[2:]))
+    command = "sim calibrate " + " ".join(sys.argv[2:])
+    run_calibration(csv, scale, rounds, cv_scale, jobs, write, command, seeds)
 
 
 @app.command("papers")

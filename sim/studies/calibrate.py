@@ -38,6 +38,7 @@ from scipy.optimize import least_squares
 from sim.config.calibration import Calibration, KernelCalibration
 from sim.io.errors import SimError
 from sim.io.outputs import write_text
+from sim.records.stats import mean_ci
 from sim.studies.calibration_trace import Params, Trace, latencies, recost, recost_prediction, trace_all
 from sim.studies.validate import (
     FRONTEND_KEY,
@@ -183,12 +184,14 @@ def calibrate(
     jobs: int = 1,
     start: Params | None = None,
     log: Callable[[str], None] = print,
+    seed: int = 0,
 ) -> tuple[Params, list[Trace]]:
-    """Fixed-point fit: simulate, fit by re-costing, re-simulate with the fit; `rounds` times."""
+    """Fixed-point fit: simulate (workload seed `seed`), fit by re-costing, re-simulate with the fit;
+    `rounds` times."""
     cal = start or held(params_of(Calibration.load(), load_frontend()))
     traces: list[Trace] = []
     for i in range(rounds):
-        traces = trace_all(rows, scale, cal, jobs)
+        traces = trace_all(rows, scale, cal, jobs, seed)
         before = float(np.median(np.abs(residuals(cal, traces))))
         cal = fit(traces, cal)
         after = float(np.median(np.abs(residuals(cal, traces))))
@@ -202,12 +205,13 @@ def cross_validate(
     start: Params,
     scale: float,
     jobs: int,
+    seed: int = 0,
 ) -> tuple[dict[str, Params], list[Prediction]]:
     """Leave one model out: fit on the other models' traces, simulate the held-out rows in full."""
     folds: dict[str, Params] = {}
     for group in sorted({t.group for t in traces}):
         folds[group] = fit([t for t in traces if t.group != group], start)
-    preds = predict_all(rows, scale, lambda r: folds[r.model], jobs)
+    preds = predict_all(rows, scale, lambda r: folds[r.model], jobs, seed=seed)
     return folds, preds
 
 
@@ -226,9 +230,11 @@ def calibration_toml(params: Params, header: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> list[str]:
-    """Median APE per metric over the given (steady-state) rows, and the 90th percentile of the rows' APEs
-    (a failed prediction counts as an infinite error), one line per metric."""
+def error_summary(
+    rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]
+) -> dict[str, tuple[float, float, float]]:
+    """Per metric over the given (steady-state) rows: (median APE, median signed error, 90th percentile of
+    the rows' APEs), a failed prediction counting as an infinite error."""
     frame = compare(rows, preds)
     med = median_errors(frame).filter(~pl.col("overloaded"))
     p90 = dict(
@@ -238,7 +244,28 @@ def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> 
         .rows()
     )
     cols = med.select("metric", "median_ape_pct", "median_signed_pct").rows()
-    return [f"{m}: {a:.1f}% (signed {s:+.1f}%), p90 {p90[m]:.1f}%" for m, a, s in cols]
+    return {m: (a, s, p90[m]) for m, a, s in cols}
+
+
+def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> list[str]:
+    """`error_summary` as one line per metric."""
+    summary = error_summary(rows, preds)
+    return [f"{m}: {a:.1f}% (signed {s:+.1f}%), p90 {p:.1f}%" for m, (a, s, p) in summary.items()]
+
+
+def replication_lines(summaries: Sequence[dict[str, tuple[float, float, float]]]) -> list[str]:
+    """Per metric, the median and 90th-percentile errors of `error_summary` over replications: their means
+    with Student-t 95% intervals, then each replication's 90th percentile."""
+    lines = []
+    for metric in summaries[0]:
+        med = mean_ci([s[metric][0] for s in summaries])
+        p90s = [s[metric][2] for s in summaries]
+        top = mean_ci(p90s)
+        lines.append(
+            f"{metric}: median {med[0]:.1f}% [{med[1]:.1f}, {med[2]:.1f}], p90 {top[0]:.1f}% [{top[1]:.1f}, "
+            f"{top[2]:.1f}] (each seed's p90: {', '.join(f'{p:.1f}' for p in p90s)})"
+        )
+    return lines
 
 
 def today() -> str:
@@ -260,18 +287,38 @@ def run_calibration(
     jobs: int,
     write: Path | None,
     command: str,
+    seeds: int = 1,
 ) -> Params:
-    """`sim calibrate`: fit on the steady-state rows, cross-validate by model, write the TOML."""
-    if not (0 < scale <= 1 and 0 < cv_scale <= 1) or rounds < 1:
-        raise SimError("--scale and --cv-scale must be in (0, 1], --rounds >= 1")
+    """`sim calibrate`: fit on the steady-state rows, cross-validate by model, write the TOML (seed 0's fit).
+    With `seeds` > 1 the whole procedure is replicated on workload seeds 1 to seeds - 1 as well, and the
+    cross-validated figures are given as means with 95% intervals over the seeds."""
+    if not (0 < scale <= 1 and 0 < cv_scale <= 1) or rounds < 1 or seeds < 1:
+        raise SimError("--scale and --cv-scale must be in (0, 1], --rounds >= 1, --seeds >= 1")
     rows = check_rows(load_rows(csv_path))
-    cal, traces = calibrate(rows, scale, rounds, jobs)
+    start = held(params_of(Calibration.load(), load_frontend()))
+    cal, traces = calibrate(rows, scale, rounds, jobs, start)
     in_fit = [recost_prediction(t, cal) for t in traces]
     folds, cv_preds = cross_validate(rows, traces, cal, cv_scale, jobs)
     insample = error_lines(rows, in_fit)
     cv = error_lines(rows, cv_preds)
     print("in-sample (re-costed, last round):", *insample, sep="\n  ")
     print(f"leave-one-model-out (simulated, stages x{cv_scale:g}):", *cv, sep="\n  ")
+    replicated: list[str] = []
+    if seeds > 1:
+        summaries = [error_summary(rows, cv_preds)]
+        for seed in range(1, seeds):
+            cal_s, traces_s = calibrate(
+                rows, scale, rounds, jobs, start, lambda m, s=seed: print(f"seed {s}: {m}"), seed
+            )
+            summaries.append(
+                error_summary(rows, cross_validate(rows, traces_s, cal_s, cv_scale, jobs, seed)[1])
+            )
+        replicated = replication_lines(summaries)
+        print(
+            f"leave-one-model-out over workload seeds 0-{seeds - 1}, mean [95% interval]:",
+            *replicated,
+            sep="\n  ",
+        )
     header = [
         "Calibration of the roofline cost model (sim/cost/roofline.py), fitted by `sim calibrate` "
         "(sim/studies/calibrate.py,",
@@ -287,6 +334,12 @@ def run_calibration(
         *[f"  {line}" for line in insample],
         f"Leave-one-model-out cross-validation (held-out rows simulated, stages x{cv_scale:g}):",
         *[f"  {line}" for line in cv],
+        *(
+            [f"The same, fitted and cross-validated on workload seeds 0-{seeds - 1}, mean [95% interval]:"]
+            if replicated
+            else []
+        ),
+        *[f"  {line}" for line in replicated],
         "Fold values (model left out):",
         *[f"  {g}: " + ", ".join(f"{n}={c[n]:.3g}" for n in BOUNDS) for g, c in folds.items()],
         "Bounds of the fit: " + ", ".join(f"{n} [{lo:g}, {hi:g}]" for n, (lo, hi) in BOUNDS.items()),

@@ -64,10 +64,10 @@ class Trace:
     gpu: Gpu  # the efficiencies re-costed are charged as this GPU reaches them (`Calibration.on_gpu`)
 
 
-def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float]) -> Trace:
-    """Simulate a row with the vllm policy, recording what re-costing needs."""
+def trace_row(row: GroundTruthRow, scale: float, calibration: dict[str, float], seed: int = 0) -> Trace:
+    """Simulate a row with the vllm policy (workload seed `seed`), recording what re-costing needs."""
     source = f"ground truth row {row.exp_key}"
-    data, _ = row_scenario(row, scale, calibration)
+    data, _ = row_scenario(row, scale, calibration, seed)
     scenario = validate_scenario(data, source)
     kind, config = scenario.policy("vllm")
     cost, budget, _ = build_cost_and_memory(scenario)
@@ -169,13 +169,14 @@ def recost(tr: Trace, params: Params | Calibration) -> dict[str, float]:
     return metrics_from_latencies(*latencies(tr, params), tr.output_len)
 
 
-def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float]]) -> Trace:
+def _trace_task(args: tuple[GroundTruthRow, float, dict[str, float], int]) -> Trace:
     return trace_row(*args)
 
 
-def trace_all(rows: Sequence[GroundTruthRow], scale: float, params: Params, jobs: int) -> list[Trace]:
-
-    tasks = [(r, scale, params) for r in rows]
+def trace_all(
+    rows: Sequence[GroundTruthRow], scale: float, params: Params, jobs: int, seed: int = 0
+) -> list[Trace]:
+    tasks = [(r, scale, params, seed) for r in rows]
     with open_executor("process", jobs, None) as executor:
         if executor is None:
             return [_trace_task(t) for t in tasks]

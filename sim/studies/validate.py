@@ -173,9 +173,9 @@ def stages(row: GroundTruthRow, scale: float = 1.0) -> list[list[float]]:
 
 
 def row_scenario(
-    row: GroundTruthRow, scale: float = 1.0, calibration: dict[str, float] | None = None
+    row: GroundTruthRow, scale: float = 1.0, calibration: dict[str, float] | None = None, seed: int = 0
 ) -> tuple[dict[str, Any], list[str]]:
-    """The scenario mapping of a row and the fallbacks it used (one sentence each)."""
+    """The scenario mapping of a row and the fallbacks it used (one sentence each); `seed` the workload's."""
     notes: list[str] = []
     gpu = GPU_NAMES.get(row.get("gpu"), row.get("gpu"))
     tp = row.num("tp")  # 0 or a fraction is left for the scenario check to refuse
@@ -237,6 +237,7 @@ def row_scenario(
     }
     data = {
         "name": "gt-" + "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in row.exp_key)[:80],
+        "seed": seed,
         "model": model,
         "workload": workload,
         "policies": {"vllm": policy},
@@ -276,10 +277,10 @@ def successful(requests: pl.DataFrame) -> pl.DataFrame:
 
 
 def predict(
-    row: GroundTruthRow, scale: float = 1.0, calibration: dict[str, float] | None = None
+    row: GroundTruthRow, scale: float = 1.0, calibration: dict[str, float] | None = None, seed: int = 0
 ) -> Prediction:
-    """Simulate one row with the vllm policy."""
-    data, notes = row_scenario(row, scale, calibration)
+    """Simulate one row with the vllm policy (workload seed `seed`)."""
+    data, notes = row_scenario(row, scale, calibration, seed)
     scenario = validate_scenario(data, f"ground truth row {row.exp_key}")
     result = run_policy(scenario, "vllm", Path.cwd(), source=f"ground truth row {row.exp_key}")
     ok = successful(result.requests)
@@ -330,7 +331,7 @@ def median_errors(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _predict_task(args: tuple[GroundTruthRow, float, dict[str, float] | None]) -> Prediction:
+def _predict_task(args: tuple[GroundTruthRow, float, dict[str, float] | None, int]) -> Prediction:
     return predict(*args)
 
 
@@ -340,10 +341,11 @@ def predict_all(
     calibration: dict[str, float] | Callable[[GroundTruthRow], dict[str, float]] | None = None,
     jobs: int = 1,
     done: Callable[[int], None] | None = None,
+    seed: int = 0,
 ) -> list[Prediction]:
     """Simulate every row over `jobs` processes (the sweep's executor). `calibration` may depend on the
     row (cross-validation folds). `done(rows finished)`, if given, is called as rows finish."""
-    tasks = [(r, scale, calibration(r) if callable(calibration) else calibration) for r in rows]
+    tasks = [(r, scale, calibration(r) if callable(calibration) else calibration, seed) for r in rows]
     with open_executor("process", jobs, None) as executor:
         results = map(_predict_task, tasks) if executor is None else executor.map(_predict_task, tasks)
         preds = []
