@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from sim.catalog.gpus import get_gpu
@@ -18,7 +20,7 @@ from sim.catalog.model import ModelSpec
 from sim.catalog.models import load_model
 from sim.cli import app
 from sim.config.scenario import load_scenario
-from sim.cost.expert_parallel import distinct_destinations, eplb_rank_loads, expert_loads
+from sim.cost.expert_parallel import distinct_destinations, eplb_rank_loads, expert_loads, gate_shares
 from sim.cost.parallel import (
     ParallelCost,
     StepBreakdown,
@@ -172,7 +174,7 @@ def test_balanced_experts_cost_one_rank_and_skew_raises_to_the_busiest() -> None
     skewed = skewed_pc.breakdown(c, q)
     assert skewed.skew_s == pytest.approx(max(skewed.expert_rank_s) - np.mean(skewed.expert_rank_s))
     assert skewed.skew_s > 0 and skewed.seconds > flat.seconds
-    loads = expert_loads(256, 16, 1.0)
+    loads = expert_loads(256, 8, 16, 1.0)
     assert loads.sum() == pytest.approx(1.0) and loads[0] == loads.max() > 1 / 16
     # the all-to-all ends when the busiest receiver has its tokens: its bytes, max share x ep of the mean's
     ib, moved = get_link("infiniband-ndr"), c.sum() / 16 * ds.experts_per_token * ds.hidden_size * 2 * 15 / 16
@@ -480,14 +482,38 @@ def test_deepep_low_latency_sends_each_expert_pair_and_auto_picks_by_step() -> N
     assert auto.breakdown(pc, pq).dispatch_s == normal.dispatch_s != ll.dispatch_s
 
 
+@given(
+    experts=st.sampled_from([8, 16, 64, 128, 256]),
+    top_k=st.integers(1, 8),
+    skew=st.floats(0.0, 4.0),
+)
+def test_the_gate_gives_no_expert_more_than_one_pair_a_token(experts: int, top_k: int, skew: float) -> None:
+    """A token routes to top_k distinct experts, so an expert gets at most 1 / top_k of the pairs: the Zipf
+    gate is capped there, its shares still a distribution, hottest first, and unchanged where no share
+    reaches the cap."""
+    shares = gate_shares(experts, top_k, skew)
+    assert shares.sum() == pytest.approx(1.0) and shares.max() <= 1.0 / top_k + 1e-12
+    assert np.all(np.diff(shares) <= 1e-15)
+    zipf = 1.0 / np.arange(1, experts + 1) ** skew
+    zipf /= zipf.sum()
+    if zipf.max() <= 1.0 / top_k:
+        assert shares == pytest.approx(zipf, rel=1e-12)
+
+
+def test_a_steep_gate_keeps_deepseeks_hottest_expert_at_one_pair_a_token() -> None:
+    shares = gate_shares(256, 8, 1.01)  # uncapped, the hottest expert would take 16.7% of the pairs
+    assert shares[0] == pytest.approx(1 / 8) and shares[1] < 1 / 8
+    assert expert_loads(256, 8, 32, 1.01)[0] == pytest.approx(shares[:8].sum())
+
+
 def test_eplb_replicates_the_hottest_experts_and_lowers_the_busiest_rank() -> None:
     """EPLB (DeepSeek's eplb.py): each redundant slot to the expert with the most load per replica, then the
     physical experts heaviest first to the least loaded rank with room. Balanced gate: no change; skewed:
     the busiest rank's load falls toward the mean."""
-    flat = expert_loads(256, 32, 0.0, 32)
+    flat = expert_loads(256, 8, 32, 0.0, 32)
     assert flat == pytest.approx(np.full(32, 1 / 32)) and flat.sum() == pytest.approx(1.0)
-    zipf = expert_loads(256, 32, 1.0)
-    eplb = expert_loads(256, 32, 1.0, 32)
+    zipf = expert_loads(256, 8, 32, 1.0)
+    eplb = expert_loads(256, 8, 32, 1.0, 32)
     assert eplb.sum() == pytest.approx(1.0) and max(eplb) < max(zipf) and max(eplb) >= 1 / 32
     logical = np.array([0.4, 0.3, 0.2, 0.1])
     assert eplb_rank_loads(logical, 2, 2) == pytest.approx(

@@ -172,11 +172,29 @@ def sharded_experts(
     return gather, (touched - already) * expert_bytes / bytes_per_s
 
 
-def expert_loads(num_experts: int, ep: int, skew: float, redundant: int = 0) -> np.ndarray:
-    """Share of the routed tokens each EP rank receives: Zipf(`skew`) over experts, laid out contiguously,
-    or with `redundant` experts as EPLB places them (`eplb_rank_loads`)."""
-    weights = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
-    weights /= weights.sum()
+def gate_shares(num_experts: int, top_k: int, skew: float) -> np.ndarray:
+    """Share of the routed (token, expert) pairs each expert receives, hottest first: Zipf(`skew`), with no
+    expert above 1 / `top_k` (a token routes to `top_k` distinct experts, so an expert gets at most one pair
+    a token); what the cap takes from the hottest goes to the others in proportion to their shares."""
+    shares = 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** skew
+    shares /= shares.sum()
+    cap = 1.0 / top_k
+    capped = np.zeros(num_experts, dtype=bool)
+    while True:
+        over = ~capped & (shares > cap)
+        if not over.any():
+            return shares
+        capped |= over
+        shares[capped] = cap
+        rest = ~capped
+        if rest.any():
+            shares[rest] *= (1.0 - cap * np.count_nonzero(capped)) / shares[rest].sum()
+
+
+def expert_loads(num_experts: int, top_k: int, ep: int, skew: float, redundant: int = 0) -> np.ndarray:
+    """Share of the routed tokens each EP rank receives: the gate's shares over experts (`gate_shares`),
+    laid out contiguously, or with `redundant` experts as EPLB places them (`eplb_rank_loads`)."""
+    weights = gate_shares(num_experts, top_k, skew)
     if redundant:
         return eplb_rank_loads(weights, ep, redundant)
     return weights.reshape(ep, num_experts // ep).sum(axis=1)

@@ -18,9 +18,9 @@ Costs, on top of the single-GPU-group cost model (`base`, at degree `tp`), per s
   and the combine in bf16, its bytes those of the rank that receives most (max share x ep of the mean's:
   the all-to-all ends when the busiest receiver has its tokens); and the expert GEMMs of the busiest rank
   over the tokens routed to it: under a skewed gate (`expert_skew`, Zipf over experts laid out contiguously
-  on ranks) the step rises by the busiest rank's expert time less the mean rank's (balanced experts add
-  nothing over `base`); with `ep_redundant_experts`, EPLB's placement of replicas sets each rank's share
-  (sim/cost/expert_parallel.py).
+  on ranks, no expert above one pair a token: `gate_shares`) the step rises by the busiest rank's expert
+  time less the mean rank's (balanced experts add nothing over `base`); with `ep_redundant_experts`,
+  EPLB's placement of replicas sets each rank's share (sim/cost/expert_parallel.py).
 - DP attention over experts tensor-parallel on the stage's GPUs (`dp > 1`, `ep = 1`, vLLM's default): per
   MoE layer an all-gather of the step's tokens and a reduce-scatter back, and the reads of the experts the
   step's tokens touch beyond the slowest rank's own (sim/cost/expert_parallel.py, `sharded_experts`).
@@ -123,10 +123,10 @@ class ParallelCost:
         self.pp_link = self.inter if p.gpus > p.gpus_per_node else self.intra
         self.ep_link = self.inter if p.ep > p.gpus_per_node else self.intra
         self.group_link = self.inter if p.tp * p.dp > p.gpus_per_node else self.intra  # a stage's GPUs
+        k, skew = model.experts_per_token, p.expert_skew
         self.loads = (
-            expert_loads(model.num_experts, p.ep, p.expert_skew, p.ep_redundant_experts) if p.ep > 1
-            else np.ones(1)
-        )  # fmt: skip
+            expert_loads(model.num_experts, k, p.ep, skew, p.ep_redundant_experts) if p.ep > 1 else np.ones(1)
+        )
         self.busiest = float(self.loads.max()) * p.ep  # the rank receiving most, over the mean (1: balanced)
 
     def _expert_seconds(self, routed_tokens: float) -> float:
