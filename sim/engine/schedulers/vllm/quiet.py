@@ -5,7 +5,8 @@ sequence and nothing else: nobody is admitted (nothing waits, and an arrival is 
 none of the rows is handled by itself (no sequence is due a row of its own), the token budget cannot bind,
 and the blocks the sequences open on the way can be lent (`_lend_blocks`). Such steps run up to the step
 before the first sequence is due a row of its own, or through the first step where somebody finishes, or
-while the free blocks last. `quiet_steps` vouches for them; the engine costs and records them from their
+while the free blocks last; with arrivals held that the next step was formed before (asynchronous
+scheduling), that one step alone. `quiet_steps` vouches for them; the engine costs and records them from their
 totals alone, and `advance_quiet` applies them as `schedule` and `update` of each would have: the blocks lent
 (taken from the pool in the same order), the step gaps the sequences' ITL maxima read, and the finishes of
 the last step.
@@ -39,7 +40,10 @@ class QuietRuns(BulkDecoding):
         """The decode-only steps from the next one on that only the sequences in bulk run (see the module
         docstring); None when the next step may do anything else."""
         n = self._bulk_n
-        if not self.fast or not n or self._busy or self.waiting or self._held or n >= self.token_budget:
+        if not self.fast or not n or self._busy or self.waiting or n >= self.token_budget:
+            return None
+        held = bool(self._held)  # then only the next step, if it was formed before every held arrival came
+        if held and not self.blind_to_held(self._step_start):
             return None
         first = self._step + 1
         last = first + (1 << 62)
@@ -56,7 +60,7 @@ class QuietRuns(BulkDecoding):
             return None
         kv, bs = self.kv, self.block_size
         opened: list[int] = []
-        steps = last - first + 1
+        steps = 1 if held else last - first + 1
         if self._lazy:
             counts = list(map(len, self._phases))
             per_cycle = sum(counts)
