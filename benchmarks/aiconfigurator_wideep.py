@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deepseek_published as dp  # noqa: E402  (the benchmark next to this one: its setups and step model)
 
+from sim.catalog.models import load_model  # noqa: E402
 from sim.cost.placement import Placement  # noqa: E402
 
 SGLANG_DB = "0.5.10"  # the SGLang version of aiconfigurator's H100 wide-EP MLA and MoE tables
@@ -84,7 +85,7 @@ def sim_step(setup: dp.Setup, skew: float) -> dict[str, float]:
     """The simulator's step (ms) by group: the attention rank's compute, its routed experts (per EP rank,
     the busiest), and dispatch plus combine over the MoE layers."""
     b = dp.breakdown(setup, skew=skew, redundant=0)
-    layers = 58  # DeepSeek-V3's MoE layers
+    layers = load_model(dp.MODEL).num_moe_layers
     experts = layers * max(b.expert_rank_s) if b.expert_rank_s else 0.0
     comm = layers * (b.dispatch_s + b.combine_s)
     return {"step": 1e3 * b.seconds, "all-to-all": 1e3 * comm, "routed experts (busiest rank)": 1e3 * experts,
