@@ -247,9 +247,8 @@ def error_summary(
     return {m: (a, s, p90[m]) for m, a, s in cols}
 
 
-def error_lines(rows: Sequence[GroundTruthRow], preds: Sequence[Prediction]) -> list[str]:
-    """`error_summary` as one line per metric."""
-    summary = error_summary(rows, preds)
+def error_lines(summary: dict[str, tuple[float, float, float]]) -> list[str]:
+    """An `error_summary` as one line per metric."""
     return [f"{m}: {a:.1f}% (signed {s:+.1f}%), p90 {p:.1f}%" for m, (a, s, p) in summary.items()]
 
 
@@ -299,13 +298,14 @@ def run_calibration(
     cal, traces = calibrate(rows, scale, rounds, jobs, start)
     in_fit = [recost_prediction(t, cal) for t in traces]
     folds, cv_preds = cross_validate(rows, traces, cal, cv_scale, jobs)
-    insample = error_lines(rows, in_fit)
-    cv = error_lines(rows, cv_preds)
+    insample = error_lines(error_summary(rows, in_fit))
+    cv_summary = error_summary(rows, cv_preds)
+    cv = error_lines(cv_summary)
     print("in-sample (re-costed, last round):", *insample, sep="\n  ")
     print(f"leave-one-model-out (simulated, stages x{cv_scale:g}):", *cv, sep="\n  ")
     replicated: list[str] = []
     if seeds > 1:
-        summaries = [error_summary(rows, cv_preds)]
+        summaries = [cv_summary]
         for seed in range(1, seeds):
             cal_s, traces_s = calibrate(
                 rows, scale, rounds, jobs, start, lambda m, s=seed: print(f"seed {s}: {m}"), seed
